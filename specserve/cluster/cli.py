@@ -1,0 +1,149 @@
+"""The `specserve` command line. `--json` output goes to stdout; everything else to stderr."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from specserve.speculation import EngineTraits, make_policy
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except CommandError as exc:
+        print(f"specserve {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+class CommandError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specserve", description="LLM serving with adaptive speculative decoding.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the OpenAI-compatible endpoint in the foreground")
+    serve.add_argument("--model", help="target model folder (default: the bundled tiny pair)")
+    serve.add_argument("--draft", help="draft model folder (with --model)")
+    serve.add_argument("--policy", help="speculation policy NAME[:key=value,...] (default: adaptive)")
+    serve.add_argument("--k-max", dest="k_max", type=int, help="largest speculation length (default: 4)")
+    serve.add_argument("--replicas", type=int, help="Ray Serve replicas (default: 1)")
+    serve.add_argument("--tp", type=int, help="tensor-parallel size per engine (default: 1)")
+    serve.add_argument("--host", help="address the HTTP ingress binds (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="HTTP port (default: 8000)")
+    serve.add_argument("--metrics-port", dest="metrics_port", type=int, help="Ray metrics export port (default: 8080)")
+    serve.add_argument("--config", help="YAML file with the same keys as these flags")
+    serve.set_defaults(run=_serve)
+
+    status = commands.add_parser("status", help="one row per replica: policy, k, acceptance, load, KV")
+    status.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    status.set_defaults(run=_status)
+
+    policy = commands.add_parser("policy", help="switch the speculation policy at run time")
+    policy_commands = policy.add_subparsers(dest="policy_command", required=True)
+    policy_set = policy_commands.add_parser("set", help="set NAME[:key=value,...] on all replicas or one")
+    policy_set.add_argument("spec", help="e.g. fixed:k=2, goodput, adaptive")
+    policy_set.add_argument("--replica", help="replica id from `specserve status` (default: all)")
+    policy_set.set_defaults(run=_policy_set)
+
+    models = commands.add_parser("models", help="build local model pairs")
+    models_commands = models.add_subparsers(dest="models_command", required=True)
+    make = models_commands.add_parser("make", help="build a target/draft pair into a folder")
+    make.add_argument("--kind", required=True, choices=["trained", "self", "random"])
+    make.add_argument("--out", required=True, help="output folder (gets target/ and draft/)")
+    make.set_defaults(run=_models_make)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from specserve.cluster.config import ConfigError, load_config
+    from specserve.cluster.local import serve_forever
+
+    keys = ("model", "draft", "policy", "k_max", "replicas", "tp", "host", "port", "metrics_port")
+    try:
+        config = load_config(args.config, {key: getattr(args, key) for key in keys})
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
+    return serve_forever(config)
+
+
+def _connect() -> None:
+    import ray
+
+    from specserve.cluster.local import cluster_address
+
+    address = cluster_address()
+    if address is None:
+        raise CommandError("no running specserve cluster: start one with `specserve serve`, or set RAY_ADDRESS")
+    try:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    except (ConnectionError, RuntimeError) as exc:
+        raise CommandError(f"cannot reach the Ray cluster at {address}: {exc}") from None
+
+
+def _controller() -> Any:
+    from specserve.controller.actor import get_controller
+
+    _connect()
+    controller = get_controller()
+    if controller is None:
+        raise CommandError("the cluster has no specserve controller: is `specserve serve` running?")
+    return controller
+
+
+def _status(args: argparse.Namespace) -> int:
+    import ray
+
+    snapshots = ray.get(_controller().replicas.remote())
+    if args.json:
+        rows = [asdict(s) | {"acceptance": s.engine.acceptance} for s in snapshots]
+        print(json.dumps({"replicas": rows}, indent=2))
+        return 0
+    header = ("REPLICA", "NODE", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV USED/TOTAL", "DRAFT")
+    table = [header]
+    for s in snapshots:
+        e = s.engine
+        used = e.num_kv_blocks_total - e.num_kv_blocks_free
+        table.append((s.replica_id, s.node_id[:12], e.policy, str(e.k), f"{e.acceptance:.2f}", str(e.num_running),
+                      str(e.num_waiting), f"{used}/{e.num_kv_blocks_total}", e.draft_state))
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip(), file=sys.stderr)
+    if len(table) == 1:
+        print("(no replica has reported yet)", file=sys.stderr)
+    return 0
+
+
+def _policy_set(args: argparse.Namespace) -> int:
+    import ray
+
+    try:
+        make_policy(args.spec, EngineTraits(max_k=16))  # catch typos before they reach the cluster
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    try:
+        targets = ray.get(_controller().set_policy.remote(args.spec, args.replica))
+    except ray.exceptions.RayTaskError as exc:
+        raise CommandError(str(exc.cause) if exc.cause else str(exc)) from None
+    print(f"policy {args.spec} queued for {len(targets)} replica(s): {', '.join(targets) or 'none yet'}",
+          file=sys.stderr)
+    return 0
+
+
+def _models_make(args: argparse.Namespace) -> int:
+    from specserve.models import make_pair
+
+    pair = make_pair(args.kind, args.out, progress=True)
+    print(f"target: {pair.target}\ndraft: {pair.draft}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""User-facing configuration of `specserve serve`: one closed, described pydantic model.
+
+A YAML file (`--config FILE`) holds the same keys as the command-line flags; flags given on the
+command line override the file. Unknown keys are errors that name the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from specserve.speculation import EngineTraits, make_policy
+
+
+class ServeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str | None = Field(None, description="Target model: a Hugging Face model folder. Default: the bundled tiny target.")
+    draft: str | None = Field(None, description="Draft model folder sharing the target's tokenizer. Required with `model`.")
+    model_id: str = Field("specserve-tiny", description="Name clients use in the OpenAI `model` field.")
+    policy: str = Field("adaptive", description="Speculation policy, NAME[:key=value,...], e.g. `fixed:k=3`.")
+    k_max: int = Field(4, ge=1, le=16, description="Largest speculation length k; sizes vLLM's buffers.")
+    replicas: int = Field(1, ge=1, description="Ray Serve replicas, each one engine of `tp` devices.")
+    tp: int = Field(1, ge=1, description="Tensor-parallel size of each engine.")
+    host: str = Field("127.0.0.1", description="Address the HTTP ingress binds.")
+    port: int = Field(8000, ge=1, le=65535, description="Port of the OpenAI-compatible HTTP endpoint.")
+    metrics_port: int = Field(8080, ge=1, le=65535, description="Ray's Prometheus metrics export port (local cluster only).")
+    max_model_len: int = Field(512, ge=16, description="Longest prompt + output, in tokens.")
+    max_num_seqs: int = Field(8, ge=1, description="Largest decode batch per engine.")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of the local Ray cluster. Default: this machine's, at least what the replicas need.")
+    kv_cache_space_gib: int = Field(1, ge=1, description="CPU only: KV cache size per engine, GiB (VLLM_CPU_KVCACHE_SPACE).")
+    engine_start_timeout_s: float = Field(600.0, gt=0, description="How long `serve` waits for the endpoint to answer.")
+
+    @field_validator("policy")
+    @classmethod
+    def _policy_parses(cls, value: str) -> str:
+        make_policy(value, EngineTraits(max_k=16))  # ValueError names the bad name/key/value
+        return value
+
+    @model_validator(mode="after")
+    def _pair_complete(self) -> ServeConfig:
+        if (self.model is None) != (self.draft is None):
+            raise ValueError("`model` and `draft` go together: give both folders, or neither for the tiny pair")
+        for key in ("model", "draft"):
+            folder = getattr(self, key)
+            if folder is not None and not (Path(folder) / "config.json").is_file():
+                raise ValueError(f"{key}: {folder!r} is not a Hugging Face model folder (no config.json)")
+        return self
+
+
+class ConfigError(ValueError):
+    """A configuration problem, worded for the command line."""
+
+
+def load_config(path: str | None, overrides: dict[str, Any]) -> ServeConfig:
+    """Merge a YAML file (if any) with command-line overrides and validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"--config {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--config {path}: not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"--config {path}: expected a mapping of keys, got {type(loaded).__name__}")
+        data.update(loaded or {})
+    data.update({key: value for key, value in overrides.items() if value is not None})
+    try:
+        return ServeConfig(**data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from None
+
+
+def _describe(exc: ValidationError, path: str | None) -> str:
+    where = f"--config {path}" if path else "configuration"
+    lines = []
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"]) or "(whole config)"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = f"unknown key; known keys: {', '.join(ServeConfig.model_fields)}"
+        lines.append(f"{where}: {key}: {message}")
+    return "\n".join(lines)

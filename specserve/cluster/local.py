@@ -1,0 +1,163 @@
+"""`specserve serve`: start (or join) a Ray cluster, deploy the app, wait for a signal, clean up."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import ExitStack
+from pathlib import Path
+
+from specserve.cluster.app import ResolvedServe, build_app, engine_env
+from specserve.cluster.config import ServeConfig
+
+APP_NAME = "specserve"
+
+
+def state_file() -> Path:
+    """Where a running `specserve serve` records its Ray address for `specserve status`."""
+    root = os.environ.get("SPECSERVE_STATE_DIR") or Path.home() / ".cache" / "specserve"
+    return Path(root) / "cluster.json"
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve(config: ServeConfig, tmp_dir: str) -> ResolvedServe:
+    if config.model is None:
+        from specserve.models import cached_pair
+
+        log("specserve: using the bundled tiny trained pair (built once, then cached)")
+        pair = cached_pair("trained")
+        target, draft = str(pair.target), str(pair.draft)
+    else:
+        target, draft = str(Path(config.model).resolve()), str(Path(config.draft).resolve())
+    on_gpu = has_gpu()
+    return ResolvedServe(config, target, draft, on_gpu, engine_env(config, on_gpu, tmp_dir))
+
+
+def serve_forever(config: ServeConfig) -> int:
+    """Run until SIGINT/SIGTERM; always tear down what was started. Returns the exit code."""
+    import ray
+    from ray import serve
+
+    from specserve.controller.actor import get_or_create_controller
+
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+
+    with ExitStack() as cleanup:
+        tmp_dir = tempfile.mkdtemp(prefix="specserve-")
+        cleanup.callback(shutil.rmtree, tmp_dir, ignore_errors=True)
+        resolved = resolve(config, tmp_dir)
+        os.environ.update(resolved.env_vars)  # inherited by the local cluster's workers
+
+        joined = bool(os.environ.get("RAY_ADDRESS"))
+        if joined:
+            ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": resolved.env_vars})
+        else:
+            needed = config.replicas * config.tp + 1
+            ray.init(
+                num_cpus=config.num_cpus or max(os.cpu_count() or 1, needed),
+                include_dashboard=False,
+                _metrics_export_port=config.metrics_port,
+            )
+        cleanup.callback(ray.shutdown)
+        get_or_create_controller()
+        serve.start(http_options={"host": config.host, "port": config.port})
+        cleanup.callback(_shutdown_serve, joined)
+        if stop.is_set():
+            return 130
+
+        log(f"specserve: deploying {config.replicas} replica(s) of {config.model_id} (policy {config.policy})")
+        started = time.monotonic()
+        failure: list[BaseException] = []
+        app = build_app(resolved)
+        # serve.run blocks until every replica's engine is up (tens of seconds); a thread keeps
+        # Ctrl-C answered meanwhile.
+        threading.Thread(target=_deploy, args=(app, failure, stop), daemon=True).start()
+        endpoint = f"http://{_client_host(config.host)}:{config.port}/v1"
+        if not _wait_ready(endpoint, config.engine_start_timeout_s, stop):
+            if failure:
+                log(f"specserve: deployment failed: {failure[0]}")
+                return 1
+            if stop.is_set():
+                return 130
+            log(f"specserve: endpoint {endpoint} did not answer within {config.engine_start_timeout_s:.0f} s")
+            return 1
+        _write_state(ray.get_runtime_context().gcs_address, endpoint)
+        cleanup.callback(state_file().unlink, missing_ok=True)
+        log(f"specserve: ready in {time.monotonic() - started:.1f} s")
+        log(f"endpoint: {endpoint}")
+        if not joined:
+            log(f"metrics: http://{_client_host(config.host)}:{config.metrics_port}/metrics")
+        stop.wait()
+        log("specserve: shutting down")
+    return 0
+
+
+def _deploy(app: object, failure: list[BaseException], stop: threading.Event) -> None:
+    from ray import serve
+
+    try:
+        serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+    except BaseException as exc:  # reported by the main thread
+        failure.append(exc)
+        stop.set()
+
+
+def _shutdown_serve(joined: bool) -> None:
+    from ray import serve
+
+    if joined:
+        serve.delete(APP_NAME)  # leave the user's cluster as it was, less our application
+    else:
+        serve.shutdown()
+
+
+def _client_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def _wait_ready(endpoint: str, timeout_s: float, stop: threading.Event) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not stop.is_set():
+        try:
+            with urllib.request.urlopen(f"{endpoint}/models", timeout=5) as response:
+                if response.status == 200 and json.load(response).get("data"):
+                    return True
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        stop.wait(1.0)
+    return False
+
+
+def _write_state(gcs_address: str, endpoint: str) -> None:
+    path = state_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"ray_address": gcs_address, "endpoint": endpoint, "pid": os.getpid()}))
+
+
+def cluster_address() -> str | None:
+    """RAY_ADDRESS if set, else the address a running `specserve serve` recorded."""
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"]
+    try:
+        return json.loads(state_file().read_text())["ray_address"]
+    except (OSError, ValueError, KeyError):
+        return None

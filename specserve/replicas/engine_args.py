@@ -1,0 +1,86 @@
+"""vLLM engine arguments for a speculative engine under specserve's control.
+
+Kept free of vLLM imports: the CLI and config validation build these without loading vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: Key under vLLM's ``additional_config`` that carries specserve's settings into the EngineCore
+#: process, where the scheduler reads them (no environment variables, so engines can differ).
+ADDITIONAL_CONFIG_KEY = "specserve"
+SCHEDULER_CLS = "specserve.replicas.scheduler.AdaptiveKScheduler"
+# EngineCore utility methods that scheduler.py adds; called with
+# ``await engine_core.call_utility_async(NAME, *args)``.
+SET_POLICY_UTILITY = "specserve_set_policy"
+TELEMETRY_UTILITY = "specserve_telemetry"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineControlConfig:
+    """What the EngineCore-side scheduler needs to know at start."""
+
+    # Initial policy spec, e.g. "adaptive" or "fixed:k=3".
+    policy: str
+
+    def to_additional_config(self) -> dict[str, Any]:
+        return {"policy": self.policy}
+
+    @classmethod
+    def from_additional_config(cls, data: dict[str, Any] | None) -> EngineControlConfig:
+        if not data:
+            raise ValueError(
+                f"additional_config[{ADDITIONAL_CONFIG_KEY!r}] is missing: build engine arguments with "
+                "specserve.replicas.engine_args.speculative_engine_kwargs"
+            )
+        return cls(policy=str(data["policy"]))
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """A target/draft pair and the engine sizes, resolved from user config."""
+
+    target: str
+    draft: str
+    policy: str
+    max_k: int
+    max_model_len: int = 512
+    max_num_seqs: int = 8
+    tensor_parallel_size: int = 1
+    dtype: str = "bfloat16"
+    # CUDA graphs on GPU; on CPU eager mode avoids a ~35 s torch.compile at start.
+    enforce_eager: bool = True
+    seed: int = 0
+    extra: tuple[tuple[str, Any], ...] = ()
+
+
+def speculative_engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
+    """Keyword arguments for vLLM's ``AsyncEngineArgs`` / ``LLM`` / Ray's ``LLMConfig.engine_kwargs``."""
+    kwargs: dict[str, Any] = dict(
+        model=spec.target,
+        tokenizer=spec.target,
+        dtype=spec.dtype,
+        max_model_len=spec.max_model_len,
+        max_num_seqs=spec.max_num_seqs,
+        tensor_parallel_size=spec.tensor_parallel_size,
+        enforce_eager=spec.enforce_eager,
+        seed=spec.seed,
+        # Prefix caching would hide prompt work and make acceptance depend on cache state.
+        enable_prefix_caching=False,
+        disable_log_stats=False,
+        scheduler_cls=SCHEDULER_CLS,
+        additional_config={ADDITIONAL_CONFIG_KEY: EngineControlConfig(spec.policy).to_additional_config()},
+        speculative_config={
+            "method": "draft_model",
+            "model": spec.draft,
+            # The maximum k: sizes buffers and KV lookahead. The policy picks 0..max_k each step.
+            "num_speculative_tokens": spec.max_k,
+            # A (flat) batch-size table makes vLLM stop padding new decodes to 1 + max_k tokens;
+            # the scheduler overrides the table's value every step anyway.
+            "num_speculative_tokens_per_batch_size": [[1, spec.max_num_seqs, spec.max_k]],
+        },
+    )
+    kwargs.update(dict(spec.extra))
+    return kwargs

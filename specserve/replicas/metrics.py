@@ -1,0 +1,105 @@
+"""Every specserve replica metric, defined once, exported through ``ray.util.metrics``.
+
+Ray prefixes exported names with ``ray_``, so ``specserve_speculation_k`` is scraped as
+``ray_specserve_speculation_k`` from Ray's metrics export port. Counters carry numerators and
+denominators; take ratios in PromQL, for example
+
+    conditional acceptance at position p:
+        rate(ray_specserve_accepted_tokens_total{position="p"}[1m])
+      / rate(ray_specserve_reached_draft_tokens_total{position="p"}[1m])
+    share of steps at each k:
+        rate(ray_specserve_steps_total[1m]) / ignoring(k) group_left sum without(k) (rate(ray_specserve_steps_total[1m]))
+"""
+
+from __future__ import annotations
+
+from ray.util import metrics
+
+from specserve.replicas.telemetry import EngineTelemetry
+
+_TAGS = ("model", "replica")
+# Step times on CPU are milliseconds to a few hundred ms; on GPU tens of ms.
+_STEP_BOUNDARIES_S = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
+
+
+class ReplicaMetrics:
+    """Turns successive ``EngineTelemetry`` reads into gauge values and counter increments."""
+
+    def __init__(self, model: str, replica: str) -> None:
+        tags = {"model": model, "replica": replica}
+        self._k = _gauge("specserve_speculation_k", "Speculation length k chosen for the latest step.", tags)
+        self._max_k = _gauge("specserve_speculation_max_k", "Largest k the engine was started with.", tags)
+        self._policy = metrics.Gauge(
+            "specserve_policy_info", description="1 for the policy currently running (label: policy).",
+            tag_keys=(*_TAGS, "policy"),
+        )
+        self._policy.set_default_tags(tags)
+        self._acceptance = _gauge(
+            "specserve_acceptance_ema", "EMA of the conditional acceptance rate per draft position (0-1).",
+            tags, extra=("position",),
+        )
+        self._drafted = _counter("specserve_draft_tokens_total", "Draft tokens verified, by position.", tags, "position")
+        self._reached = _counter(
+            "specserve_reached_draft_tokens_total",
+            "Draft tokens verified whose whole prefix was accepted, by position (acceptance denominator).",
+            tags, "position",
+        )
+        self._accepted = _counter("specserve_accepted_tokens_total", "Draft tokens accepted, by position.", tags, "position")
+        self._steps = _counter("specserve_steps_total", "Engine steps, by the k chosen.", tags, "k")
+        self._emitted = _counter("specserve_emitted_tokens_total", "Output tokens produced by engine steps.", tags)
+        self._step_time = metrics.Histogram(
+            "specserve_step_duration_seconds", description="Wall time of one engine step.",
+            boundaries=_STEP_BOUNDARIES_S, tag_keys=_TAGS,
+        )
+        self._step_time.set_default_tags(tags)
+        self._kv_total = _gauge("specserve_kv_blocks_total", "KV cache blocks in the target's pool.", tags)
+        self._kv_free = _gauge("specserve_kv_blocks_free", "Free KV cache blocks in the target's pool.", tags)
+        self._running = _gauge("specserve_num_requests_running", "Requests in the decode batch.", tags)
+        self._waiting = _gauge("specserve_num_requests_waiting", "Requests queued for admission.", tags)
+        self._last: EngineTelemetry | None = None
+        self._last_policy: str | None = None
+
+    def update(self, now: EngineTelemetry) -> None:
+        self._k.set(now.k)
+        self._max_k.set(now.max_k)
+        self._kv_total.set(now.num_kv_blocks_total)
+        self._kv_free.set(now.num_kv_blocks_free)
+        self._running.set(now.num_running)
+        self._waiting.set(now.num_waiting)
+        if now.policy != self._last_policy:
+            if self._last_policy is not None:
+                self._policy.set(0, tags={"policy": self._last_policy})
+            self._policy.set(1, tags={"policy": now.policy})
+            self._last_policy = now.policy
+        for pos, alpha in enumerate(now.acceptance_ema_per_pos):
+            self._acceptance.set(alpha, tags={"position": str(pos)})
+        before = self._last
+        _add_deltas(self._drafted, "position", now.num_drafted_per_pos, before and before.num_drafted_per_pos)
+        _add_deltas(self._reached, "position", now.num_reached_per_pos, before and before.num_reached_per_pos)
+        _add_deltas(self._accepted, "position", now.num_accepted_per_pos, before and before.num_accepted_per_pos)
+        _add_deltas(self._steps, "k", now.num_steps_by_k, before and before.num_steps_by_k)
+        emitted = now.num_emitted_tokens - (before.num_emitted_tokens if before else 0)
+        if emitted > 0:
+            self._emitted.inc(emitted)
+        for duration in now.step_durations_s:
+            self._step_time.observe(duration)
+        self._last = now
+
+
+def _gauge(name: str, description: str, tags: dict[str, str], extra: tuple[str, ...] = ()) -> metrics.Gauge:
+    gauge = metrics.Gauge(name, description=description, tag_keys=(*_TAGS, *extra))
+    gauge.set_default_tags(tags)
+    return gauge
+
+
+def _counter(name: str, description: str, tags: dict[str, str], extra: str | None = None) -> metrics.Counter:
+    counter = metrics.Counter(name, description=description, tag_keys=(*_TAGS, *((extra,) if extra else ())))
+    counter.set_default_tags(tags)
+    return counter
+
+
+def _add_deltas(counter: metrics.Counter, key: str, now: tuple[int, ...], before: tuple[int, ...] | None) -> None:
+    for index, value in enumerate(now):
+        delta = value - (before[index] if before else 0)
+        if delta > 0:
+            counter.inc(delta, tags={key: str(index)})

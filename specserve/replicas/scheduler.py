@@ -1,0 +1,195 @@
+"""The per-step control loop inside vLLM's EngineCore (pinned: vLLM 0.32.0).
+
+vLLM imports this module in the EngineCore process when it resolves ``scheduler_cls``. Each step:
+
+    StepContext -> policy.choose -> k -> vLLM schedules (drafts verified <= k, k drafted next)
+    -> the step runs -> StepRecord -> policy.observe
+
+Nothing here crosses a process boundary on the hot path. Private vLLM interfaces used:
+``Scheduler.schedule`` / ``update_from_output``, ``SchedulerOutput.num_spec_tokens_to_schedule`` and
+``scheduled_spec_decode_tokens``, ``Request.spec_token_ids`` / ``num_computed_tokens``,
+``kv_cache_manager.block_pool``, and ``EngineCore`` utility methods (added below).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from vllm.logger import init_logger
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine.core import EngineCore
+from vllm.v1.outputs import ModelRunnerOutput
+
+from specserve.replicas.engine_args import (
+    ADDITIONAL_CONFIG_KEY,
+    SET_POLICY_UTILITY,
+    TELEMETRY_UTILITY,
+    EngineControlConfig,
+)
+from specserve.replicas.telemetry import EngineTelemetry, StepCounters
+from specserve.speculation import (
+    EngineTraits,
+    Policy,
+    PositionAcceptance,
+    StepContext,
+    StepRecord,
+    make_policy,
+)
+
+logger = init_logger(__name__)
+
+
+class AdaptiveKScheduler(Scheduler):
+    """vLLM's scheduler with k chosen by a specserve policy every step.
+
+    CPU vLLM forces synchronous scheduling, so this subclasses the synchronous ``Scheduler``; the
+    step's wall time is then schedule() entry to update_from_output() entry.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        control = EngineControlConfig.from_additional_config(
+            self.vllm_config.additional_config.get(ADDITIONAL_CONFIG_KEY)
+        )
+        self.traits = EngineTraits(max_k=self.num_spec_tokens, k0_runs_draft_pass=True)
+        self.policy: Policy = make_policy(control.policy, self.traits)
+        self.counters = StepCounters(max_k=self.num_spec_tokens)
+        # Telemetry's acceptance estimate is the same for every policy, so operators can compare them.
+        self.acceptance = PositionAcceptance(max_k=max(self.num_spec_tokens, 1))
+        self.k = 0
+        self._step_ctx: StepContext | None = None
+        self._step_started_s = 0.0
+        logger.info("specserve: policy %s, k_max %d", self.policy.spec, self.num_spec_tokens)
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        self._step_started_s = time.monotonic()
+        ctx = self._context(self._step_started_s)
+        k = max(0, min(self.policy.choose(ctx).k, self.num_spec_tokens)) if self.num_spec_tokens else 0
+        self._truncate_drafts(k)
+        output = super().schedule(*args, **kwargs)
+        if output.num_scheduled_tokens:
+            output.num_spec_tokens_to_schedule = k
+            self.k, self._step_ctx = k, ctx
+        else:
+            self._step_ctx = None
+        return output
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput):
+        ctx = self._step_ctx
+        if ctx is not None and scheduler_output.num_scheduled_tokens:
+            record = self._record(ctx, scheduler_output, model_runner_output)
+            self.policy.observe(record)
+            self.acceptance.observe(record)
+            self.counters.add(record)
+            self._step_ctx = None
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+    # -- pieces of the loop -----------------------------------------------------------------------
+
+    def _context(self, now_s: float) -> StepContext:
+        pool = self.kv_cache_manager.block_pool
+        pending_prompt = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in self.running)
+        pending_prompt += sum(r.num_prompt_tokens for r in self.waiting)
+        return StepContext(
+            now_s=now_s,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_context_tokens=sum(r.num_computed_tokens for r in self.running),
+            num_prefill_tokens=min(pending_prompt, self.max_num_scheduled_tokens),
+            num_kv_blocks_free=pool.get_num_free_blocks(),
+            num_kv_blocks_total=pool.num_gpu_blocks,
+        )
+
+    def _truncate_drafts(self, k: int) -> None:
+        # Drafts proposed last step were sized by last step's k; verifying only k of them makes a
+        # lower k take effect this step rather than the next (fast back-off when load spikes).
+        for request in self.running:
+            if len(request.spec_token_ids) > k:
+                request.spec_token_ids = request.spec_token_ids[:k]
+
+    def _record(self, ctx: StepContext, out: SchedulerOutput, result: ModelRunnerOutput) -> StepRecord:
+        drafted: list[int] = []
+        accepted: list[int] = []
+        sampled = result.sampled_token_ids
+        invalid = out.num_invalid_spec_tokens or {}
+        for req_id, draft_ids in out.scheduled_spec_decode_tokens.items():
+            index = result.req_id_to_index.get(req_id)
+            generated = sampled[index] if sampled and index is not None else []
+            if not draft_ids or not generated:
+                continue
+            # Same counting as vLLM's SpecDecodingStats, so the totals agree with vllm:spec_decode_*.
+            drafted.append(len(draft_ids) - invalid.get(req_id, 0))
+            accepted.append(len(generated) - 1)
+        emitted = sum(len(tokens) for tokens in sampled) if sampled else 0
+        k = out.num_spec_tokens_to_schedule
+        return StepRecord(
+            now_s=ctx.now_s,
+            k=k,
+            duration_s=time.monotonic() - self._step_started_s,
+            num_running=len(out.num_scheduled_tokens),
+            num_context_tokens=ctx.num_context_tokens,
+            num_batched_tokens=out.total_num_scheduled_tokens,
+            num_draft_passes=k if k > 0 else int(self.traits.k0_runs_draft_pass),
+            num_emitted_tokens=emitted,
+            num_drafted_per_request=tuple(drafted),
+            num_accepted_per_request=tuple(accepted),
+        )
+
+    # -- run-time control (EngineCore utility methods below) --------------------------------------
+
+    def set_policy(self, spec: str) -> str:
+        self.policy = make_policy(spec, self.traits)  # raises ValueError naming the bad part
+        logger.info("specserve: policy set to %s", self.policy.spec)
+        return self.policy.spec
+
+    def telemetry(self) -> EngineTelemetry:
+        pool = self.kv_cache_manager.block_pool
+        c = self.counters
+        return EngineTelemetry(
+            pid=os.getpid(),
+            policy=self.policy.spec,
+            k=self.k,
+            max_k=self.num_spec_tokens,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_kv_blocks_total=pool.num_gpu_blocks,
+            num_kv_blocks_free=pool.get_num_free_blocks(),
+            draft_state="resident",
+            num_steps=c.num_steps,
+            num_emitted_tokens=c.num_emitted_tokens,
+            num_steps_by_k=tuple(c.num_steps_by_k),
+            num_drafted_per_pos=tuple(c.num_drafted_per_pos),
+            num_reached_per_pos=tuple(c.num_reached_per_pos),
+            num_accepted_per_pos=tuple(c.num_accepted_per_pos),
+            acceptance_ema_per_pos=tuple(self.acceptance.alphas())[: self.num_spec_tokens],
+            step_durations_s=tuple(c.drain_durations()),
+            policy_info=self.policy.describe(),
+        )
+
+
+# EngineCore utility methods. They run between two steps in the engine's busy loop, so they are
+# cheap. Results cross the process boundary as plain dicts/strings.
+
+
+def _scheduler(core: EngineCore) -> AdaptiveKScheduler:
+    scheduler = core.scheduler
+    if not isinstance(scheduler, AdaptiveKScheduler):
+        raise TypeError(f"engine runs {type(scheduler).__name__}, not specserve's AdaptiveKScheduler")
+    return scheduler
+
+
+def _set_policy(self: EngineCore, spec: str) -> str:
+    return _scheduler(self).set_policy(spec)
+
+
+def _telemetry(self: EngineCore) -> dict[str, Any]:
+    return _scheduler(self).telemetry().to_dict()
+
+
+setattr(EngineCore, SET_POLICY_UTILITY, _set_policy)
+setattr(EngineCore, TELEMETRY_UTILITY, _telemetry)

@@ -1,0 +1,110 @@
+"""The Ray Serve replica: Ray Serve LLM's ``LLMServer`` plus specserve's telemetry loop.
+
+Used as ``LLMConfig(server_cls=SpecLLMServer)``, so the OpenAI routes, request validation and
+streaming all come from Ray Serve LLM and vLLM. What this adds runs beside the requests on the
+replica's event loop: about once a second it reads the engine's telemetry (an EngineCore utility
+call, a few ms), updates the metrics, pushes a snapshot to the cluster controller and applies the
+directives it gets back. Nothing in it waits on a request, and no request waits on it.
+
+Private interfaces used (Ray 2.60 / vLLM 0.32): ``LLMServer.engine._engine_client`` (the AsyncLLM)
+and its ``engine_core.call_utility_async``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import ray
+from ray import serve
+from ray.serve.llm.deployment import LLMServer
+
+from specserve.controller.actor import get_controller
+from specserve.replicas.engine_args import SET_POLICY_UTILITY, TELEMETRY_UTILITY
+from specserve.replicas.metrics import ReplicaMetrics
+from specserve.replicas.telemetry import EngineTelemetry, ReplicaSnapshot
+
+logger = logging.getLogger("ray.serve")
+
+TELEMETRY_INTERVAL_S = 1.0
+# A controller that does not answer in time is skipped this round; the replica keeps serving.
+CONTROLLER_TIMEOUT_S = 2.0
+
+
+class SpecLLMServer(LLMServer):
+    async def __init__(self, llm_config: Any, **kwargs: Any) -> None:  # Ray Serve needs it async
+        self._telemetry_task: asyncio.Task | None = None
+        self._latest: ReplicaSnapshot | None = None
+        await super().__init__(llm_config, **kwargs)
+
+    async def start(self) -> None:
+        await super().start()
+        context = serve.get_replica_context()
+        self._replica_id = context.replica_id.unique_id
+        self._node_id = ray.get_runtime_context().get_node_id()
+        self._model_id = self._llm_config.model_id
+        self._metrics = ReplicaMetrics(model=self._model_id, replica=self._replica_id)
+        self._telemetry_task = asyncio.get_running_loop().create_task(self._telemetry_loop())
+
+    # -- methods callable through a DeploymentHandle ---------------------------------------------
+
+    async def specserve_snapshot(self) -> ReplicaSnapshot:
+        """A fresh snapshot (does not disturb the loop's histogram bookkeeping)."""
+        return self._latest if self._latest is not None else await self._read_snapshot()
+
+    async def specserve_set_policy(self, spec: str) -> str:
+        """Switch this replica's policy from its next engine step; returns the canonical spec."""
+        return await self._engine_core().call_utility_async(SET_POLICY_UTILITY, spec)
+
+    # -- the telemetry loop ------------------------------------------------------------------------
+
+    async def _telemetry_loop(self) -> None:
+        controller = None
+        while True:
+            started = time.monotonic()
+            try:
+                snapshot = await self._read_snapshot()
+                self._metrics.update(snapshot.engine)
+                self._latest = snapshot
+                controller = controller or get_controller()
+                if controller is not None:
+                    controller = await self._exchange(controller, snapshot)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # keep serving: telemetry must never take the replica down
+                logger.exception("specserve: telemetry round failed")
+            await asyncio.sleep(max(0.0, TELEMETRY_INTERVAL_S - (time.monotonic() - started)))
+
+    async def _exchange(self, controller: Any, snapshot: ReplicaSnapshot) -> Any:
+        """Push a snapshot, apply the returned directives; returns None to look the actor up again."""
+        try:
+            directives = await asyncio.wait_for(controller.push.remote(snapshot), CONTROLLER_TIMEOUT_S)
+        except (asyncio.TimeoutError, ray.exceptions.RayActorError):
+            return None
+        for directive in directives:
+            try:
+                spec = await self.specserve_set_policy(directive.policy)
+                logger.info("specserve: controller set policy %s", spec)
+            except Exception:
+                logger.exception("specserve: controller directive %s failed", directive)
+        return controller
+
+    async def _read_snapshot(self) -> ReplicaSnapshot:
+        data = await self._engine_core().call_utility_async(TELEMETRY_UTILITY)
+        return ReplicaSnapshot(
+            replica_id=self._replica_id,
+            node_id=self._node_id,
+            model_id=self._model_id,
+            time_s=time.time(),
+            engine=EngineTelemetry.from_dict(data),
+        )
+
+    def _engine_core(self) -> Any:
+        return self.engine._engine_client.engine_core
+
+    async def __del__(self) -> None:
+        if self._telemetry_task is not None:
+            self._telemetry_task.cancel()
+        await super().__del__()

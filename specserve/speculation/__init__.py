@@ -1,0 +1,36 @@
+"""Speculation-length policies: pure Python over typed records, no ray, vllm, torch or prometheus_client.
+
+``make_policy("goodput:k_max=4", EngineTraits(max_k=4))`` builds one by name; ``adaptive`` is the
+project's default name and currently means ``goodput`` (TurboSpec's ArgMaxGoodput).
+"""
+
+# Importing a policy module registers its policy by name.
+from specserve.speculation.acceptance import PositionAcceptance, expected_tokens
+from specserve.speculation.cycle import CycleParams, CyclePolicy
+from specserve.speculation.fixed import FixedParams, FixedPolicy
+from specserve.speculation.goodput import GoodputParams, GoodputPolicy
+from specserve.speculation.policy import Policy, alias, make_policy, parse_spec, policy_names, register
+from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
+
+alias("adaptive", "goodput")
+
+__all__ = [
+    "CycleParams",
+    "CyclePolicy",
+    "PositionAcceptance",
+    "expected_tokens",
+    "Decision",
+    "EngineTraits",
+    "FixedParams",
+    "FixedPolicy",
+    "GoodputParams",
+    "GoodputPolicy",
+    "Policy",
+    "StepContext",
+    "StepRecord",
+    "alias",
+    "make_policy",
+    "parse_spec",
+    "policy_names",
+    "register",
+]

@@ -1,0 +1,119 @@
+"""The policy interface, the registry of policies by name, and ``NAME[:key=value,...]`` specs.
+
+Contract: the engine calls ``choose(ctx)`` once per scheduler step, before the step runs, then
+``observe(record)`` once the step's output is known. Both run on the engine's hot path, so they
+must be cheap (microseconds) and must never block. A policy keeps its own explicit state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, get_type_hints
+
+from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
+
+
+class Policy(ABC):
+    """Chooses the speculation length k for every engine step."""
+
+    #: Registry key and the name users type on the command line.
+    name: ClassVar[str]
+    #: A frozen dataclass of the policy's parameters, with the papers' defaults.
+    Params: ClassVar[type]
+
+    def __init__(self, params: Any, traits: EngineTraits) -> None:
+        self.params = params
+        self.traits = traits
+
+    @abstractmethod
+    def choose(self, ctx: StepContext) -> Decision: ...
+
+    def observe(self, record: StepRecord) -> None:  # noqa: B027 - stateless policies need nothing
+        """Learn from a finished step. The default keeps no state."""
+
+    def describe(self) -> dict[str, float]:
+        """Numbers worth showing an operator (estimates, model fit); empty by default."""
+        return {}
+
+    @property
+    def spec(self) -> str:
+        """The canonical ``NAME[:key=value,...]`` string that rebuilds this policy."""
+        return format_spec(self.name, self.params)
+
+
+_REGISTRY: dict[str, type[Policy]] = {}
+#: Names that point at another policy (``adaptive`` is the project default).
+_ALIASES: dict[str, str] = {}
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: make a policy selectable by its ``name``."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def alias(name: str, target: str) -> None:
+    _ALIASES[name] = target
+
+
+def policy_names() -> list[str]:
+    return sorted({*_REGISTRY, *_ALIASES})
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """Split ``NAME[:key=value,...]`` into the name and raw string values."""
+    name, _, rest = spec.strip().partition(":")
+    name = name.strip()
+    if not name:
+        raise ValueError(f"empty policy name in {spec!r}")
+    raw: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"policy parameter {item!r} in {spec!r} is not key=value")
+        raw[key.strip()] = value.strip()
+    return name, raw
+
+
+def make_policy(spec: str, traits: EngineTraits) -> Policy:
+    """Build a policy from ``NAME[:key=value,...]``; errors name the bad name, key or value."""
+    name, raw = parse_spec(spec)
+    resolved = _ALIASES.get(name, name)
+    if resolved not in _REGISTRY:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
+    cls = _REGISTRY[resolved]
+    params = _build_params(cls, raw)
+    return cls(params, traits)
+
+
+def _build_params(cls: type[Policy], raw: dict[str, str]) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls.Params)}
+    hints = get_type_hints(cls.Params)
+    values: dict[str, Any] = {}
+    for key, text in raw.items():
+        if key not in fields:
+            raise ValueError(f"policy {cls.name!r} has no parameter {key!r}; known: {', '.join(fields)}")
+        values[key] = _convert(cls.name, key, text, hints[key])
+    try:
+        return cls.Params(**values)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"policy {cls.name!r}: {exc}") from exc
+
+
+def _convert(policy: str, key: str, text: str, kind: Any) -> Any:
+    try:
+        if kind is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        return kind(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"policy {policy!r}: {key}={text!r} is not a valid {getattr(kind, '__name__', kind)}") from None
+
+
+def format_spec(name: str, params: Any) -> str:
+    items = [f"{f.name}={getattr(params, f.name)}" for f in dataclasses.fields(params)]
+    return f"{name}:{','.join(items)}" if items else name

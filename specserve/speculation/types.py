@@ -1,0 +1,101 @@
+"""The messages that cross the policy boundary.
+
+The engine (``specserve.replicas``) and the simulator build these records; policies only read them.
+They are plain frozen dataclasses so the same policy code runs everywhere and can be unit-tested on
+synthetic records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTraits:
+    """What the engine under a policy can do; fixed for the engine's lifetime."""
+
+    # Largest k the engine was started with: it sizes vLLM's buffers and KV lookahead.
+    max_k: int
+    # vLLM's k=0 still runs one draft forward pass per step to keep the draft's KV cache in sync, so
+    # "speculation off" is not free there. A policy's cost model must charge that pass.
+    k0_runs_draft_pass: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    """What the scheduler knows when it asks for k, before the step runs."""
+
+    # Monotonic seconds; policies time their cool-downs and probes from it, never from loop counts.
+    now_s: float
+    # Requests that will decode this step (the decode batch size B).
+    num_running: int
+    # Requests queued and not yet admitted; a load signal.
+    num_waiting: int
+    # Tokens already in the KV cache over the running requests: attention reads all of them.
+    num_context_tokens: int
+    # Prompt tokens scheduled this step (chunked prefill), which the target processes besides decodes.
+    num_prefill_tokens: int = 0
+    num_kv_blocks_free: int = 0
+    num_kv_blocks_total: int = 0
+    # False while the draft's weights are off the device: the policy must then pick k=0.
+    draft_resident: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A policy's answer for one step."""
+
+    # Draft tokens to verify per request this step; 0 means no speculation.
+    k: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """What one engine step did, measured after it ran."""
+
+    now_s: float
+    # The k the policy chose for this step.
+    k: int
+    # Wall time of the step (schedule to output processed).
+    duration_s: float
+    num_running: int
+    num_context_tokens: int
+    # Tokens the target model processed this step: decodes, verified drafts and prefill chunks.
+    num_batched_tokens: int
+    # Draft-model forward passes run this step (k, or 1 when k=0 still syncs the draft's KV).
+    num_draft_passes: int
+    # Tokens appended to outputs this step (accepted drafts plus one bonus/correction per request).
+    num_emitted_tokens: int
+    # Per speculating request, aligned: drafts it verified and how many of those were accepted. The
+    # accepted ones are always a prefix, so per-position counts derive from these two tuples exactly.
+    num_drafted_per_request: tuple[int, ...] = field(default=())
+    num_accepted_per_request: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if len(self.num_drafted_per_request) != len(self.num_accepted_per_request):
+            raise ValueError("drafted and accepted per-request tuples must be aligned")
+
+    @property
+    def num_drafted(self) -> int:
+        return sum(self.num_drafted_per_request)
+
+    @property
+    def num_accepted(self) -> int:
+        return sum(self.num_accepted_per_request)
+
+    def per_position(self, max_k: int) -> tuple[list[int], list[int], list[int]]:
+        """(drafted, reached, accepted) per position 0..max_k-1.
+
+        ``reached[j]`` counts drafts at position j whose whole prefix was accepted: the only ones whose
+        verdict says anything about position j, so ``accepted[j] / reached[j]`` is the conditional
+        acceptance rate at j (research/turbospec.md §2.4: prefix-accepted / proposed under-estimates it).
+        """
+        drafted, reached, accepted = [0] * max_k, [0] * max_k, [0] * max_k
+        for num_drafted, num_accepted in zip(self.num_drafted_per_request, self.num_accepted_per_request):
+            for pos in range(min(num_drafted, max_k)):
+                drafted[pos] += 1
+                if pos <= num_accepted:
+                    reached[pos] += 1
+                if pos < num_accepted:
+                    accepted[pos] += 1
+        return drafted, reached, accepted

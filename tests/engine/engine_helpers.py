@@ -1,0 +1,61 @@
+"""A real vLLM engine (CPU) under specserve's scheduler, driven synchronously from a test."""
+
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
+from typing import Iterator
+
+from specserve.replicas.engine_args import (
+    SET_POLICY_UTILITY,
+    TELEMETRY_UTILITY,
+    EngineSpec,
+    speculative_engine_kwargs,
+)
+from specserve.replicas.telemetry import EngineTelemetry
+
+PROMPTS = [
+    "def fibonacci(n):\n    ",
+    "import os\nimport sys\n\n",
+    "class Parser:\n    def __init__(self",
+    "for line in open(path):\n",
+]
+
+
+class Engine:
+    def __init__(self, llm) -> None:
+        self.llm = llm
+        self._core = llm.llm_engine.engine_core
+
+    def set_policy(self, spec: str) -> str:
+        return self._core.call_utility(SET_POLICY_UTILITY, spec)
+
+    def telemetry(self) -> EngineTelemetry:
+        return EngineTelemetry.from_dict(self._core.call_utility(TELEMETRY_UTILITY))
+
+    def generate(self, prompts: list[str] = PROMPTS, max_tokens: int = 48) -> list[list[int]]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [list(output.outputs[0].token_ids) for output in outputs]
+
+    def vllm_counters(self) -> dict[str, object]:
+        return {metric.name: metric for metric in self.llm.get_metrics()}
+
+
+@contextmanager
+def running_engine(pair, policy: str, max_k: int = 4, max_num_seqs: int = 8) -> Iterator[Engine]:
+    from vllm import LLM
+
+    kwargs = speculative_engine_kwargs(
+        EngineSpec(target=str(pair.target), draft=str(pair.draft), policy=policy, max_k=max_k,
+                   max_num_seqs=max_num_seqs)
+    )
+    llm = LLM(**kwargs)
+    try:
+        yield Engine(llm)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()

@@ -1,0 +1,94 @@
+"""Engine tier: a real vLLM engine on CPU with specserve's per-step control loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_helpers import running_engine
+
+
+@pytest.fixture(scope="module")
+def engine(trained_pair):
+    with running_engine(trained_pair, policy="fixed:k=4") as engine:
+        yield engine
+
+
+def delta(after, before):
+    return [a - b for a, b in zip(after, before)]
+
+
+def test_greedy_output_is_identical_whatever_k(engine):
+    outputs = {}
+    for spec in ("fixed:k=0", "fixed:k=4", "cycle:ks=4-0-2-1-3-0-0-4", "goodput"):
+        engine.set_policy(spec)
+        outputs[spec] = engine.generate(max_tokens=40)
+    reference = outputs["fixed:k=0"]
+    for spec, tokens in outputs.items():
+        assert tokens == reference, f"{spec} changed the greedy output"
+
+
+def test_cycle_policy_really_varies_k(engine):
+    engine.set_policy("cycle:ks=4-0-2")
+    before = engine.telemetry()
+    engine.generate(max_tokens=30)
+    steps = delta(engine.telemetry().num_steps_by_k, before.num_steps_by_k)
+    assert steps[0] > 0 and steps[2] > 0 and steps[4] > 0
+    assert steps[1] == steps[3] == 0
+
+
+def test_k_set_at_run_time_applies_from_the_next_step(engine):
+    engine.set_policy("fixed:k=4")
+    engine.generate(max_tokens=16)
+    assert engine.set_policy("fixed:k=2") == "fixed:k=2"
+    before = engine.telemetry()
+    engine.generate(max_tokens=32)
+    after = engine.telemetry()
+    drafted = delta(after.num_drafted_per_pos, before.num_drafted_per_pos)
+    steps = delta(after.num_steps_by_k, before.num_steps_by_k)
+    assert after.k == 2 and after.policy == "fixed:k=2"
+    assert steps[2] == sum(steps), "every step after the switch ran at k=2"
+    # Drafts made at k=4 before the switch are cut to 2: positions 2 and 3 are never verified again.
+    assert drafted[0] > 0 and drafted[1] > 0 and drafted[2] == drafted[3] == 0
+    # Every speculating request verifies exactly k drafts per step (none run short here).
+    assert drafted[1] == drafted[0]
+
+
+def test_k0_is_a_real_non_speculative_step(engine):
+    engine.set_policy("fixed:k=0")
+    before = engine.telemetry()
+    tokens = engine.generate(max_tokens=24)
+    after = engine.telemetry()
+    assert delta(after.num_drafted_per_pos, before.num_drafted_per_pos) == [0, 0, 0, 0]
+    steps = delta(after.num_steps_by_k, before.num_steps_by_k)
+    assert steps[0] == sum(steps) > 0
+    assert after.num_emitted_tokens - before.num_emitted_tokens == sum(len(t) for t in tokens)
+
+
+def test_per_position_counters_agree_with_vllm_totals(engine):
+    engine.set_policy("fixed:k=4")
+    engine.generate(max_tokens=40)
+    ours = engine.telemetry()
+    vllm = engine.vllm_counters()
+    assert sum(ours.num_drafted_per_pos) == vllm["vllm:spec_decode_num_draft_tokens"].value
+    assert sum(ours.num_accepted_per_pos) == vllm["vllm:spec_decode_num_accepted_tokens"].value
+    assert ours.num_drafted_per_pos[0] == vllm["vllm:spec_decode_num_drafts"].value
+    assert list(ours.num_accepted_per_pos) == vllm["vllm:spec_decode_num_accepted_tokens_per_pos"].values
+
+
+def test_trained_pair_acceptance_at_position_0(engine):
+    engine.set_policy("fixed:k=4")
+    before = engine.telemetry()
+    engine.generate(max_tokens=64)
+    after = engine.telemetry()
+    accepted = delta(after.num_accepted_per_pos, before.num_accepted_per_pos)
+    drafted = delta(after.num_drafted_per_pos, before.num_drafted_per_pos)
+    assert accepted[0] / drafted[0] >= 0.4
+
+
+def test_bad_policy_is_refused_and_the_old_one_kept(engine):
+    engine.set_policy("fixed:k=1")
+    for bad in ("nope", "fixed:k=9", "goodput:k_max=x"):
+        with pytest.raises(Exception, match="nope|max_k|k_max"):
+            engine.set_policy(bad)
+    assert engine.telemetry().policy == "fixed:k=1"
+    assert len(engine.generate(max_tokens=8)[0]) == 8

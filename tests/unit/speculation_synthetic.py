@@ -1,0 +1,62 @@
+"""Synthetic step records for the policy tests: a known linear step latency and i.i.d. acceptance."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from specserve.speculation.types import StepRecord
+
+
+def draw_accepted(rng: random.Random, alpha: float, num_drafted: int) -> int:
+    """Accepted prefix length when each draft passes independently with probability alpha."""
+    num_accepted = 0
+    while num_accepted < num_drafted and rng.random() < alpha:
+        num_accepted += 1
+    return num_accepted
+
+
+def true_step_s(coefficients: Sequence[float], num_context_tokens: int, num_batched_tokens: int,
+                num_draft_passes: int, num_running: int) -> float:
+    """The ground-truth latency the tests generate durations from (the model's own functional form)."""
+    c0, c1, c2, c3, c4 = coefficients
+    return (c0 + c1 * num_context_tokens + c2 * num_batched_tokens + c3 * num_draft_passes
+            + c4 * num_draft_passes * num_running)
+
+
+def make_record(rng: random.Random, coefficients: Sequence[float], *, now_s: float, k: int, num_running: int,
+                alpha: float, num_context_tokens: int, num_prefill_tokens: int = 0,
+                k0_runs_draft_pass: bool = True) -> StepRecord:
+    """One step of num_running requests each drafting k tokens, timed by the true latency."""
+    accepted = tuple(draw_accepted(rng, alpha, k) for _ in range(num_running)) if k > 0 else ()
+    drafted = (k,) * len(accepted)
+    num_batched_tokens = num_running * (k + 1) + num_prefill_tokens
+    num_draft_passes = k if k > 0 else int(k0_runs_draft_pass)
+    return StepRecord(
+        now_s=now_s,
+        k=k,
+        duration_s=true_step_s(coefficients, num_context_tokens, num_batched_tokens, num_draft_passes, num_running),
+        num_running=num_running,
+        num_context_tokens=num_context_tokens,
+        num_batched_tokens=num_batched_tokens,
+        num_draft_passes=num_draft_passes,
+        num_emitted_tokens=sum(accepted) + num_running,
+        num_drafted_per_request=drafted,
+        num_accepted_per_request=accepted,
+    )
+
+
+def varied_records(
+    seed: int, coefficients: Sequence[float], alpha: float, max_k: int, num_steps: int
+) -> list[StepRecord]:
+    """Steps whose k, batch size, context and prefill all vary, so every coefficient is identifiable."""
+    rng = random.Random(seed)
+    records = []
+    for step in range(num_steps):
+        num_running = rng.choice((1, 2, 4, 8, 16, 32, 64, 128, 256))
+        records.append(make_record(
+            rng, coefficients, now_s=step * 0.01, k=rng.randint(0, max_k), num_running=num_running, alpha=alpha,
+            num_context_tokens=num_running * rng.randint(50, 2000),
+            num_prefill_tokens=rng.choice((0, 0, 0, 128, 512)),
+        ))
+    return records

@@ -1,0 +1,37 @@
+"""House rule 1: the pure core imports none of ray, vllm, torch or prometheus_client."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+FORBIDDEN = {"ray", "vllm", "torch", "prometheus_client"}
+PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "specserve"
+PURE_PACKAGES = ("speculation",)
+
+
+def imported_roots(path: Path) -> set[str]:
+    """Top-level module names a file imports anywhere (including inside functions)."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+@pytest.mark.parametrize("package", PURE_PACKAGES)
+def test_pure_packages_import_no_framework(package: str) -> None:
+    files = sorted((PACKAGE_ROOT / package).glob("*.py"))
+    assert files, f"no modules found under specserve/{package}"
+    offenders = {str(f.relative_to(PACKAGE_ROOT)): sorted(imported_roots(f) & FORBIDDEN) for f in files}
+    assert not {name: roots for name, roots in offenders.items() if roots}
+
+
+def test_scanner_sees_nested_and_dotted_imports(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("import os\nfrom vllm.v1 import x\n\ndef f():\n    import torch.cuda\n")
+    assert imported_roots(module) == {"os", "vllm", "torch"}

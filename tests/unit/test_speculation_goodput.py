@@ -1,0 +1,128 @@
+"""GoodputPolicy: research/turbospec.md §2.5 ArgMaxGoodput, learning from synthetic records.
+
+Worked example of the objective (§2.2, Fig. 2): a step of 12.6 ms at k = 2 and alpha = 0.7 emits 2.19
+tokens per request, 5.75 ms per token against 7.4 ms without speculation, so k = 2 beats k = 0 there.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from speculation_synthetic import make_record, true_step_s, varied_records
+
+from specserve.speculation import EngineTraits, GoodputPolicy, StepContext, make_policy
+from specserve.speculation.goodput import best_k
+
+# Ground truth: 6 ms fixed, 0.05 us per context token, 60 us per batched token, 1 ms and 20 us per
+# request for each draft pass. At alpha = 0.7 its optimum falls from k = 3 at B = 1 to k = 1 at B = 256.
+TRUE = (6e-3, 0.05e-6, 60e-6, 1e-3, 20e-6)
+CONTEXT_PER_REQUEST = 1000
+
+
+def analytic_goodputs(coefficients, alpha: float, num_running: int, k_max: int) -> list[float]:
+    """Eq. 4 over the true latency, written out independently of the policy's code."""
+    goodputs = []
+    for k in range(k_max + 1):
+        tokens = k + 1 if alpha == 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
+        step_s = true_step_s(coefficients, CONTEXT_PER_REQUEST * num_running, num_running * (k + 1),
+                             max(k, 1), num_running)
+        goodputs.append(num_running * tokens / step_s)
+    return goodputs
+
+
+def trained_policy(coefficients, alpha: float, k_max: int = 6) -> GoodputPolicy:
+    policy = make_policy(f"goodput:k_max={k_max},ema_half_life_steps=500", EngineTraits(max_k=8))
+    for record in varied_records(seed=11, coefficients=coefficients, alpha=alpha, max_k=k_max, num_steps=3000):
+        policy.observe(record)
+    return policy
+
+
+def context(num_running: int, now_s: float = 0.0) -> StepContext:
+    return StepContext(now_s=now_s, num_running=num_running, num_waiting=0,
+                       num_context_tokens=CONTEXT_PER_REQUEST * num_running)
+
+
+@pytest.mark.parametrize("num_running", [1, 4, 16, 64, 256])
+def test_picks_the_analytic_optimum(num_running: int) -> None:
+    policy = trained_policy(TRUE, alpha=0.7)
+    goodputs = analytic_goodputs(TRUE, 0.7, num_running, k_max=6)
+    expected = max(range(len(goodputs)), key=lambda k: (goodputs[k], -k))
+    runner_up = max(g for k, g in enumerate(goodputs) if k != expected)
+    assert goodputs[expected] > runner_up * 1.005, "scenario too close to a tie to test the learned fit"
+    assert policy.choose(context(num_running)).k == expected
+
+
+def test_small_batches_speculate_more_than_large_ones() -> None:
+    policy = trained_policy(TRUE, alpha=0.7)
+    assert [policy.choose(context(b)).k for b in (1, 16, 256)] == [3, 2, 1]
+
+
+def test_no_acceptance_means_no_speculation() -> None:
+    policy = trained_policy(TRUE, alpha=0.0)
+    assert [policy.choose(context(b)).k for b in (1, 16, 256)] == [0, 0, 0]
+
+
+def test_full_acceptance_with_overhead_dominated_steps_uses_k_max() -> None:
+    overhead = (20e-3, 0.01e-6, 1e-6, 0.1e-3, 1e-6)
+    policy = trained_policy(overhead, alpha=1.0, k_max=5)
+    assert [policy.choose(context(b)).k for b in (1, 16)] == [5, 5]
+
+
+def test_ties_go_to_the_smaller_k() -> None:
+    assert best_k([1.0, 1.0, 0.5]) == 0
+    assert best_k([1.0, 1.0 + 1e-12, 1.0]) == 0  # within the relative tolerance
+    assert best_k([1.0, 2.0, 2.0, 1.5]) == 1
+    assert best_k([1.0, 1.1]) == 1
+
+
+def test_search_is_capped_by_the_engine() -> None:
+    policy = make_policy("goodput:k_max=8,prior_alpha=1.0", EngineTraits(max_k=2))
+    assert policy.choose(context(1)).k == 2
+
+
+def test_zero_when_draft_absent_or_idle() -> None:
+    policy = make_policy("goodput:prior_alpha=1.0", EngineTraits(max_k=4))
+    absent = StepContext(now_s=0.0, num_running=4, num_waiting=0, num_context_tokens=4000, draft_resident=False)
+    assert policy.choose(absent).k == 0
+    assert policy.choose(context(0)).k == 0
+
+
+def test_settles_on_zero_and_still_probes() -> None:
+    """Closed loop at alpha = 0: the policy drops to k = 0, then speculates probe_k once per interval."""
+    policy = make_policy("goodput:probe_interval_s=1.0,probe_k=2", EngineTraits(max_k=4))
+    rng, now_s, chosen = random.Random(5), 0.0, []
+    for _ in range(500):  # 5 s of 10 ms steps (float sums make a 1 s interval 100 or 101 steps)
+        k = policy.choose(context(8, now_s)).k
+        policy.observe(make_record(rng, TRUE, now_s=now_s, k=k, num_running=8, alpha=0.0,
+                                   num_context_tokens=CONTEXT_PER_REQUEST * 8))
+        chosen.append(k)
+        now_s += 0.01
+    assert chosen[0] > 0  # the 0.5 prior makes small batches speculate at first
+    settled = chosen[50:]
+    assert set(settled) == {0, 2}
+    probe_steps = [i for i, k in enumerate(settled) if k == 2]
+    assert len(probe_steps) >= 3 and all(b - a in (100, 101) for a, b in zip(probe_steps, probe_steps[1:]))
+
+    # Settled: a probe is due 1 s after the previous one, then the clock restarts from the probe.
+    probe_s = now_s + 2.0
+    assert [policy.choose(context(8, probe_s + dt)).k for dt in (0.0, 0.01, 0.99, 1.01, 1.02)] == [2, 0, 0, 2, 0]
+
+
+def test_describe_reports_estimates() -> None:
+    policy = trained_policy(TRUE, alpha=0.8, k_max=3)
+    policy.choose(context(4))
+    described = policy.describe()
+    assert {"alpha_0", "alpha_1", "alpha_2", "mean_alpha", "predicted_goodput_tokens_per_s"} <= described.keys()
+    assert described["alpha_0"] == pytest.approx(0.8, abs=0.02)
+    assert described["latency_s_per_batched_token"] == pytest.approx(TRUE[2], rel=0.05)
+    assert described["predicted_goodput_tokens_per_s"] > 0
+
+
+def test_k0_is_charged_a_draft_pass_only_where_the_engine_runs_one() -> None:
+    syncing = make_policy("goodput", EngineTraits(max_k=4, k0_runs_draft_pass=True))
+    free = make_policy("goodput", EngineTraits(max_k=4, k0_runs_draft_pass=False))
+    # Prior latency: the pass costs 1 ms + 16 * 10 us on top of the same k = 0 target step.
+    assert 1 / syncing.predict_goodput(context(16), 0) - 1 / free.predict_goodput(context(16), 0) == pytest.approx(
+        (1e-3 + 16 * 10e-6) / 16
+    )

@@ -1,0 +1,89 @@
+"""Policy specs (``NAME[:key=value,...]``), the registry, and FixedPolicy."""
+
+from __future__ import annotations
+
+import pytest
+
+from specserve.speculation import (
+    EngineTraits,
+    FixedPolicy,
+    GoodputPolicy,
+    StepContext,
+    make_policy,
+    parse_spec,
+    policy_names,
+)
+
+TRAITS = EngineTraits(max_k=4)
+CTX = StepContext(now_s=0.0, num_running=4, num_waiting=0, num_context_tokens=4000)
+
+
+def test_fixed_spec() -> None:
+    policy = make_policy("fixed:k=3", TRAITS)
+    assert isinstance(policy, FixedPolicy)
+    assert policy.choose(CTX).k == 3
+
+
+def test_fixed_zero_is_plain_decoding_and_no_draft_means_zero() -> None:
+    assert make_policy("fixed:k=0", TRAITS).choose(CTX).k == 0
+    absent = StepContext(now_s=0.0, num_running=4, num_waiting=0, num_context_tokens=4000, draft_resident=False)
+    assert make_policy("fixed:k=2", TRAITS).choose(absent).k == 0
+
+
+def test_fixed_k_above_engine_max_names_both() -> None:
+    with pytest.raises(ValueError, match=r"k=5.*max_k=4"):
+        make_policy("fixed:k=5", TRAITS)
+
+
+def test_goodput_spec_sets_params() -> None:
+    policy = make_policy("goodput:k_max=2,probe_interval_s=1.5", TRAITS)
+    assert isinstance(policy, GoodputPolicy)
+    assert (policy.params.k_max, policy.params.probe_interval_s) == (2, 1.5)
+    assert policy.params.prior_alpha == 0.5  # untouched defaults stay
+
+
+def test_adaptive_resolves_to_goodput() -> None:
+    assert "adaptive" in policy_names()
+    assert make_policy("adaptive", TRAITS).name == "goodput"
+
+
+@pytest.mark.parametrize("spec", ["fixed", "fixed:k=2", "goodput", "goodput:k_max=3,prior_alpha=0.7", "adaptive"])
+def test_spec_round_trips(spec: str) -> None:
+    policy = make_policy(spec, TRAITS)
+    rebuilt = make_policy(policy.spec, TRAITS)
+    assert type(rebuilt) is type(policy) and rebuilt.params == policy.params
+    assert rebuilt.spec == policy.spec
+
+
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        ("nosuch:k=1", "nosuch"),  # unknown policy
+        ("fixed:kk=1", "kk"),  # unknown key
+        ("fixed:k=three", "three"),  # not an int
+        ("goodput:probe_interval_s=soon", "probe_interval_s"),
+        ("fixed:k=-1", "k=-1"),  # parses, fails validation
+        ("goodput:prior_alpha=1.5", "prior_alpha"),
+        ("goodput:probe_k=0", "probe_k"),
+        ("fixed:k", "'k'"),  # not key=value
+    ],
+)
+def test_bad_specs_raise_value_error_naming_the_problem(spec: str, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        make_policy(spec, TRAITS)
+
+
+def test_parse_spec() -> None:
+    assert parse_spec(" goodput : k_max=2 , probe_k=1 ") == ("goodput", {"k_max": "2", "probe_k": "1"})
+    assert parse_spec("fixed") == ("fixed", {})
+
+
+def test_cycle_policy_repeats_its_sequence():
+    from specserve.speculation import EngineTraits, StepContext, make_policy
+
+    policy = make_policy("cycle:ks=4-0-2", EngineTraits(max_k=4))
+    ctx = StepContext(now_s=0.0, num_running=1, num_waiting=0, num_context_tokens=10)
+    assert [policy.choose(ctx).k for _ in range(7)] == [4, 0, 2, 4, 0, 2, 4]
+    for bad in ("cycle:ks=4-x", "cycle:ks=9"):
+        with pytest.raises(ValueError, match="ks|max_k"):
+            make_policy(bad, EngineTraits(max_k=4))

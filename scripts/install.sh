@@ -5,19 +5,30 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 EXTRA=${EXTRA:-cpu}
 
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-pip=("$VENV/bin/python" -m pip)
-"${pip[@]}" install -q --upgrade pip 2>&1 | grep -v "is ignored: it is neither" || true
+pip_quiet() {
+  # pip's own output only when it fails: CI logs stay readable. Local mirror directories that do not
+  # carry a package make pip print "is ignored" warnings; they mean nothing.
+  local log
+  log=$(mktemp)
+  if ! "$VENV/bin/python" -m pip "$@" >"$log" 2>&1; then
+    grep -v "is ignored: it is neither" "$log" >&2 || true
+    rm -f "$log"
+    return 1
+  fi
+  rm -f "$log"
+}
 
-# --progress-bar off: CI logs stay readable; the filter hides noise from empty local mirrors.
-"${pip[@]}" install --progress-bar off -q -e ".[$EXTRA,test]" 2>&1 | grep -v "is ignored: it is neither" || true
-"${pip[@]}" show -q specserve >/dev/null
+started=$(date +%s)
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+pip_quiet install --progress-bar off --upgrade pip
+echo "install.sh: installing specserve[$EXTRA,test] into $VENV (first time: a few minutes)" >&2
+pip_quiet install --progress-bar off -e ".[$EXTRA,test]"
 
 if [ "$EXTRA" = cpu ]; then
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: importing them on a CPU-only machine
   # breaks `transformers` and vLLM. Text models do not need them (research/feasibility.md §1).
-  "${pip[@]}" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
-"$VENV/bin/python" -c "import vllm, ray.serve.llm, specserve" 2>/dev/null \
-  || { echo "install.sh: the environment in $VENV does not import vllm/ray.serve.llm/specserve" >&2; exit 1; }
-echo "install.sh: $VENV ready (extra: $EXTRA)" >&2
+"$VENV/bin/python" -c "import vllm, ray.serve.llm, specserve.cluster.cli" \
+  || { echo "install.sh: the environment in $VENV does not import vllm / ray.serve.llm / specserve" >&2; exit 1; }
+echo "install.sh: $VENV ready (extra: $EXTRA) in $(( $(date +%s) - started )) s" >&2

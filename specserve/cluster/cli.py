@@ -124,12 +124,18 @@ def _status(args: argparse.Namespace) -> int:
 def _policy_set(args: argparse.Namespace) -> int:
     import ray
 
+    controller = _controller()
+    snapshots = ray.get(controller.replicas.remote())
+    # Validate against each targeted engine's max_k here: a directive that fails in the replica
+    # could only be logged there.
+    max_ks = {s.engine.max_k for s in snapshots if args.replica in (None, s.replica_id)} or {16}
     try:
-        make_policy(args.spec, EngineTraits(max_k=16))  # catch typos before they reach the cluster
+        for max_k in sorted(max_ks):
+            make_policy(args.spec, EngineTraits(max_k=max_k))
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     try:
-        targets = ray.get(_controller().set_policy.remote(args.spec, args.replica))
+        targets = ray.get(controller.set_policy.remote(args.spec, args.replica))
     except ray.exceptions.RayTaskError as exc:
         raise CommandError(str(exc.cause) if exc.cause else str(exc)) from None
     print(f"policy {args.spec} queued for {len(targets)} replica(s): {', '.join(targets) or 'none yet'}",

@@ -55,7 +55,7 @@ class ControllerState:
         directive = PolicyDirective(policy)
         if replica is not None:
             if replica not in live:
-                raise KeyError(f"unknown replica {replica!r}; live replicas: {', '.join(live) or 'none'}")
+                raise ValueError(f"unknown replica {replica!r}; live replicas: {', '.join(live) or 'none'}")
             targets = [replica]
         else:
             self._cluster_policy = directive

@@ -1,0 +1,5 @@
+import sys
+
+from specserve.cluster.cli import main
+
+sys.exit(main())

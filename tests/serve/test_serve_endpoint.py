@@ -1,0 +1,178 @@
+"""Serve tier: `specserve serve` as a subprocess, used over real HTTP with the official openai client."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import requests
+from openai import OpenAI
+
+from serve_process import ServeProcess, free_port
+
+MODEL = "specserve-tiny"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, trained_pair):
+    state_dir = tmp_path_factory.mktemp("state")
+    env = dict(os.environ, SPECSERVE_STATE_DIR=str(state_dir))
+    env.pop("RAY_ADDRESS", None)
+    args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--k-max", "4"]
+    process = ServeProcess(args, env, tmp_path_factory.mktemp("logs") / "serve.log")
+    try:
+        process.endpoint = process.start()
+        yield process
+    finally:
+        process.kill_tree()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> OpenAI:
+    return OpenAI(base_url=server.endpoint, api_key="unused")
+
+
+def cli(server, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specserve.cluster.cli", *args], env=server.env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_models_lists_the_served_model(client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_completion(client):
+    result = client.completions.create(model=MODEL, prompt="def main():\n", max_tokens=24, temperature=0)
+    assert result.object == "text_completion"
+    assert result.usage.completion_tokens == 24 or result.choices[0].finish_reason == "stop"
+    assert result.choices[0].text
+
+
+def test_completion_streamed(client):
+    chunks = list(client.completions.create(model=MODEL, prompt="import os\n", max_tokens=24, temperature=0,
+                                            stream=True))
+    assert len(chunks) >= 2
+    assert "".join(c.choices[0].text for c in chunks if c.choices)
+
+
+def test_chat_completion(client):
+    result = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "print hello"}],
+                                            max_tokens=16, temperature=0)
+    assert result.object == "chat.completion"
+    assert result.choices[0].message.role == "assistant"
+    assert result.choices[0].message.content
+
+
+def test_chat_completion_streamed(client):
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "sort a list"}],
+                                                 max_tokens=16, temperature=0, stream=True))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def test_same_greedy_output_as_without_speculation(server, client):
+    prompt = "class Config:\n    def __init__(self"
+    speculative = client.completions.create(model=MODEL, prompt=prompt, max_tokens=32, temperature=0)
+    assert cli(server, "policy", "set", "fixed:k=0").returncode == 0
+    time.sleep(2.5)  # the directive rides on the replica's next telemetry round (about 1 s)
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=32, temperature=0)
+    assert cli(server, "policy", "set", "adaptive").returncode == 0
+    assert plain.choices[0].text == speculative.choices[0].text
+
+
+BAD_REQUESTS = {
+    "malformed JSON": ("/completions", '{"model": "specserve-tiny", "prompt": '),
+    "unknown model": ("/completions", {"model": "nope", "prompt": "x", "max_tokens": 4}),
+    "negative max_tokens": ("/completions", {"model": MODEL, "prompt": "x", "max_tokens": -5}),
+    "prompt longer than the context": ("/completions", {"model": MODEL, "prompt": "x = 1\n" * 2000, "max_tokens": 4}),
+    "wrong type": ("/completions", {"model": MODEL, "prompt": "x", "max_tokens": "many"}),
+    "wrong type in chat": ("/chat/completions", {"model": MODEL, "messages": "hello"}),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_bad_input_gets_a_4xx_with_a_message_and_the_replica_keeps_serving(server, client, case):
+    path, body = BAD_REQUESTS[case]
+    data = body if isinstance(body, str) else json.dumps(body)
+    response = requests.post(server.endpoint + path, data=data, headers={"Content-Type": "application/json"},
+                             timeout=60)
+    assert 400 <= response.status_code < 500, response.text
+    payload = response.json()
+    message = payload.get("error", {}).get("message") if "error" in payload else payload.get("detail")
+    assert message, payload
+    assert client.completions.create(model=MODEL, prompt="x", max_tokens=4).choices[0].text is not None
+
+
+def wait_for_replica(server, timeout_s: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = cli(server, "status", "--json")
+        if done.returncode == 0 and (replicas := json.loads(done.stdout)["replicas"]):
+            return replicas[0]
+        time.sleep(1.0)
+    raise TimeoutError("no replica reported to the controller")
+
+
+def test_status_shows_the_replica_with_k_and_acceptance(server, client):
+    client.completions.create(model=MODEL, prompt="for i in range(10):\n", max_tokens=32, temperature=0)
+    time.sleep(1.5)
+    replica = wait_for_replica(server)
+    engine = replica["engine"]
+    assert replica["model_id"] == MODEL
+    assert 0 <= engine["k"] <= engine["max_k"] == 4
+    assert 0.0 <= replica["acceptance"] <= 1.0
+    assert sum(engine["num_drafted_per_pos"]) > 0
+    table = cli(server, "status")
+    assert table.returncode == 0 and replica["replica_id"] in table.stderr and "ACCEPT" in table.stderr
+
+
+def test_policy_set_reaches_the_replica(server):
+    replica = wait_for_replica(server)["replica_id"]
+    done = cli(server, "policy", "set", "fixed:k=2", "--replica", replica)
+    assert done.returncode == 0, done.stderr
+    deadline = time.monotonic() + 15
+    while wait_for_replica(server)["engine"]["policy"] != "fixed:k=2":
+        assert time.monotonic() < deadline, "policy never reached the replica"
+        time.sleep(0.5)
+    assert cli(server, "policy", "set", "adaptive").returncode == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["policy", "set", "nope"], "unknown policy 'nope'"),
+    (["policy", "set", "fixed:k=two"], "k='two'"),
+    (["policy", "set", "fixed:k=1", "--replica", "ghost"], "unknown replica 'ghost'"),
+])
+def test_policy_set_errors_name_the_bad_value(server, args, message):
+    done = cli(server, *args)
+    assert done.returncode == 2
+    assert message in done.stderr
+
+
+def test_metrics_url_serves_specserve_and_vllm_metrics(server, client):
+    metrics_url = server.line_matching(r"metrics: ").split()[1]
+    client.completions.create(model=MODEL, prompt="while True:\n", max_tokens=32)
+    deadline = time.monotonic() + 60  # Ray exports on a ~10 s cycle
+    wanted = ["ray_specserve_speculation_k", "ray_specserve_draft_tokens_total", "ray_specserve_steps_total",
+              "ray_specserve_kv_blocks_total", "ray_vllm_spec_decode_num_drafts_total"]
+    while True:
+        text = requests.get(metrics_url, timeout=10).text
+        missing = [name for name in wanted if name not in text]
+        if not missing:
+            break
+        assert time.monotonic() < deadline, f"missing from {metrics_url}: {missing}"
+        time.sleep(2)
+
+
+def test_sigterm_stops_everything(server):
+    tree = server.descendants()
+    assert len(tree) >= 5, "Ray, Serve and the engine run under the serve process"
+    assert server.stop() == 0
+    deadline = time.monotonic() + 30
+    while alive := [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
+        assert time.monotonic() < deadline, f"left running: {[(p.pid, p.name()) for p in alive]}"
+        time.sleep(0.5)

@@ -1,0 +1,72 @@
+"""The controller's bookkeeping with a fake clock: snapshots, ageing out, directives."""
+
+from __future__ import annotations
+
+import pytest
+
+from specserve.controller.state import ControllerState, PolicyDirective
+from specserve.replicas.telemetry import EngineTelemetry, ReplicaSnapshot
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def snapshot(replica: str, policy: str = "adaptive") -> ReplicaSnapshot:
+    engine = EngineTelemetry(
+        pid=1, policy=policy, k=2, max_k=4, num_running=1, num_waiting=0, num_kv_blocks_total=10,
+        num_kv_blocks_free=8, draft_state="resident", num_steps=3, num_emitted_tokens=9,
+        num_steps_by_k=(0, 0, 3, 0, 0), num_drafted_per_pos=(3, 3, 0, 0), num_reached_per_pos=(3, 2, 0, 0),
+        num_accepted_per_pos=(2, 1, 0, 0), acceptance_ema_per_pos=(0.6, 0.5, 0.5, 0.5),
+        step_durations_s=(0.01,), policy_info={},
+    )
+    return ReplicaSnapshot(replica_id=replica, node_id="n", model_id="m", time_s=0.0, engine=engine)
+
+
+def test_keeps_the_latest_snapshot_per_replica_and_drops_silent_ones():
+    clock = Clock()
+    state = ControllerState(clock, stale_after_s=5.0)
+    state.push(snapshot("b"))
+    state.push(snapshot("a"))
+    state.push(snapshot("a", policy="fixed:k=1"))
+    assert [s.replica_id for s in state.replicas()] == ["a", "b"]
+    assert state.replicas()[0].engine.policy == "fixed:k=1"
+    clock.now = 4.0
+    state.push(snapshot("a"))
+    clock.now = 6.0
+    assert [s.replica_id for s in state.replicas()] == ["a"]
+
+
+def test_directives_reach_their_replica_once():
+    state = ControllerState(Clock())
+    state.push(snapshot("a"))
+    state.push(snapshot("b"))
+    assert state.set_policy("fixed:k=2", "a") == ["a"]
+    assert state.push(snapshot("a")) == [PolicyDirective("fixed:k=2")]
+    assert state.push(snapshot("a")) == []
+    assert state.push(snapshot("b")) == []
+
+
+def test_cluster_wide_policy_also_reaches_replicas_that_join_later():
+    state = ControllerState(Clock())
+    state.push(snapshot("a"))
+    assert state.set_policy("fixed:k=1") == ["a"]
+    assert state.push(snapshot("a")) == [PolicyDirective("fixed:k=1")]
+    assert state.push(snapshot("new")) == [PolicyDirective("fixed:k=1")]
+
+
+def test_unknown_replica_is_an_error_naming_it():
+    state = ControllerState(Clock())
+    state.push(snapshot("a"))
+    with pytest.raises(ValueError, match="unknown replica 'ghost'.*a"):
+        state.set_policy("fixed:k=1", "ghost")
+
+
+def test_engine_telemetry_round_trips_through_a_dict():
+    engine = snapshot("a").engine
+    assert EngineTelemetry.from_dict({k: list(v) if isinstance(v, tuple) else v
+                                      for k, v in engine.to_dict().items()}) == engine

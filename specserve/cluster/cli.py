@@ -75,11 +75,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _connect() -> None:
-    import ray
-
     from specserve.cluster.local import cluster_address
 
-    address = cluster_address()
+    address = cluster_address()  # before importing ray: it may set RAY_AUTH_MODE, read at import
+    import ray
+
     if address is None:
         raise CommandError("no running specserve cluster: start one with `specserve serve`, or set RAY_ADDRESS")
     try:
@@ -89,9 +89,9 @@ def _connect() -> None:
 
 
 def _controller() -> Any:
+    _connect()
     from specserve.controller.actor import get_controller
 
-    _connect()
     controller = get_controller()
     if controller is None:
         raise CommandError("the cluster has no specserve controller: is `specserve serve` running?")
@@ -99,9 +99,10 @@ def _controller() -> Any:
 
 
 def _status(args: argparse.Namespace) -> int:
+    controller = _controller()
     import ray
 
-    snapshots = ray.get(_controller().replicas.remote())
+    snapshots = ray.get(controller.replicas.remote())
     if args.json:
         rows = [asdict(s) | {"acceptance": s.engine.acceptance} for s in snapshots]
         print(json.dumps({"replicas": rows}, indent=2))
@@ -122,9 +123,9 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _policy_set(args: argparse.Namespace) -> int:
+    controller = _controller()
     import ray
 
-    controller = _controller()
     snapshots = ray.get(controller.replicas.remote())
     # Validate against each targeted engine's max_k here: a directive that fails in the replica
     # could only be logged there.

@@ -58,8 +58,7 @@ def serve_forever(config: ServeConfig) -> int:
     from specserve.controller.actor import get_or_create_controller
 
     stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    _on_stop_signals(stop)
 
     with ExitStack() as cleanup:
         tmp_dir = tempfile.mkdtemp(prefix="specserve-")
@@ -78,6 +77,7 @@ def serve_forever(config: ServeConfig) -> int:
                 _metrics_export_port=config.metrics_port,
             )
         cleanup.callback(ray.shutdown)
+        _on_stop_signals(stop)  # again: the Ray driver installs its own SIGTERM handler
         get_or_create_controller()
         serve.start(http_options={"host": config.host, "port": config.port})
         cleanup.callback(_shutdown_serve, joined)
@@ -90,9 +90,10 @@ def serve_forever(config: ServeConfig) -> int:
         app = build_app(resolved)
         # serve.run blocks until every replica's engine is up (tens of seconds); a thread keeps
         # Ctrl-C answered meanwhile.
-        threading.Thread(target=_deploy, args=(app, failure, stop), daemon=True).start()
+        deployer = threading.Thread(target=_deploy, args=(app, failure, stop), daemon=True)
+        deployer.start()
         endpoint = f"http://{_client_host(config.host)}:{config.port}/v1"
-        if not _wait_ready(endpoint, config.engine_start_timeout_s, stop):
+        if not _wait_ready(endpoint, deployer, config.engine_start_timeout_s, stop):
             if failure:
                 log(f"specserve: deployment failed: {failure[0]}")
                 return 1
@@ -111,11 +112,17 @@ def serve_forever(config: ServeConfig) -> int:
     return 0
 
 
+def _on_stop_signals(stop: threading.Event) -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+
+
 def _deploy(app: object, failure: list[BaseException], stop: threading.Event) -> None:
     from ray import serve
 
     try:
-        serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+        # Text logs: Serve's JSON encoding makes vLLM's start-up lines unreadable in a terminal.
+        serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config={"encoding": "TEXT"})
     except BaseException as exc:  # reported by the main thread
         failure.append(exc)
         stop.set()
@@ -134,9 +141,13 @@ def _client_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
-def _wait_ready(endpoint: str, timeout_s: float, stop: threading.Event) -> bool:
+def _wait_ready(endpoint: str, deployer: threading.Thread, timeout_s: float, stop: threading.Event) -> bool:
+    """True once the deployment finished (engines up) and the ingress lists the model."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not stop.is_set():
+        if deployer.is_alive():  # the ingress answers /models before the engines are up
+            deployer.join(timeout=1.0)
+            continue
         try:
             with urllib.request.urlopen(f"{endpoint}/models", timeout=5) as response:
                 if response.status == 200 and json.load(response).get("data"):
@@ -150,14 +161,21 @@ def _wait_ready(endpoint: str, timeout_s: float, stop: threading.Event) -> bool:
 def _write_state(gcs_address: str, endpoint: str) -> None:
     path = state_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"ray_address": gcs_address, "endpoint": endpoint, "pid": os.getpid()}))
+    # Ray 2.60 turns token authentication on for new local clusters; clients must then ask for it.
+    state = {"ray_address": gcs_address, "endpoint": endpoint, "pid": os.getpid(),
+             "ray_auth_mode": os.environ.get("RAY_AUTH_MODE")}
+    path.write_text(json.dumps(state))
 
 
 def cluster_address() -> str | None:
-    """RAY_ADDRESS if set, else the address a running `specserve serve` recorded."""
+    """RAY_ADDRESS if set, else the address a running `specserve serve` recorded (setting the
+    authentication mode that cluster expects)."""
     if os.environ.get("RAY_ADDRESS"):
         return os.environ["RAY_ADDRESS"]
     try:
-        return json.loads(state_file().read_text())["ray_address"]
-    except (OSError, ValueError, KeyError):
+        state = json.loads(state_file().read_text())
+    except (OSError, ValueError):
         return None
+    if state.get("ray_auth_mode") and "RAY_AUTH_MODE" not in os.environ:
+        os.environ["RAY_AUTH_MODE"] = state["ray_auth_mode"]
+    return state.get("ray_address")

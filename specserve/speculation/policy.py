@@ -115,5 +115,10 @@ def _convert(policy: str, key: str, text: str, kind: Any) -> Any:
 
 
 def format_spec(name: str, params: Any) -> str:
-    items = [f"{f.name}={getattr(params, f.name)}" for f in dataclasses.fields(params)]
+    """``NAME[:key=value,...]`` naming only the parameters that differ from their defaults."""
+    items = [
+        f"{f.name}={getattr(params, f.name)}"
+        for f in dataclasses.fields(params)
+        if f.default is dataclasses.MISSING or getattr(params, f.name) != f.default
+    ]
     return f"{name}:{','.join(items)}" if items else name

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
 
 from specserve.models import training
 from specserve.models.tokenizer import read_corpus, save_tokenizer, train_tokenizer
@@ -83,7 +84,8 @@ def save_model(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, mode
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    model.to(SAVE_DTYPE).save_pretrained(model_dir, safe_serialization=True)
+    with _no_transformers_progress_bars():  # they would interleave with the build's own bar
+        model.to(SAVE_DTYPE).save_pretrained(model_dir, safe_serialization=True)
     save_tokenizer(tokenizer, model_dir)
 
 
@@ -103,10 +105,21 @@ def torch_threads(num_threads: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
+@contextmanager
+def _no_transformers_progress_bars() -> Iterator[None]:
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def make_self_pair(out_dir: Path, *, seed: int = 0, progress: bool = False) -> PairPaths:
     """Random target; the draft is a byte-for-byte copy of it, so acceptance is 1.0."""
     started, paths = time.monotonic(), PairPaths.under(out_dir)
-    tokenizer = train_tokenizer(read_corpus())
+    tokenizer = train_tokenizer(read_corpus(), model_max_length=MAX_POSITION_EMBEDDINGS)
     with torch_threads(BUILD_THREADS):
         save_model(random_model(TARGET_SHAPE, tokenizer, seed), tokenizer, paths.target)
     shutil.copytree(paths.target, paths.draft)
@@ -117,7 +130,7 @@ def make_self_pair(out_dir: Path, *, seed: int = 0, progress: bool = False) -> P
 def make_random_pair(out_dir: Path, *, seed: int = 0, progress: bool = False) -> PairPaths:
     """Random target and an independently random draft, so acceptance is about 0."""
     started, paths = time.monotonic(), PairPaths.under(out_dir)
-    tokenizer = train_tokenizer(read_corpus())
+    tokenizer = train_tokenizer(read_corpus(), model_max_length=MAX_POSITION_EMBEDDINGS)
     with torch_threads(BUILD_THREADS):
         save_model(random_model(TARGET_SHAPE, tokenizer, seed), tokenizer, paths.target)
         save_model(random_model(DRAFT_SHAPE, tokenizer, seed + 1), tokenizer, paths.draft)
@@ -132,10 +145,8 @@ def make_trained_pair(
     recipe = recipe or training.TrainRecipe()
     started, paths = time.monotonic(), PairPaths.under(out_dir)
     texts = read_corpus()
-    tokenizer = train_tokenizer(texts)
-    # One flat stream of token ids, each source file followed by </s>.
-    encodings = tokenizer.backend_tokenizer.encode_batch(texts)
-    data = torch.tensor([i for e in encodings for i in [*e.ids, tokenizer.eos_token_id]], dtype=torch.long)
+    tokenizer = train_tokenizer(texts, model_max_length=MAX_POSITION_EMBEDDINGS)
+    data = training.token_stream(tokenizer, texts)
     gen = torch.Generator().manual_seed(seed)
 
     def windows(batch_size: int) -> training.Batch:
@@ -145,24 +156,17 @@ def make_trained_pair(
         total=recipe.target_steps + recipe.draft_steps, desc="target", file=sys.stderr, disable=not progress
     ) as bar:
         target = random_model(TARGET_SHAPE, tokenizer, seed)
-        target_loss = training.train(target, _forever(lambda: windows(recipe.batch_size)), training.lm_loss,
-                                     steps=recipe.target_steps, lr=recipe.target_lr,
+        target_loss = training.train(target, training.forever(lambda: windows(recipe.batch_size)),
+                                     training.lm_loss, steps=recipe.target_steps, lr=recipe.target_lr,
                                      warmup_steps=recipe.warmup_steps, bar=bar)
         bar.set_description("rollouts")
-        prefixes = windows(recipe.num_rollouts)[:, : recipe.rollout_prefix_len]
-        rollouts = training.greedy_rollouts(target, prefixes, recipe.seq_len)
-
+        rollouts = training.greedy_rollouts(target, windows(recipe.num_rollouts)[:, : recipe.rollout_prefix_len],
+                                            recipe.seq_len)
         bar.set_description("draft")
         draft = random_model(DRAFT_SHAPE, tokenizer, seed + 1)
-        num_rollout_rows = round(recipe.batch_size * recipe.rollout_fraction)
-
-        def draft_batch() -> training.Batch:
-            picked = torch.randint(0, rollouts.size(0), (num_rollout_rows,), generator=gen)
-            return torch.cat([rollouts[picked], windows(recipe.batch_size - num_rollout_rows)])
-
-        draft_loss = training.train(draft, _forever(draft_batch), training.distill_loss(target),
-                                    steps=recipe.draft_steps, lr=recipe.draft_lr,
-                                    warmup_steps=recipe.warmup_steps, bar=bar)
+        batches = training.mixed_batches(rollouts, windows, recipe.batch_size, recipe.rollout_fraction, gen)
+        draft_loss = training.train(draft, batches, training.distill_loss(target), steps=recipe.draft_steps,
+                                    lr=recipe.draft_lr, warmup_steps=recipe.warmup_steps, bar=bar)
 
         target, draft = target.to(SAVE_DTYPE), draft.to(SAVE_DTYPE)
         eval_prefixes = windows(NUM_EVAL_PREFIXES)[:, : recipe.rollout_prefix_len]
@@ -172,11 +176,6 @@ def make_trained_pair(
     write_build_info(Path(out_dir), "trained", seed, started, target_loss=round(target_loss, 4),
                      draft_kl=round(draft_loss, 4), greedy_agreement_bf16=round(agreement, 4))
     return paths
-
-
-def _forever(make: Callable[[], training.Batch]) -> Iterator[training.Batch]:
-    while True:
-        yield make()
 
 
 PairBuilder = Callable[..., PairPaths]

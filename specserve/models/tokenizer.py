@@ -53,7 +53,7 @@ def read_corpus(stdlib_dir: Path | None = None) -> list[str]:
     return [p.read_text(encoding="utf-8", errors="replace") for p in corpus_files(stdlib_dir)]
 
 
-def train_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
+def train_tokenizer(texts: list[str], *, model_max_length: int = 2048) -> PreTrainedTokenizerFast:
     """Train the byte-level BPE on ``texts`` and wrap it for transformers and vLLM."""
     bpe = Tokenizer(models.BPE(unk_token=UNK))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -72,7 +72,7 @@ def train_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,
-        model_max_length=4096,
+        model_max_length=model_max_length,
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer

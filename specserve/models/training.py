@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
-from transformers import LlamaForCausalLM
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +45,33 @@ Batch = torch.Tensor  # [batch_size, seq_len] token ids
 LossFn = Callable[[LlamaForCausalLM, Batch], torch.Tensor]
 
 
+def token_stream(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor:
+    """The corpus as one flat stream of token ids, each text followed by </s>."""
+    encodings = tokenizer.backend_tokenizer.encode_batch(texts)
+    eos = tokenizer.eos_token_id
+    return torch.tensor([i for e in encodings for i in [*e.ids, eos]], dtype=torch.long)
+
+
 def corpus_windows(data: torch.Tensor, batch_size: int, seq_len: int, gen: torch.Generator) -> Batch:
     """Random contiguous windows of the flat token stream ``data``."""
     starts = torch.randint(0, data.numel() - seq_len, (batch_size,), generator=gen)
     return torch.stack([data[s : s + seq_len] for s in starts.tolist()])
+
+
+def forever(make: Callable[[], Batch]) -> Iterator[Batch]:
+    while True:
+        yield make()
+
+
+def mixed_batches(
+    rollouts: Batch, windows: Callable[[int], Batch], batch_size: int, rollout_fraction: float,
+    gen: torch.Generator,
+) -> Iterator[Batch]:
+    """Endless batches of ``rollout_fraction`` random rollout rows plus fresh corpus windows."""
+    num_rollout_rows = round(batch_size * rollout_fraction)
+    while True:
+        picked = torch.randint(0, rollouts.size(0), (num_rollout_rows,), generator=gen)
+        yield torch.cat([rollouts[picked], windows(batch_size - num_rollout_rows)])
 
 
 def lm_loss(model: LlamaForCausalLM, batch: Batch) -> torch.Tensor:

@@ -1,0 +1,80 @@
+"""A build-once cache of model pairs, shared by ``make serve``, ``make test`` and concurrent builders.
+
+Layout: ``<root>/<kind>-<BUILD_VERSION>-py<major><minor>/{target,draft,specserve_build.json}``, with
+``<root>`` = ``$SPECSERVE_CACHE`` if set, else ``~/.cache/specserve/models``. The Python version is
+part of the key because the training corpus is that interpreter's standard library.
+
+A pair is built in a temporary folder beside its final place and renamed into it, so a folder at the
+final path is always complete. A per-key file lock makes a second concurrent builder wait and then
+reuse the first one's result instead of building again; if locking is unavailable the rename still
+guarantees that exactly one complete build wins.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from specserve.models.build import BUILD_INFO_FILE, BUILD_VERSION, BUILDERS, PairPaths, make_pair
+
+CACHE_ENV = "SPECSERVE_CACHE"
+
+
+def cache_root() -> Path:
+    """Where cached pairs live: ``$SPECSERVE_CACHE``, else ``~/.cache/specserve/models``."""
+    configured = os.environ.get(CACHE_ENV)
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "specserve" / "models"
+
+
+def cache_key(kind: str) -> str:
+    """The folder name of a cached pair: kind, build version and Python minor version."""
+    return f"{kind}-{BUILD_VERSION}-py{sys.version_info.major}{sys.version_info.minor}"
+
+
+def cached_pair(kind: str, cache_dir: Path | None = None, *, progress: bool = True) -> PairPaths:
+    """The pair ``kind`` from the cache, building it first (seed 0) if it is not there yet."""
+    if kind not in BUILDERS:
+        raise ValueError(f"unknown model pair kind {kind!r}; expected one of {sorted(BUILDERS)}")
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
+    final = root / cache_key(kind)
+    if is_complete(final):
+        return PairPaths.under(final)
+    root.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(root / f".{cache_key(kind)}.lock"):
+        if not is_complete(final):  # another process may have finished while we waited
+            _build_and_publish(kind, final, progress=progress)
+    return PairPaths.under(final)
+
+
+def is_complete(pair_dir: Path) -> bool:
+    """True when ``pair_dir`` holds a finished build (the build-info file is written last)."""
+    return (pair_dir / BUILD_INFO_FILE).is_file()
+
+
+def _build_and_publish(kind: str, final: Path, *, progress: bool) -> None:
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        make_pair(kind, staging, progress=progress)
+        try:
+            os.rename(staging, final)  # atomic on one filesystem; fails if `final` already exists
+        except OSError as err:
+            if not is_complete(final):  # not a finished build: leave it for a human to inspect
+                raise FileExistsError(f"{final} exists but holds no finished build; remove it") from err
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+    with open(lock_path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

@@ -63,8 +63,9 @@ def serve_forever(config: ServeConfig) -> int:
     with ExitStack() as cleanup:
         tmp_dir = tempfile.mkdtemp(prefix="specserve-")
         cleanup.callback(shutil.rmtree, tmp_dir, ignore_errors=True)
+        # Engines get their environment through the replicas' runtime_env; the driver keeps its own
+        # (a TMPDIR under tmp_dir would push Ray's socket paths past the 107-byte AF_UNIX limit).
         resolved = resolve(config, tmp_dir)
-        os.environ.update(resolved.env_vars)  # inherited by the local cluster's workers
 
         joined = bool(os.environ.get("RAY_ADDRESS"))
         if joined:

@@ -55,11 +55,8 @@ def measure_acceptance(
     with _engine_environment():
         from vllm import LLM, SamplingParams
 
-        llm = LLM(
-            model=str(pair.target),
-            speculative_config={"method": "draft_model", "model": str(pair.draft), "num_speculative_tokens": k},
-            **ENGINE_KWARGS,
-        )
+        speculative_config = {"method": "draft_model", "model": str(pair.draft), "num_speculative_tokens": k}
+        llm = LLM(model=str(pair.target), speculative_config=speculative_config, **ENGINE_KWARGS)
         try:
             before = _spec_counters(llm)
             started = time.monotonic()

@@ -59,6 +59,7 @@ def is_complete(pair_dir: Path) -> bool:
 
 def _build_and_publish(kind: str, final: Path, *, progress: bool) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the published pair should read like any folder
     try:
         make_pair(kind, staging, progress=progress)
         try:

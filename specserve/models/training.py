@@ -153,7 +153,9 @@ def greedy_rollouts(model: LlamaForCausalLM, prefixes: Batch, total_len: int, ch
 
 
 @torch.no_grad()
-def greedy_agreement(target: LlamaForCausalLM, draft: LlamaForCausalLM, prefixes: Batch, total_len: int) -> float:
+def greedy_agreement(
+    target: LlamaForCausalLM, draft: LlamaForCausalLM, prefixes: Batch, total_len: int
+) -> float:
     """Share of positions on the target's greedy path where the draft's argmax equals the target's.
 
     This is an estimate of the position-0 acceptance rate under greedy speculative decoding.

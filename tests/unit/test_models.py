@@ -72,7 +72,8 @@ def test_builds_are_deterministic(built, tmp_path):
         a, b = weights(first), weights(second)
         assert all(torch.equal(a[name], b[name]) for name in a)
     texts = read_corpus()
-    assert train_tokenizer(texts).backend_tokenizer.to_str() == train_tokenizer(texts).backend_tokenizer.to_str()
+    first, second = train_tokenizer(texts), train_tokenizer(texts)
+    assert first.backend_tokenizer.to_str() == second.backend_tokenizer.to_str()
 
 
 def test_unknown_kind_is_named():
@@ -105,10 +106,14 @@ def test_cache_builds_once_and_returns_the_same_folder(tmp_path, monkeypatch):
 def test_concurrent_cache_builders_build_once(tmp_path, monkeypatch):
     calls = []
     real_make_pair = cache.make_pair
-    monkeypatch.setattr(cache, "make_pair", lambda kind, out, **kw: calls.append(kind) or real_make_pair(kind, out, **kw))
+    monkeypatch.setattr(cache, "make_pair",
+                        lambda kind, out, **kw: calls.append(kind) or real_make_pair(kind, out, **kw))
     results: list[PairPaths] = []
-    threads = [threading.Thread(target=lambda: results.append(cached_pair("random", tmp_path, progress=False)))
-               for _ in range(2)]
+
+    def fetch() -> None:
+        results.append(cached_pair("random", tmp_path, progress=False))
+
+    threads = [threading.Thread(target=fetch) for _ in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -128,9 +133,10 @@ def test_cli_make_prints_paths_and_names_bad_values(tmp_path, capsys):
     assert main(["make", "--kind", "self", "--out", str(tmp_path / "p"), "--no-progress"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == {"target": str(tmp_path / "p" / "target"), "draft": str(tmp_path / "p" / "draft")}
+    measure = ["measure", "--target", printed["target"], "--draft", printed["draft"]]
     for argv, bad in ((["make", "--kind", "bogus", "--out", "x"], "'bogus'"),
                       (["measure", "--target", str(tmp_path / "nope"), "--draft", "x"], "nope"),
-                      (["measure", "--target", printed["target"], "--draft", printed["draft"], "--k", "0"], "'0'")):
+                      ([*measure, "--k", "0"], "'0'")):
         with pytest.raises(SystemExit):
             build_parser().parse_args(argv)
         assert bad in capsys.readouterr().err

@@ -40,6 +40,10 @@ class GoodputParams:
     probe_k: int = 1
     # Latency fit half-life in steps: step cost drifts slowly, and k varies rarely once settled.
     latency_half_life_steps: float = 1000.0
+    # Relative goodput a k > 0 must add over k = 0 to turn speculation on. Where k = 1 costs about
+    # what k = 0 costs (vLLM's k = 0 still runs a draft pass), the acceptance prior alone would
+    # otherwise keep a useless draft speculating; 2% is below any gain worth a draft.
+    min_gain: float = 0.02
 
     def __post_init__(self) -> None:
         if self.k_max < 0:
@@ -54,6 +58,8 @@ class GoodputParams:
             raise ValueError(f"probe_k={self.probe_k} must be at least 1")
         if not self.latency_half_life_steps > 0:
             raise ValueError(f"latency_half_life_steps={self.latency_half_life_steps} must be positive")
+        if not 0.0 <= self.min_gain < 1.0:
+            raise ValueError(f"min_gain={self.min_gain} must lie in [0, 1)")
 
 
 def best_k(goodputs: Sequence[float]) -> int:
@@ -91,6 +97,8 @@ class GoodputPolicy(Policy):
             return Decision(k=0)
         goodputs = [self.predict_goodput(ctx, k) for k in range(self.limit_k + 1)]
         k = best_k(goodputs)
+        if k > 0 and goodputs[k] < goodputs[0] * (1.0 + self.params.min_gain):
+            k = 0
         self._last_goodput_tokens_per_s = goodputs[k]
         if k > 0:
             self.probe.speculating()
@@ -103,6 +111,7 @@ class GoodputPolicy(Policy):
         self.latency.observe(record)
         if record.num_drafted > 0:
             self.acceptance.observe(record)
+            self.probe.verdict()
 
     def predict_goodput(self, ctx: StepContext, k: int) -> float:
         """Expected emitted tokens per second over the batch if this step speculates k."""

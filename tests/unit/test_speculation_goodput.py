@@ -106,7 +106,30 @@ def test_settles_on_zero_and_still_probes() -> None:
 
     # Settled: a probe is due 1 s after the previous one, then the clock restarts from the probe.
     probe_s = now_s + 2.0
-    assert [policy.choose(context(8, probe_s + dt)).k for dt in (0.0, 0.01, 0.99, 1.01, 1.02)] == [2, 0, 0, 2, 0]
+    ks = []
+    for dt in (0.0, 0.01, 0.99, 1.01, 1.02):
+        ks.append(policy.choose(context(8, probe_s + dt)).k)
+        policy.observe(make_record(rng, TRUE, now_s=probe_s + dt, k=ks[-1], num_running=8, alpha=0.0,
+                                   num_context_tokens=CONTEXT_PER_REQUEST * 8))
+    assert ks == [2, 0, 0, 2, 0]
+
+
+def test_probe_lasts_until_its_drafts_are_verified() -> None:
+    """vLLM verifies step t's drafts in step t+1: the probe holds k until a verdict arrives."""
+    policy = make_policy("goodput:probe_interval_s=1.0,probe_k=1,prior_alpha=0.0", EngineTraits(max_k=4))
+    rng = random.Random(3)
+
+    def step(now_s: float, verified_k: int) -> int:
+        k = policy.choose(context(8, now_s)).k
+        policy.observe(make_record(rng, TRUE, now_s=now_s, k=verified_k, num_running=8, alpha=0.0,
+                                   num_context_tokens=CONTEXT_PER_REQUEST * 8))
+        return k
+
+    assert step(0.0, 0) == 0  # the clock starts
+    assert step(1.5, 0) == 1  # probe: drafts proposed, nothing verified yet
+    assert step(1.51, 0) == 1  # still no verdict: keep the drafts alive
+    assert step(1.52, 1) == 1  # this step verifies them...
+    assert step(1.53, 0) == 0  # ...so the probe is over
 
 
 def test_describe_reports_estimates() -> None:
@@ -126,3 +149,16 @@ def test_k0_is_charged_a_draft_pass_only_where_the_engine_runs_one() -> None:
     assert 1 / syncing.predict_goodput(context(16), 0) - 1 / free.predict_goodput(context(16), 0) == pytest.approx(
         (1e-3 + 16 * 10e-6) / 16
     )
+
+
+def test_speculation_must_pay_a_minimum_gain_over_k0() -> None:
+    """Where k = 1 costs what k = 0 costs (vLLM's k = 0 still runs a draft pass, and verifying one
+    more token per request is nearly free on small models), a near-useless draft must not win on the
+    estimate's noise: k > 0 has to add min_gain over k = 0."""
+    free_verify = (6e-3, 0.0, 0.0, 1e-3, 0.0)
+    policy = trained_policy(free_verify, alpha=0.01, k_max=4)
+    assert policy.choose(context(4)).k == 0
+    eager = make_policy("goodput:k_max=4,ema_half_life_steps=500,min_gain=0", EngineTraits(max_k=8))
+    for record in varied_records(seed=11, coefficients=free_verify, alpha=0.01, max_k=4, num_steps=3000):
+        eager.observe(record)
+    assert eager.choose(context(4)).k == 1

@@ -8,6 +8,9 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
+from pathlib import Path
+
+from specserve.models.arguments import KINDS, model_dir, positive_int
 from specserve.speculation import EngineTraits, make_policy
 
 
@@ -53,12 +56,20 @@ def _parser() -> argparse.ArgumentParser:
     policy_set.add_argument("--replica", help="replica id from `specserve status` (default: all)")
     policy_set.set_defaults(run=_policy_set)
 
-    models = commands.add_parser("models", help="build local model pairs")
+    models = commands.add_parser("models", help="build or measure local target/draft pairs")
     models_commands = models.add_subparsers(dest="models_command", required=True)
     make = models_commands.add_parser("make", help="build a target/draft pair into a folder")
-    make.add_argument("--kind", required=True, choices=["trained", "self", "random"])
-    make.add_argument("--out", required=True, help="output folder (gets target/ and draft/)")
-    make.set_defaults(run=_models_make)
+    make.add_argument("--kind", required=True, choices=KINDS, help="trained, self (acceptance 1) or random (0)")
+    make.add_argument("--out", required=True, type=Path, help="output folder (gets target/ and draft/)")
+    make.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    make.add_argument("--no-progress", action="store_true", help="hide the training progress bar")
+    measure = models_commands.add_parser("measure", help="measure greedy acceptance per position in vLLM")
+    measure.add_argument("--target", required=True, type=model_dir, help="target model folder")
+    measure.add_argument("--draft", required=True, type=model_dir, help="draft model folder")
+    measure.add_argument("--k", type=positive_int, default=4, help="draft tokens per step (default 4)")
+    measure.add_argument("--num-prompts", type=positive_int, default=8, help="prompts (default 8)")
+    measure.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per prompt (default 64)")
+    models.set_defaults(run=_models)
     return parser
 
 
@@ -144,11 +155,11 @@ def _policy_set(args: argparse.Namespace) -> int:
     return 0
 
 
-def _models_make(args: argparse.Namespace) -> int:
-    from specserve.models import make_pair
+def _models(args: argparse.Namespace) -> int:
+    from specserve.models.__main__ import run
 
-    pair = make_pair(args.kind, args.out, progress=True)
-    print(f"target: {pair.target}\ndraft: {pair.draft}", file=sys.stderr)
+    result = run(argparse.Namespace(**{**vars(args), "command": args.models_command}))
+    print(json.dumps(result, indent=2))
     return 0
 
 

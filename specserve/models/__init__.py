@@ -11,9 +11,25 @@ acceptance 1.0) and ``random`` (unrelated random draft, acceptance about 0). ``m
 importing vLLM takes seconds.
 """
 
-from specserve.models.build import BUILD_VERSION, BUILDERS, PairPaths, make_pair
-from specserve.models.cache import cache_root, cached_pair
+from typing import Any
 
-KINDS = tuple(BUILDERS)
+# Lazy: the CLI imports this package for argument types, and torch/transformers take seconds.
+_EXPORTS = {
+    "BUILD_VERSION": "specserve.models.build",
+    "BUILDERS": "specserve.models.build",
+    "PairPaths": "specserve.models.build",
+    "make_pair": "specserve.models.build",
+    "cache_root": "specserve.models.cache",
+    "cached_pair": "specserve.models.cache",
+}
+__all__ = ["KINDS", *_EXPORTS]
 
-__all__ = ["BUILD_VERSION", "KINDS", "PairPaths", "cache_root", "cached_pair", "make_pair"]
+from specserve.models.arguments import KINDS  # noqa: E402
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'specserve.models' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -14,25 +14,9 @@ import os
 import sys
 from pathlib import Path
 
+from specserve.models.arguments import model_dir, positive_int
 from specserve.models.build import BUILDERS, PairPaths, make_pair
 from specserve.models.cache import cached_pair
-
-
-def model_dir(value: str) -> Path:
-    path = Path(value)
-    if not (path / "config.json").is_file():
-        raise argparse.ArgumentTypeError(f"not a model folder (no config.json): {value!r}")
-    return path
-
-
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value!r}")
-    return number
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

@@ -28,6 +28,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 from transformers.utils import logging as hf_logging
 
 from specserve.models import training
+from specserve.models.arguments import KINDS
 from specserve.models.tokenizer import read_corpus, save_tokenizer, train_tokenizer
 
 # Bump when anything that changes the built files changes (shapes, recipe, corpus, tokenizer).
@@ -186,6 +187,7 @@ BUILDERS: dict[str, PairBuilder] = {
     "self": make_self_pair,
     "random": make_random_pair,
 }
+assert tuple(sorted(BUILDERS)) == KINDS, "specserve.models.arguments.KINDS lists the builders for the CLI"
 
 
 def make_pair(kind: str, out_dir: Path, *, seed: int = 0, progress: bool = True) -> PairPaths:

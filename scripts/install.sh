@@ -29,6 +29,18 @@ if [ "$EXTRA" = cpu ]; then
   # breaks `transformers` and vLLM. Text models do not need them (research/feasibility.md §1).
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
+# A real Prometheus server for the observability tests (Debian's package; no systemd needed: the
+# tests start and stop it themselves). Only where we may install system packages.
+if ! command -v prometheus >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "install.sh: installing Debian's prometheus" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } \
+      >/dev/null 2>&1 || echo "install.sh: could not install prometheus; its tests will be skipped" >&2
+  else
+    echo "install.sh: prometheus not found (apt-get install prometheus); its tests will be skipped" >&2
+  fi
+fi
+
 "$VENV/bin/python" -c "import vllm, ray.serve.llm, specserve.cluster.cli" \
   || { echo "install.sh: the environment in $VENV does not import vllm / ray.serve.llm / specserve" >&2; exit 1; }
 echo "install.sh: $VENV ready (extra: $EXTRA) in $(( $(date +%s) - started )) s" >&2

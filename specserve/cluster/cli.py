@@ -8,9 +8,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from pathlib import Path
-
-from specserve.models.arguments import KINDS, model_dir, positive_int
+from specserve.models.arguments import add_commands as add_model_commands
 from specserve.speculation import EngineTraits, make_policy
 
 
@@ -56,19 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     policy_set.add_argument("--replica", help="replica id from `specserve status` (default: all)")
     policy_set.set_defaults(run=_policy_set)
 
-    models = commands.add_parser("models", help="build or measure local target/draft pairs")
-    models_commands = models.add_subparsers(dest="models_command", required=True)
-    make = models_commands.add_parser("make", help="build a target/draft pair into a folder")
-    make.add_argument("--kind", required=True, choices=KINDS, help="trained, self (acceptance 1) or random (0)")
-    make.add_argument("--out", required=True, type=Path, help="output folder (gets target/ and draft/)")
-    make.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    make.add_argument("--no-progress", action="store_true", help="hide the training progress bar")
-    measure = models_commands.add_parser("measure", help="measure greedy acceptance per position in vLLM")
-    measure.add_argument("--target", required=True, type=model_dir, help="target model folder")
-    measure.add_argument("--draft", required=True, type=model_dir, help="draft model folder")
-    measure.add_argument("--k", type=positive_int, default=4, help="draft tokens per step (default 4)")
-    measure.add_argument("--num-prompts", type=positive_int, default=8, help="prompts (default 8)")
-    measure.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per prompt (default 64)")
+    models = commands.add_parser("models", help="build, fetch or measure local target/draft pairs")
+    add_model_commands(models, dest="models_command")
     models.set_defaults(run=_models)
     return parser
 

@@ -23,3 +23,27 @@ def positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value!r}")
     return number
+
+
+def add_commands(parser: argparse.ArgumentParser, dest: str) -> None:
+    """The ``make`` / ``cached`` / ``measure`` sub-commands, for ``specserve models`` and
+    ``python -m specserve.models`` alike; the chosen one lands in ``args.<dest>``."""
+    commands = parser.add_subparsers(dest=dest, required=True)
+
+    make = commands.add_parser("make", help="build a model pair into a folder")
+    make.add_argument("--kind", required=True, choices=KINDS, help="which pair to build")
+    make.add_argument("--out", required=True, type=Path, help="folder to create target/ and draft/ in")
+    make.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    make.add_argument("--no-progress", action="store_true", help="hide the training progress bar")
+
+    cached = commands.add_parser("cached", help="print a cached pair's folders, building it once")
+    cached.add_argument("--kind", required=True, choices=KINDS, help="which pair")
+    cached.add_argument("--cache-dir", type=Path, default=None, help="cache root (default $SPECSERVE_CACHE)")
+    cached.add_argument("--no-progress", action="store_true", help="hide the training progress bar")
+
+    measure = commands.add_parser("measure", help="measure greedy acceptance in a vLLM engine")
+    measure.add_argument("--target", required=True, type=model_dir, help="target model folder")
+    measure.add_argument("--draft", required=True, type=model_dir, help="draft model folder")
+    measure.add_argument("--k", type=positive_int, default=4, help="draft tokens per step (default 4)")
+    measure.add_argument("--num-prompts", type=positive_int, default=8, help="prompts (default 8)")
+    measure.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per prompt (default 64)")

@@ -13,6 +13,7 @@ import pytest
 import requests
 from openai import OpenAI
 
+from prometheus_server import PrometheusServer
 from serve_process import ServeProcess, free_port
 
 MODEL = "specserve-tiny"
@@ -166,6 +167,23 @@ def test_metrics_url_serves_specserve_and_vllm_metrics(server, client):
             break
         assert time.monotonic() < deadline, f"missing from {metrics_url}: {missing}"
         time.sleep(2)
+
+
+def test_a_real_prometheus_scrapes_speculation_metrics(server, client, tmp_path):
+    if PrometheusServer.binary() is None:
+        pytest.skip("Debian's prometheus is not installed (scripts/install.sh installs it when run as root)")
+    metrics_host = server.line_matching(r"metrics: ").split()[1].split("/")[2]
+    prometheus = PrometheusServer(metrics_host, tmp_path, free_port())
+    prometheus.start()
+    try:
+        client.completions.create(model=MODEL, prompt="with open(path) as f:\n", max_tokens=32, temperature=0)
+        k = prometheus.wait_for("ray_specserve_speculation_k")
+        assert 0 <= float(k[0]["value"][1]) <= 4
+        drafted = prometheus.wait_for('sum(ray_specserve_draft_tokens_total{position="0"})')
+        assert float(drafted[0]["value"][1]) > 0
+        assert prometheus.wait_for("ray_vllm_spec_decode_num_drafts_total")
+    finally:
+        prometheus.stop()
 
 
 def test_sigterm_stops_everything(server):

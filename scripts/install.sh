@@ -41,6 +41,9 @@ if ! command -v prometheus >/dev/null 2>&1; then
   fi
 fi
 
-"$VENV/bin/python" -c "import vllm, ray.serve.llm, specserve.cluster.cli" \
-  || { echo "install.sh: the environment in $VENV does not import vllm / ray.serve.llm / specserve" >&2; exit 1; }
+if ! check=$("$VENV/bin/python" -c "import vllm, ray.serve.llm, specserve.cluster.cli" 2>&1); then
+  echo "$check" >&2
+  echo "install.sh: the environment in $VENV does not import vllm / ray.serve.llm / specserve" >&2
+  exit 1
+fi
 echo "install.sh: $VENV ready (extra: $EXTRA) in $(( $(date +%s) - started )) s" >&2

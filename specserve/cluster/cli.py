@@ -110,7 +110,8 @@ def _status(args: argparse.Namespace) -> int:
     for s in snapshots:
         e = s.engine
         used = e.num_kv_blocks_total - e.num_kv_blocks_free
-        table.append((s.replica_id, s.node_id[:12], e.policy, str(e.k), f"{e.acceptance:.2f}", str(e.num_running),
+        acceptance = "-" if e.acceptance is None else f"{e.acceptance:.2f}"
+        table.append((s.replica_id, s.node_id[:12], e.policy, str(e.k), acceptance, str(e.num_running),
                       str(e.num_waiting), f"{used}/{e.num_kv_blocks_total}", e.draft_state))
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:

@@ -72,7 +72,8 @@ class ReplicaMetrics:
             self._policy.set(1, tags={"policy": now.policy})
             self._last_policy = now.policy
         for pos, alpha in enumerate(now.acceptance_ema_per_pos):
-            self._acceptance.set(alpha, tags={"position": str(pos)})
+            if now.num_reached_per_pos[pos] > 0:  # before any verdict the EMA is only its prior
+                self._acceptance.set(alpha, tags={"position": str(pos)})
         before = self._last
         _add_deltas(self._drafted, "position", now.num_drafted_per_pos, before and before.num_drafted_per_pos)
         _add_deltas(self._reached, "position", now.num_reached_per_pos, before and before.num_reached_per_pos)

@@ -84,9 +84,12 @@ class EngineTelemetry:
     policy_info: dict[str, float]
 
     @property
-    def acceptance(self) -> float:
-        """Position-0 EMA acceptance: the headline number operators compare with papers."""
-        return self.acceptance_ema_per_pos[0] if self.acceptance_ema_per_pos else 0.0
+    def acceptance(self) -> float | None:
+        """Position-0 EMA acceptance, the headline number operators compare with papers; None until a
+        draft has been verified (the estimator's prior is not a measurement)."""
+        if not self.num_reached_per_pos or self.num_reached_per_pos[0] == 0:
+            return None
+        return self.acceptance_ema_per_pos[0]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

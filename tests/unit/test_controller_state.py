@@ -70,3 +70,10 @@ def test_engine_telemetry_round_trips_through_a_dict():
     engine = snapshot("a").engine
     assert EngineTelemetry.from_dict({k: list(v) if isinstance(v, tuple) else v
                                       for k, v in engine.to_dict().items()}) == engine
+
+
+def test_acceptance_is_unknown_until_a_draft_is_verified():
+    engine = snapshot("a").engine
+    assert engine.acceptance == 0.6
+    fresh = EngineTelemetry.from_dict(engine.to_dict() | {"num_reached_per_pos": [0, 0, 0, 0]})
+    assert fresh.acceptance is None

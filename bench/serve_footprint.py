@@ -60,8 +60,12 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("serve_args", nargs="*")
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="specserve-bench-") as state_dir:
+        return measure(args, dict(os.environ, SPECSERVE_STATE_DIR=state_dir))
+
+
+def measure(args: argparse.Namespace, env: dict[str, str]) -> int:
     port = free_port()
-    env = dict(os.environ, SPECSERVE_STATE_DIR=tempfile.mkdtemp(prefix="specserve-bench-"))
     cmd = [sys.executable, "-m", "specserve", "serve", "--port", str(port), "--metrics-port", str(free_port()),
            *args.serve_args]
     started = time.monotonic()

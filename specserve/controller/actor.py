@@ -27,6 +27,9 @@ class ClusterController:
     def push(self, snapshot: ReplicaSnapshot) -> list[PolicyDirective]:
         return self._state.push(snapshot)
 
+    def unregister(self, replica: str) -> None:
+        self._state.unregister(replica)
+
     def replicas(self) -> list[ReplicaSnapshot]:
         return self._state.replicas()
 

@@ -40,6 +40,12 @@ class ControllerState:
             pending = [self._cluster_policy]
         return pending
 
+    def unregister(self, replica: str) -> None:
+        """A replica shutting down says goodbye, so status need not wait for it to go stale."""
+        self._snapshots.pop(replica, None)
+        self._last_seen_s.pop(replica, None)
+        self._pending.pop(replica, None)
+
     def replicas(self) -> list[ReplicaSnapshot]:
         """Live replicas, ordered by id; replicas silent for ``stale_after_s`` are dropped."""
         now = self._clock()

@@ -107,4 +107,10 @@ class SpecLLMServer(LLMServer):
     async def __del__(self) -> None:
         if self._telemetry_task is not None:
             self._telemetry_task.cancel()
+            controller = get_controller()
+            if controller is not None:
+                try:
+                    await asyncio.wait_for(controller.unregister.remote(self._replica_id), CONTROLLER_TIMEOUT_S)
+                except (asyncio.TimeoutError, ray.exceptions.RayActorError):
+                    pass  # it ages out of the controller's view instead
         await super().__del__()

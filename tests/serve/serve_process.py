@@ -21,30 +21,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class ServeProcess:
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.args, self.env, self.log_path = args, env, log_path
+class TrackedProcess:
+    """A command in a session of its own, its output kept, its whole process tree stoppable by PID."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.env, self.log_path = env, log_path
         self.proc: subprocess.Popen | None = None
         self.lines: list[str] = []
-        self._reader: threading.Thread | None = None
 
-    def start(self, timeout_s: float = 600.0) -> str:
-        """Start and wait for the `endpoint:` line; returns the endpoint URL."""
-        cmd = [sys.executable, "-m", "specserve.cluster.cli", "serve", *self.args]
-        # A session of its own: if a test fails, the finaliser can stop exactly this tree.
+    def launch(self, cmd: list[str]) -> None:
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def wait_for_line(self, pattern: str, timeout_s: float) -> re.Match:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for line in list(self.lines):
-                if match := re.match(r"endpoint: (\S+)", line):
-                    return match.group(1)
+                if match := re.match(pattern, line):
+                    return match
             if self.proc.poll() is not None:
-                raise RuntimeError(f"specserve serve exited with {self.proc.returncode}:\n{self.tail()}")
+                raise RuntimeError(f"{self.proc.args[:4]} exited with {self.proc.returncode}:\n{self.tail()}")
             time.sleep(0.5)
-        raise TimeoutError(f"specserve serve not ready in {timeout_s} s:\n{self.tail()}")
+        raise TimeoutError(f"no line matching {pattern!r} in {timeout_s} s:\n{self.tail()}")
 
     def line_matching(self, pattern: str) -> str | None:
         return next((line for line in self.lines if re.match(pattern, line)), None)
@@ -58,6 +57,16 @@ class ServeProcess:
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 120.0) -> int:
         self.proc.send_signal(sig)
         return self.proc.wait(timeout=timeout_s)
+
+    @staticmethod
+    def wait_gone(tree: list[psutil.Process], timeout_s: float = 60.0) -> list[psutil.Process]:
+        """Waits for every process of ``tree`` to exit; returns those still running at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while alive := [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
+            if time.monotonic() > deadline:
+                return alive
+            time.sleep(0.5)
+        return []
 
     def kill_tree(self) -> None:
         """Last resort for a failed test: this process group and every descendant we saw."""
@@ -83,3 +92,16 @@ class ServeProcess:
                 self.lines.append(line)
                 log.write(line)
                 log.flush()
+
+
+class ServeProcess(TrackedProcess):
+    """`specserve serve` as a subprocess."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+        super().__init__(env, log_path)
+        self.args = args
+
+    def start(self, timeout_s: float = 600.0) -> str:
+        """Start and wait for the `endpoint:` line; returns the endpoint URL."""
+        self.launch([sys.executable, "-m", "specserve.cluster.cli", "serve", *self.args])
+        return self.wait_for_line(r"endpoint: (\S+)", timeout_s).group(1)

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 import requests
 from openai import OpenAI
@@ -190,7 +189,5 @@ def test_sigterm_stops_everything(server):
     tree = server.descendants()
     assert len(tree) >= 5, "Ray, Serve and the engine run under the serve process"
     assert server.stop() == 0
-    deadline = time.monotonic() + 30
-    while alive := [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
-        assert time.monotonic() < deadline, f"left running: {[(p.pid, p.name()) for p in alive]}"
-        time.sleep(0.5)
+    alive = server.wait_gone(tree, timeout_s=30)
+    assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"

@@ -77,3 +77,12 @@ def test_acceptance_is_unknown_until_a_draft_is_verified():
     assert engine.acceptance == 0.6
     fresh = EngineTelemetry.from_dict(engine.to_dict() | {"num_reached_per_pos": [0, 0, 0, 0]})
     assert fresh.acceptance is None
+
+
+def test_a_replica_that_unregisters_is_gone_at_once():
+    state = ControllerState(Clock())
+    state.push(snapshot("a"))
+    state.push(snapshot("b"))
+    state.unregister("a")
+    state.unregister("never-seen")
+    assert [s.replica_id for s in state.replicas()] == ["b"]

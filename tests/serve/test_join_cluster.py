@@ -1,0 +1,64 @@
+"""Cluster tier: with RAY_ADDRESS set, `specserve serve` deploys onto an existing Ray cluster (a real
+`ray start --head` here) instead of starting one, and on SIGTERM removes only its application."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import requests
+from openai import OpenAI
+
+from serve_process import ServeProcess, TrackedProcess, free_port
+
+
+@pytest.fixture
+def head(tmp_path):
+    port = free_port()
+    # Token auth would need the same token file on every client; this test is about deployment.
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    env.pop("RAY_ADDRESS", None)
+    process = TrackedProcess(env, tmp_path / "head.log")
+    ray = os.path.join(os.path.dirname(sys.executable), "ray")
+    process.launch([ray, "start", "--head", f"--port={port}", "--num-cpus=3", "--include-dashboard=false",
+                    "--block"])
+    process.wait_for_line(r".*This command will now block", timeout_s=120)
+    process.address = f"127.0.0.1:{port}"
+    try:
+        yield process
+    finally:
+        tree = process.descendants()
+        if process.proc.poll() is None:
+            process.stop(timeout_s=90)  # the head drains for up to 30 s before stopping its processes
+        leftover = process.wait_gone(tree, timeout_s=60)
+        process.kill_tree()
+        for child in leftover:
+            child.kill()
+        assert not leftover, f"ray start left running: {[p.name() for p in leftover]}"
+
+
+def test_serve_deploys_onto_an_existing_cluster_and_leaves_it_running(head, tmp_path, trained_pair):
+    env = dict(head.env, RAY_ADDRESS=head.address, SPECSERVE_STATE_DIR=str(tmp_path / "state"))
+    server = ServeProcess(["--port", str(free_port())], env, tmp_path / "serve.log")
+    try:
+        endpoint = server.start()
+        assert server.line_matching(r"metrics: ") is None, "the cluster's own metrics port applies"
+        client = OpenAI(base_url=endpoint, api_key="unused")
+        assert client.completions.create(model="specserve-tiny", prompt="x = ", max_tokens=8).choices[0].text
+        engines = [p for p in head.descendants() if p.name() == "VLLM::EngineCore"]
+        assert len(engines) == 1, "the engine runs on the existing cluster, not under `specserve serve`"
+        assert server.stop() == 0
+    finally:
+        server.kill_tree()
+    assert not server.wait_gone(engines, timeout_s=60), "the application's engine is gone"
+    assert requests.get(f"{endpoint}/models", timeout=10).status_code == 404
+    # The cluster and its specserve controller keep running for the next deployment.
+    names = [p.name() for p in head.descendants()]
+    assert "raylet" in names and any(name.startswith("ray::ClusterCon") for name in names)
+    status = subprocess.run([sys.executable, "-m", "specserve", "status", "--json"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout) == {"replicas": []}, "a stopped replica unregisters itself"

@@ -73,6 +73,8 @@ def serve_forever(config: ServeConfig) -> int:
         else:
             needed = config.replicas * config.tp + 1
             ray.init(
+                # "local": always a new cluster, even where `ray start` left its address behind.
+                address="local",
                 num_cpus=config.num_cpus or max(os.cpu_count() or 1, needed),
                 include_dashboard=False,
                 _metrics_export_port=config.metrics_port,

@@ -66,10 +66,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     keys = ("model", "draft", "policy", "k_max", "replicas", "tp", "host", "port", "metrics_port")
     try:
-        config = load_config(args.config, {key: getattr(args, key) for key in keys})
+        return serve_forever(load_config(args.config, {key: getattr(args, key) for key in keys}))
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
-    return serve_forever(config)
 
 
 def _connect() -> None:

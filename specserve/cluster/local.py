@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -16,7 +17,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from specserve.cluster.app import ResolvedServe, build_app, engine_env
-from specserve.cluster.config import ServeConfig
+from specserve.cluster.config import ConfigError, ServeConfig
 
 APP_NAME = "specserve"
 
@@ -57,6 +58,7 @@ def serve_forever(config: ServeConfig) -> int:
 
     from specserve.controller.actor import get_or_create_controller
 
+    _require_free_ports(config)
     stop = threading.Event()
     _on_stop_signals(stop)
 
@@ -67,18 +69,7 @@ def serve_forever(config: ServeConfig) -> int:
         # (a TMPDIR under tmp_dir would push Ray's socket paths past the 107-byte AF_UNIX limit).
         resolved = resolve(config, tmp_dir)
 
-        joined = bool(os.environ.get("RAY_ADDRESS"))
-        if joined:
-            ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": resolved.env_vars})
-        else:
-            needed = config.replicas * config.tp + 1
-            ray.init(
-                # "local": always a new cluster, even where `ray start` left its address behind.
-                address="local",
-                num_cpus=config.num_cpus or max(os.cpu_count() or 1, needed),
-                include_dashboard=False,
-                _metrics_export_port=config.metrics_port,
-            )
+        joined = _start_ray(config, resolved)
         cleanup.callback(ray.shutdown)
         _on_stop_signals(stop)  # again: the Ray driver installs its own SIGTERM handler
         get_or_create_controller()
@@ -113,6 +104,39 @@ def serve_forever(config: ServeConfig) -> int:
         stop.wait()
         log("specserve: shutting down")
     return 0
+
+
+def _start_ray(config: ServeConfig, resolved: ResolvedServe) -> bool:
+    """Join RAY_ADDRESS's cluster, or start a local one sized to this machine; True if joined."""
+    import ray
+
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": resolved.env_vars})
+        return True
+    ray.init(
+        # "local": always a new cluster, even where `ray start` left its address behind.
+        address="local",
+        num_cpus=config.num_cpus or max(os.cpu_count() or 1, config.replicas * config.tp + 1),
+        include_dashboard=False,
+        _metrics_export_port=config.metrics_port,
+    )
+    return False
+
+
+def _require_free_ports(config: ServeConfig) -> None:
+    """Fail fast: Serve's proxy would otherwise retry binding forever and never come up."""
+    _require_free_port(config.host, config.port, "--port")
+    if not os.environ.get("RAY_ADDRESS"):
+        _require_free_port("127.0.0.1", config.metrics_port, "--metrics-port")
+
+
+def _require_free_port(host: str, port: int, flag: str) -> None:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"{flag} {port}: cannot bind {host}:{port} ({exc.strerror})") from None
 
 
 def _on_stop_signals(stop: threading.Event) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
@@ -45,3 +46,14 @@ def test_cli_reports_config_errors_with_exit_status_2(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "policy: policy 'fixed': k='x' is not a valid int" in done.stderr
+
+
+def test_busy_port_is_a_cli_error_naming_the_flag():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "specserve", "serve", "--port", str(port)],
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert f"--port {port}: cannot bind 127.0.0.1:{port}" in done.stderr

@@ -6,15 +6,21 @@ project's default name and currently means ``goodput`` (TurboSpec's ArgMaxGoodpu
 
 # Importing a policy module registers its policy by name.
 from specserve.speculation.acceptance import PositionAcceptance, expected_tokens
+from specserve.speculation.bandit import BanditParams, BanditPolicy
 from specserve.speculation.cycle import CycleParams, CyclePolicy
 from specserve.speculation.fixed import FixedParams, FixedPolicy
 from specserve.speculation.goodput import GoodputParams, GoodputPolicy
 from specserve.speculation.policy import Policy, alias, make_policy, parse_spec, policy_names, register
+from specserve.speculation.static_table import StaticTableParams, StaticTablePolicy
+from specserve.speculation.switching import SwitchCostTable
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
+from specserve.speculation.ucb import UcbParams, UcbPolicy
 
 alias("adaptive", "goodput")
 
 __all__ = [
+    "BanditParams",
+    "BanditPolicy",
     "CycleParams",
     "CyclePolicy",
     "PositionAcceptance",
@@ -26,8 +32,13 @@ __all__ = [
     "GoodputParams",
     "GoodputPolicy",
     "Policy",
+    "StaticTableParams",
+    "StaticTablePolicy",
     "StepContext",
     "StepRecord",
+    "SwitchCostTable",
+    "UcbParams",
+    "UcbPolicy",
     "alias",
     "make_policy",
     "parse_spec",

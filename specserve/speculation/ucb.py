@@ -1,0 +1,95 @@
+"""Context-free UCB1 over k: the BanditSpec baseline that Nightjar compares against.
+
+research/anchors.md §4 (BanditSpec, arXiv 2505.15141, ICML 2025: UCBSpec) and research/nightjar.md §4.2:
+"BanditSpec: UCB over k, no batch-size context"; the Nightjar fork maps its ``ucb`` strategy to
+"BanditSpec-style" (§0, [code]) and rewards every bandit with ``(generated_tokens / B) / elapsed`` per
+step (§2.10). With arms k = 0..k_max, n_k plays of arm k, t plays in all and r_k the mean reward:
+
+    score(k) = r_k / r_max + sqrt(exploration * ln(t) / n_k)
+
+UCB1 (Auer et al., 2002) assumes rewards in [0, 1]; tokens per second are not, so the mean is divided
+by the largest single-step reward seen so far (r_max), which keeps the confidence term in the same
+unit whatever the hardware. Unplayed arms go first, smallest k first; ties go to the smaller k.
+No batch-size context: that is what the baseline lacks (Nightjar §4.5: "not suitable for dynamic
+batch size"), and what ``bandit`` adds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specserve.speculation.policy import Policy, register
+from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
+
+# Relative margin a larger k must win by: float noise must not break a tie toward the larger k.
+TIE_RELATIVE_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class UcbParams:
+    # Largest arm; the arms are 0..min(k_max, engine max_k). BanditSpec's code uses gamma 1..4.
+    k_max: int = 4
+    # The constant under UCB1's square root: 2 is Auer et al.'s UCB1.
+    exploration: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.k_max < 0:
+            raise ValueError(f"k_max={self.k_max} must be non-negative")
+        if not self.exploration >= 0:
+            raise ValueError(f"exploration={self.exploration} must be non-negative")
+
+
+def step_reward(record: StepRecord) -> float:
+    """Tokens per second per request of one step (the Nightjar fork's bandit reward, nightjar.md §2.10)."""
+    return record.num_emitted_tokens / record.num_running / record.duration_s
+
+
+def ucb_pick(mean_rewards: Sequence[float], counts: Sequence[int], exploration: float, max_reward: float) -> int:
+    """The arm UCB1 plays next: the smallest unplayed arm, else the largest score, ties to smaller k."""
+    for arm, count in enumerate(counts):
+        if count == 0:
+            return arm
+    log_total = math.log(sum(counts))
+    scale = max_reward if max_reward > 0 else 1.0
+    scores = [mean / scale + math.sqrt(exploration * log_total / count) for mean, count in zip(mean_rewards, counts)]
+    best = 0
+    for arm in range(1, len(scores)):
+        if scores[arm] > scores[best] + abs(scores[best]) * TIE_RELATIVE_TOLERANCE:
+            best = arm
+    return best
+
+
+@register
+class UcbPolicy(Policy):
+    """UCB1 over k in 0..k_max on per-request tokens per second; one set of statistics for all batch sizes."""
+
+    name = "ucb"
+    Params = UcbParams
+
+    def __init__(self, params: UcbParams, traits: EngineTraits) -> None:
+        super().__init__(params, traits)
+        self.limit_k = min(params.k_max, traits.max_k)
+        self._counts = [0] * (self.limit_k + 1)
+        self._means = [0.0] * (self.limit_k + 1)
+        self._max_reward = 0.0
+
+    def choose(self, ctx: StepContext) -> Decision:
+        if not ctx.draft_resident or ctx.num_running == 0:
+            return Decision(k=0)
+        return Decision(k=ucb_pick(self._means, self._counts, self.params.exploration, self._max_reward))
+
+    def observe(self, record: StepRecord) -> None:
+        # Idle or unmeasured steps carry no reward; a k past the arms (another policy's step) is ignored.
+        if record.num_running <= 0 or record.duration_s <= 0 or record.k > self.limit_k:
+            return
+        reward = step_reward(record)
+        self._counts[record.k] += 1
+        self._means[record.k] += (reward - self._means[record.k]) / self._counts[record.k]
+        self._max_reward = max(self._max_reward, reward)
+
+    def describe(self) -> dict[str, float]:
+        out = {f"mean_reward_tokens_per_s_k{k}": mean for k, mean in enumerate(self._means)}
+        out.update({f"num_plays_k{k}": float(count) for k, count in enumerate(self._counts)})
+        return out

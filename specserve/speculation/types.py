@@ -39,6 +39,11 @@ class StepContext:
     num_kv_blocks_total: int = 0
     # False while the draft's weights are off the device: the policy must then pick k=0.
     draft_resident: bool = True
+    # Ids of the running requests, for policies that keep per-request state (DSDE's per-sequence
+    # k, AdaSpec's per-request trimming). Empty where the engine does not expose them.
+    request_ids: tuple[str, ...] = ()
+    # Time-per-output-token target in seconds (AdaSpec's SLO); None when the deployment has none.
+    slo_tpot_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +52,9 @@ class Decision:
 
     # Draft tokens to verify per request this step; 0 means no speculation.
     k: int
+    # Optional per-request caps below k (request id -> max drafts), for per-sequence policies. The
+    # simulator honours them; the vLLM engine applies only the batch-wide k so far.
+    max_k_per_request: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +78,15 @@ class StepRecord:
     # accepted ones are always a prefix, so per-position counts derive from these two tuples exactly.
     num_drafted_per_request: tuple[int, ...] = field(default=())
     num_accepted_per_request: tuple[int, ...] = field(default=())
+    # Optional draft-side signals, aligned with the per-request tuples above, one value per drafted
+    # position. The simulator generates them consistently with acceptance; the vLLM engine does not
+    # expose them yet (empty). Confidence is the draft's probability of the token it drafted
+    # (AdaSpec, SpecKV); entropy is the draft distribution's entropy in nats (SpecKV); kl is
+    # KL(target || draft) at that position in nats (DSDE).
+    request_ids: tuple[str, ...] = field(default=())
+    draft_confidence_per_request: tuple[tuple[float, ...], ...] = field(default=())
+    draft_entropy_per_request: tuple[tuple[float, ...], ...] = field(default=())
+    kl_per_request: tuple[tuple[float, ...], ...] = field(default=())
 
     def __post_init__(self) -> None:
         if len(self.num_drafted_per_request) != len(self.num_accepted_per_request):

@@ -57,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="build, fetch or measure local target/draft pairs")
     add_model_commands(models, dest="models_command")
     models.set_defaults(run=_models)
+
+    from specserve.sim import cli as sim_cli  # light: numpy and pydantic, no Ray or vLLM
+
+    sim = commands.add_parser("sim", help="discrete-event serving simulator driving the same policies")
+    sim_cli.add_commands(sim, dest="sim_command")
+    sim.set_defaults(run=sim_cli.run)
     return parser
 
 

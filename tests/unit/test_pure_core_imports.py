@@ -9,7 +9,7 @@ import pytest
 
 FORBIDDEN = {"ray", "vllm", "torch", "prometheus_client"}
 PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "specserve"
-PURE_PACKAGES = ("speculation",)
+PURE_PACKAGES = ("speculation", "sim")
 
 
 def imported_roots(path: Path) -> set[str]:

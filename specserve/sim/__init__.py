@@ -1,0 +1,31 @@
+"""Discrete-event simulator of speculative-decoding LLM serving that drives the real policies.
+
+Pure: imports none of ray, vllm, torch or prometheus_client (house rule 1). The same ``make_policy``
+objects that run inside vLLM choose k here, step by step, in virtual time.
+
+    from specserve.sim import run_scenario
+    run_scenario("turbospec-h100-qps-sweep", "adaptive", seed=0)["throughput_tok_s"]
+"""
+
+from specserve.sim.config import Scenario
+from specserve.sim.engine import StepStats
+from specserve.sim.kernel import SimResult, Simulator
+from specserve.sim.metrics import k_series, summarize
+from specserve.sim.runner import run_scenario, simulate
+from specserve.sim.scenario import ScenarioError, builtin_scenarios, load_scenario, parse_scenario, resolve
+
+__all__ = [
+    "Scenario",
+    "ScenarioError",
+    "SimResult",
+    "Simulator",
+    "StepStats",
+    "builtin_scenarios",
+    "k_series",
+    "load_scenario",
+    "parse_scenario",
+    "resolve",
+    "run_scenario",
+    "simulate",
+    "summarize",
+]

@@ -1,0 +1,73 @@
+"""Per-request state: the run-wide request table and one replica's running batch (struct of arrays).
+
+The running batch is numpy arrays in admission order (vLLM's FCFS priority: the last row is preempted
+first), so a step's arithmetic over the batch is a handful of vector operations, not a Python loop per
+request; that is what makes a 10-minute trace at 20 QPS simulate in seconds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specserve.sim.workload import Workload
+
+
+class RequestTable:
+    """Everything known about every request of a run, indexed by request id (its workload row)."""
+
+    def __init__(self, workload: Workload, alphas: np.ndarray) -> None:
+        n = len(workload)
+        self.arrival_s = workload.arrival_s
+        self.prompt_tokens = workload.prompt_tokens
+        self.output_tokens = workload.output_tokens
+        # The request's own acceptance rate at draft position 0 (acceptance.AcceptanceModel).
+        self.alpha = alphas
+        # Output tokens generated so far; kept here while the request is not running (waiting after a
+        # preemption keeps its output and recomputes its KV on return).
+        self.num_output = np.zeros(n, dtype=np.int64)
+        self.first_token_s = np.full(n, np.nan)
+        self.finish_s = np.full(n, np.nan)
+        self.num_preemptions = np.zeros(n, dtype=np.int64)
+        self.replica = np.full(n, -1, dtype=np.int64)
+
+
+class RunningBatch:
+    """The requests one replica has admitted, one row each, in priority order."""
+
+    __slots__ = ("ids", "prompt", "max_output", "num_output", "num_computed", "num_blocks", "alpha", "draft_lag")
+
+    def __init__(self) -> None:
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.prompt = np.zeros(0, dtype=np.int64)
+        self.max_output = np.zeros(0, dtype=np.int64)
+        # Output tokens generated so far.
+        self.num_output = np.zeros(0, dtype=np.int64)
+        # Tokens whose KV is in the cache (vLLM's num_computed_tokens).
+        self.num_computed = np.zeros(0, dtype=np.int64)
+        # KV blocks held; a block holds the target's and the draft's KV for block_size tokens.
+        self.num_blocks = np.zeros(0, dtype=np.int64)
+        self.alpha = np.zeros(0, dtype=np.float64)
+        # Tokens the draft has not seen yet because it skipped steps (k = 0 without a draft pass); its
+        # next pass must catch up on them (Nightjar's re-prefill switching cost, research/nightjar.md §2.3).
+        self.draft_lag = np.zeros(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def extend(self, ids: list[int], table: RequestTable) -> None:
+        """Append newly admitted requests, with no KV yet."""
+        rows = np.asarray(ids, dtype=np.int64)
+        zeros = np.zeros(len(rows), dtype=np.int64)
+        self.ids = np.concatenate((self.ids, rows))
+        self.prompt = np.concatenate((self.prompt, table.prompt_tokens[rows]))
+        self.max_output = np.concatenate((self.max_output, table.output_tokens[rows]))
+        self.num_output = np.concatenate((self.num_output, table.num_output[rows]))
+        self.num_computed = np.concatenate((self.num_computed, zeros))
+        self.num_blocks = np.concatenate((self.num_blocks, zeros))
+        self.alpha = np.concatenate((self.alpha, table.alpha[rows]))
+        self.draft_lag = np.concatenate((self.draft_lag, zeros))
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Keep the rows where mask is True (a boolean array or a slice)."""
+        for name in self.__slots__:
+            setattr(self, name, getattr(self, name)[mask])

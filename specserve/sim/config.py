@@ -1,0 +1,153 @@
+"""The scenario schema: one typed, described, closed pydantic model per component (house rule 6).
+
+A scenario file (YAML) combines hardware, model pair, TP, engine limits, latency model, workload,
+acceptance model and an optional SLO. Unknown keys are errors naming the key. Derived values (KV blocks,
+per-GPU bytes) are computed in ``scenario.resolve`` and never written back here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from specserve.sim.profiles import LengthDistribution
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineConfig(_Closed):
+    max_num_seqs: int = Field(256, gt=0, description="most requests in one step's batch (vLLM max_num_seqs)")
+    max_num_batched_tokens: int = Field(8192, gt=0, description="target tokens per step (vLLM budget)")
+    block_size: int = Field(16, gt=0, description="tokens per paged KV block")
+    max_k: int = Field(8, ge=0, description="largest speculation length; sizes vLLM's buffers")
+    k0_runs_draft_pass: bool = Field(
+        True, description="k=0 still runs one draft pass to keep the draft KV in sync (vLLM as shipped)"
+    )
+    enable_chunked_prefill: bool = Field(True, description="split long prompts across steps (vLLM V1 default)")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of device memory vLLM may use")
+    reserved_gib: float = Field(1.5, ge=0, description="activations, CUDA graphs and workspace per GPU")
+    num_kv_blocks: int | None = Field(None, gt=0, description="override the KV capacity computed from memory")
+    max_model_len: int = Field(4096, gt=1, description="prompt + output cap per request")
+
+
+class LatencyConfig(_Closed):
+    kind: Literal["roofline", "linear"] = Field(
+        "roofline", description="'linear' reads TurboSpec Eq. 3 coefficients from the pair's profile for this hardware"
+    )
+    bandwidth_efficiency: float = Field(0.8, gt=0, le=1, description="reachable fraction of datasheet bandwidth")
+    flops_efficiency: float = Field(0.6, gt=0, le=1, description="reachable fraction of datasheet FLOPs")
+    forward_overhead_s: float = Field(3e-4, ge=0, description="launch cost per forward pass (roofline)")
+    step_overhead_s: float = Field(1e-3, ge=0, description="scheduling and sampling per step (roofline)")
+
+
+class RateSegment(_Closed):
+    duration_s: float = Field(gt=0)
+    rate_qps: float = Field(ge=0, description="Poisson arrival rate, requests per second")
+
+
+class PoissonArrivals(_Closed):
+    kind: Literal["poisson"]
+    rate_qps: float = Field(gt=0)
+    duration_s: float = Field(gt=0)
+
+
+class PiecewiseArrivals(_Closed):
+    kind: Literal["piecewise"]
+    segments: list[RateSegment] = Field(min_length=1, description="consecutive constant-rate Poisson segments")
+
+
+class BurstArrivals(_Closed):
+    """Nightjar Appendix C 'burst spike': a base rate with one spike."""
+
+    kind: Literal["burst"]
+    base_qps: float = Field(ge=0)
+    peak_qps: float = Field(gt=0)
+    burst_start_s: float = Field(ge=0)
+    burst_duration_s: float = Field(gt=0)
+    duration_s: float = Field(gt=0)
+
+
+class OscillationArrivals(_Closed):
+    """Nightjar Appendix C 'high/low oscillation': alternating half periods, starting high."""
+
+    kind: Literal["oscillation"]
+    high_qps: float = Field(ge=0)
+    low_qps: float = Field(ge=0)
+    period_s: float = Field(gt=0)
+    duration_s: float = Field(gt=0)
+
+
+class MultiPeakArrivals(_Closed):
+    """Nightjar Appendix C 'synchronised multi-peak': several equal spikes over a base rate."""
+
+    kind: Literal["multi_peak"]
+    base_qps: float = Field(ge=0)
+    peak_qps: float = Field(gt=0)
+    peak_starts_s: list[float] = Field(min_length=1)
+    peak_duration_s: float = Field(gt=0)
+    duration_s: float = Field(gt=0)
+
+
+class TraceArrivals(_Closed):
+    kind: Literal["trace"]
+    path: str = Field(description="CSV with columns arrival_s, prompt_tokens, output_tokens; relative to the scenario")
+
+
+Arrivals = Annotated[
+    PoissonArrivals | PiecewiseArrivals | BurstArrivals | OscillationArrivals | MultiPeakArrivals | TraceArrivals,
+    Field(discriminator="kind"),
+]
+
+
+class LengthsConfig(_Closed):
+    prompt_tokens: LengthDistribution
+    output_tokens: LengthDistribution
+
+
+class WorkloadConfig(_Closed):
+    dataset: str = Field("sharegpt", description="length distributions from profiles/datasets.yaml")
+    lengths: LengthsConfig | None = Field(None, description="inline lengths instead of the dataset's")
+    arrivals: Arrivals
+
+
+class Regime(_Closed):
+    start_s: float = Field(ge=0, description="requests arriving from this time on")
+    mean: float = Field(ge=0, le=1, description="their mean per-token acceptance")
+
+
+class AcceptanceConfig(_Closed):
+    mean: float = Field(ge=0, le=1, description="mean per-request alpha (e.g. TurboSpec Table 3)")
+    concentration: float | None = Field(
+        20.0, gt=0, description="Beta(mean*c, (1-mean)*c) spread of alpha across requests; null: every alpha = mean"
+    )
+    decay: float = Field(1.0, gt=0, le=1, description="alpha_j = alpha * decay**j at draft position j")
+    regimes: list[Regime] = Field(default_factory=list, description="later means, by request arrival time")
+
+
+class SloConfig(_Closed):
+    max_ttft_s: float | None = Field(None, gt=0)
+    max_tpot_s: float | None = Field(None, gt=0)
+
+
+class Scenario(_Closed):
+    name: str
+    description: str = ""
+    hardware: str = Field(description="name in profiles/hardware.yaml")
+    pair: str = Field(description="name in profiles/pairs.yaml")
+    tp: int | None = Field(None, gt=0, description="tensor-parallel size; default: the pair's")
+    num_replicas: int = Field(1, gt=0, description="engines behind a least-outstanding-requests router")
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    latency: LatencyConfig = Field(default_factory=LatencyConfig)
+    workload: WorkloadConfig
+    acceptance: AcceptanceConfig
+    slo: SloConfig | None = None
+
+    @model_validator(mode="after")
+    def _regimes_sorted(self) -> Scenario:
+        starts = [regime.start_s for regime in self.acceptance.regimes]
+        if starts != sorted(starts):
+            raise ValueError("acceptance.regimes must be sorted by start_s")
+        return self

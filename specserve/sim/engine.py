@@ -1,0 +1,268 @@
+"""One simulated vLLM-like engine: continuous batching, paged KV with preemption, speculation.
+
+Each step reads like the real engine's (design.md, "The per-step control loop"): build a StepContext
+before scheduling, as the scheduler subclass in replicas/ does -> ``policy.choose`` -> schedule with
+that k (running requests first, preempting from the tail when KV runs out, then admitting waiting
+requests if nothing was preempted) -> price the step -> at its end, apply it and ``policy.observe``.
+
+Simple model, stated once: a step's drafts are proposed and verified in the same step (k draft passes,
+then one target pass over B * (k + 1) decode tokens plus prefill chunks). vLLM verifies in step t the
+drafts proposed in step t - 1; the cost per step and the tokens per step are the same in steady state.
+KV slots for the k drafts are allocated with the step; rejected slots stay allocated to the request.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from specserve.sim.acceptance import AcceptanceModel
+from specserve.sim.batch import RequestTable, RunningBatch
+from specserve.sim.config import EngineConfig
+from specserve.sim.latency import StepTimer
+from specserve.speculation import Policy, StepContext, StepRecord
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """What the simulator knows about a step beyond the policy's StepRecord (for tests and plots)."""
+
+    replica: int
+    # Requests that sampled tokens this step (decodes, and prefills that completed their prompt).
+    num_sampled: int
+    num_preempted: int
+    num_finished: int
+    num_kv_blocks_used: int
+    num_kv_blocks_total: int
+
+
+StepListener = Callable[[StepRecord, StepStats], None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Grant:
+    """Tokens granted to each running row this step, aligned with the batch."""
+
+    tokens: np.ndarray  # target tokens computed this step: new tokens plus verified drafts
+    drafts: np.ndarray  # of which drafts (0 for rows that prefill)
+    new_blocks: np.ndarray  # KV blocks to allocate
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A started step, applied when it ends."""
+
+    grant: _Grant
+    accepted: np.ndarray  # per row, 0 where no drafts
+    sampled: np.ndarray  # bool per row: this step samples tokens for the row
+    record: StepRecord
+    num_preempted: int
+
+
+class Replica:
+    def __init__(
+        self,
+        index: int,
+        engine: EngineConfig,
+        num_kv_blocks: int,
+        timer: StepTimer,
+        policy: Policy,
+        acceptance: AcceptanceModel,
+        table: RequestTable,
+        rng: np.random.Generator,
+        on_step: StepListener | None = None,
+    ) -> None:
+        self.index = index
+        self.cfg = engine
+        self.num_kv_blocks_total = num_kv_blocks
+        self.num_kv_blocks_free = num_kv_blocks
+        self.timer = timer
+        self.policy = policy
+        self.acceptance = acceptance
+        self.table = table
+        self.rng = rng
+        self.on_step = on_step
+        self.batch = RunningBatch()
+        self.waiting: deque[int] = deque()
+        # Prompt plus already generated tokens over the waiting queue: what admitting them must compute.
+        self._num_waiting_tokens = 0
+        self._pending: _Pending | None = None
+        # Per-step series for plots: step start time, k, scheduled requests.
+        self.series_time_s: list[float] = []
+        self.series_k: list[int] = []
+        self.series_running: list[int] = []
+        self.num_drafted = 0
+        self.num_accepted = 0
+
+    @property
+    def num_outstanding(self) -> int:
+        return len(self.batch) + len(self.waiting)
+
+    def add(self, request: int) -> None:
+        self.waiting.append(request)
+        self._num_waiting_tokens += int(self.table.prompt_tokens[request] + self.table.num_output[request])
+
+    # -- the step ------------------------------------------------------------------------------------
+
+    def start_step(self, now_s: float) -> float | None:
+        """Schedule and price one step; None when there is nothing to run."""
+        if not self.batch.ids.size and not self.waiting:
+            return None  # an idle engine runs no step, so its policy is not asked
+        ctx = self._context(now_s)
+        k = self.policy.choose(ctx).k
+        if not 0 <= k <= self.cfg.max_k:
+            raise ValueError(f"policy {self.policy.spec!r} chose k={k} outside 0..{self.cfg.max_k}")
+        grant, num_preempted = self._make_room(k)
+        if num_preempted == 0 and self._admit(grant):
+            grant = self._grant(k)
+        if not grant.tokens.any():
+            return None
+        self.num_kv_blocks_free -= int(grant.new_blocks.sum())
+        if self.num_kv_blocks_free < 0:
+            raise RuntimeError(f"replica {self.index}: KV over capacity by {-self.num_kv_blocks_free} blocks")
+        self._pending = self._price(now_s, k, grant, num_preempted)
+        return self._pending.record.duration_s
+
+    def end_step(self, now_s: float) -> None:
+        """Apply the started step's tokens at its end time and let the policy learn from it."""
+        pending, self._pending = self._pending, None
+        b, grant = self.batch, pending.grant
+        b.num_blocks += grant.new_blocks
+        b.num_computed += grant.tokens - grant.drafts + pending.accepted
+        emitted = np.where(pending.sampled, np.minimum(1 + pending.accepted, b.max_output - b.num_output), 0)
+        b.num_output += emitted
+        first = b.ids[pending.sampled]
+        first = first[np.isnan(self.table.first_token_s[first])]
+        self.table.first_token_s[first] = now_s
+        finished = b.num_output >= b.max_output
+        num_finished = int(finished.sum())
+        if num_finished:
+            done = b.ids[finished]
+            self.table.num_output[done] = b.num_output[finished]
+            self.table.finish_s[done] = now_s
+            self.num_kv_blocks_free += int(b.num_blocks[finished].sum())
+            b.keep(~finished)
+        self.policy.observe(pending.record)
+        if self.on_step is not None:
+            used = self.num_kv_blocks_total - self.num_kv_blocks_free
+            stats = StepStats(self.index, int(pending.sampled.sum()), pending.num_preempted, num_finished, used,
+                              self.num_kv_blocks_total)
+            self.on_step(pending.record, stats)
+
+    # -- pieces --------------------------------------------------------------------------------------
+
+    def _context(self, now_s: float) -> StepContext:
+        b = self.batch
+        remaining = b.prompt + b.num_output - b.num_computed
+        pending_prefill = int(remaining[remaining > 1].sum()) + self._num_waiting_tokens
+        return StepContext(
+            now_s=now_s,
+            num_running=len(b),
+            num_waiting=len(self.waiting),
+            num_context_tokens=int(b.num_computed.sum()),
+            num_prefill_tokens=min(pending_prefill, self.cfg.max_num_batched_tokens),
+            num_kv_blocks_free=self.num_kv_blocks_free,
+            num_kv_blocks_total=self.num_kv_blocks_total,
+        )
+
+    def _grant(self, k: int) -> _Grant:
+        """Token budget in priority order: a decode asks 1 + k, a prefill its remaining prompt (chunked)."""
+        b, bs = self.batch, self.cfg.block_size
+        remaining = b.prompt + b.num_output - b.num_computed
+        decoding = (remaining == 1) & (b.num_output > 0)
+        need = np.where(decoding, 1 + k, remaining)
+        before = np.cumsum(need) - need
+        tokens = np.minimum(np.maximum(self.cfg.max_num_batched_tokens - before, 0), need)
+        if not self.cfg.enable_chunked_prefill:
+            tokens = np.where(decoding | (tokens == need), tokens, 0)
+        drafts = np.where(decoding, np.maximum(tokens - 1, 0), 0)
+        new_blocks = np.maximum((b.num_computed + tokens + bs - 1) // bs - b.num_blocks, 0)
+        return _Grant(tokens, drafts, new_blocks)
+
+    def _make_room(self, k: int) -> tuple[_Grant, int]:
+        """Preempt from the tail (recompute) until the running requests' new KV fits; count them."""
+        num_preempted = 0
+        grant = self._grant(k)
+        while len(self.batch) and int(grant.new_blocks.sum()) > self.num_kv_blocks_free:
+            b, last = self.batch, len(self.batch) - 1
+            request = int(b.ids[last])
+            self.num_kv_blocks_free += int(b.num_blocks[last])
+            self.table.num_output[request] = b.num_output[last]
+            self.table.num_preemptions[request] += 1
+            self.waiting.appendleft(request)
+            self._num_waiting_tokens += int(b.prompt[last] + b.num_output[last])
+            b.keep(slice(0, last))
+            num_preempted += 1
+            grant = self._grant(k)
+        return grant, num_preempted
+
+    def _admit(self, grant: _Grant) -> bool:
+        """FCFS admission while seats, token budget and free KV blocks last; True if any was admitted."""
+        bs, cfg = self.cfg.block_size, self.cfg
+        budget = cfg.max_num_batched_tokens - int(grant.tokens.sum())
+        free = self.num_kv_blocks_free - int(grant.new_blocks.sum())
+        admitted: list[int] = []
+        while self.waiting and len(self.batch) + len(admitted) < cfg.max_num_seqs and budget > 0:
+            request = self.waiting[0]
+            num_tokens = int(self.table.prompt_tokens[request] + self.table.num_output[request])
+            if num_tokens > budget and not cfg.enable_chunked_prefill:
+                break
+            tokens = min(num_tokens, budget)
+            blocks = -(-tokens // bs)
+            if blocks > free:
+                break
+            self.waiting.popleft()
+            self._num_waiting_tokens -= num_tokens
+            admitted.append(request)
+            budget, free = budget - tokens, free - blocks
+        if admitted:
+            self.table.replica[admitted] = self.index
+            self.batch.extend(admitted, self.table)
+        return bool(admitted)
+
+    def _price(self, now_s: float, k: int, grant: _Grant, num_preempted: int) -> _Pending:
+        b = self.batch
+        scheduled = grant.tokens > 0
+        new_tokens = grant.tokens - grant.drafts
+        drafting = grant.drafts > 0
+        accepted = np.zeros(len(b), dtype=np.int64)
+        rows = np.flatnonzero(drafting)
+        if len(rows):
+            accepted[rows] = self.acceptance.sample_accepted(b.alpha[rows], grant.drafts[rows], self.rng)
+        if len(rows):
+            num_passes = int(grant.drafts.max())
+        else:
+            num_passes = int(k > 0 or self.cfg.k0_runs_draft_pass)
+        if num_passes:
+            first_pass_tokens = int(new_tokens.sum() + b.draft_lag[scheduled].sum())
+            b.draft_lag[scheduled] = 0
+        else:
+            first_pass_tokens = 0
+            b.draft_lag += new_tokens
+        num_context = int(b.num_computed[scheduled].sum())
+        num_batched = int(grant.tokens.sum())
+        duration_s = self.timer.step_s(num_context, num_batched, num_passes, first_pass_tokens, len(rows))
+        sampled = scheduled & (b.num_computed + new_tokens == b.prompt + b.num_output)
+        drafted_rows, accepted_rows = grant.drafts[rows], accepted[rows]
+        self.num_drafted += int(drafted_rows.sum())
+        self.num_accepted += int(accepted_rows.sum())
+        record = StepRecord(
+            now_s=now_s,
+            k=k,
+            duration_s=duration_s,
+            num_running=int(scheduled.sum()),
+            num_context_tokens=num_context,
+            num_batched_tokens=num_batched,
+            num_draft_passes=num_passes,
+            # Sampler output, as vLLM counts it: tokens past a request's max_tokens are dropped later.
+            num_emitted_tokens=int(sampled.sum() + accepted.sum()),
+            num_drafted_per_request=tuple(drafted_rows.tolist()),
+            num_accepted_per_request=tuple(accepted_rows.tolist()),
+        )
+        self.series_time_s.append(now_s)
+        self.series_k.append(k)
+        self.series_running.append(record.num_running)
+        return _Pending(grant, accepted, sampled, record, num_preempted)

@@ -1,0 +1,53 @@
+"""Simulator events: records in one heap, ordered by ``(time_s, phase, seq)`` (house rule 9).
+
+The order is defined here and nowhere else. At equal times a step that ends goes first (its tokens
+and freed KV blocks are visible to everything after it), then arrivals (so a request arriving at the
+instant a step ends joins the next step), then step starts. ``seq`` is a per-run counter: ties in time
+and phase resolve by insertion order, so a run is deterministic without comparing payloads.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+class Phase(IntEnum):
+    STEP_END = 0
+    ARRIVAL = 1
+    STEP_START = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    time_s: float
+    phase: Phase
+    # Insertion counter; unique per run, so two events never compare equal.
+    seq: int
+    # Replica a step event belongs to; arrivals leave it 0 (the router picks a replica on arrival).
+    replica: int = 0
+    # Index of the request in the run's workload, for arrivals.
+    request: int = 0
+
+
+class EventQueue:
+    """A heap of events; the simulator owns one per run (no global queue)."""
+
+    def __init__(self) -> None:
+        # (time_s, phase, seq, event): tuples compare in C, and seq is unique so the event itself is
+        # never compared.
+        self._heap: list[tuple[float, int, int, Event]] = []
+        self._seq = 0
+
+    def push(self, time_s: float, phase: Phase, replica: int = 0, request: int = 0) -> Event:
+        event = Event(time_s, phase, self._seq, replica, request)
+        self._seq += 1
+        heapq.heappush(self._heap, (time_s, int(phase), event.seq, event))
+        return event
+
+    def pop(self) -> Event:
+        return heapq.heappop(self._heap)[3]
+
+    def __len__(self) -> int:
+        return len(self._heap)

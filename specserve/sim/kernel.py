@@ -1,0 +1,139 @@
+"""The discrete-event loop: arrivals, a router, and replicas stepping back to back in virtual time.
+
+One ``Simulator`` per run, with its own event queue and RNG streams (house rule 9: no global simulator).
+The seed fans out into independent streams (numpy SeedSequence.spawn): the workload and each request's
+alpha come from streams no policy can touch, so every policy of a comparison sees the very same requests;
+each replica draws its acceptance verdicts from its own stream.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from specserve.sim.acceptance import AcceptanceModel
+from specserve.sim.batch import RequestTable
+from specserve.sim.engine import Replica, StepListener
+from specserve.sim.events import EventQueue, Phase
+from specserve.sim.scenario import ResolvedScenario, ScenarioError
+from specserve.sim.workload import Workload, build_workload
+from specserve.speculation import EngineTraits, make_policy
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEntry:
+    """One processed event, for the golden-trace test and debugging."""
+
+    time_s: float
+    phase: str
+    replica: int
+    request: int
+
+
+@dataclass(slots=True)
+class SimResult:
+    """What a finished run leaves: the request table, the replicas (with their series) and timings."""
+
+    resolved: ResolvedScenario
+    policy_spec: str
+    seed: int
+    workload: Workload
+    table: RequestTable
+    replicas: list[Replica]
+    end_s: float
+    wall_s: float
+    trace: list[TraceEntry] = field(default_factory=list)
+
+
+class Simulator:
+    def __init__(
+        self,
+        resolved: ResolvedScenario,
+        policy_spec: str,
+        seed: int,
+        on_step: StepListener | None = None,
+        max_trace_events: int = 0,
+    ) -> None:
+        self.resolved = resolved
+        self.policy_spec = policy_spec
+        self.seed = seed
+        self.on_step = on_step
+        self.max_trace_events = max_trace_events
+
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        scenario, engine = self.resolved.scenario, self.resolved.scenario.engine
+        workload_rng, alpha_rng, *replica_rngs = (
+            np.random.default_rng(s) for s in np.random.SeedSequence(self.seed).spawn(2 + scenario.num_replicas)
+        )
+        # Trace paths are absolute once load_scenario has read a file; a scenario built in code may use
+        # paths relative to the working directory.
+        workload = build_workload(scenario.workload, Path.cwd(), engine.max_model_len, workload_rng)
+        self._check_fits(workload)
+        acceptance = AcceptanceModel(scenario.acceptance, engine.max_k)
+        table = RequestTable(workload, acceptance.draw_alphas(workload.arrival_s, alpha_rng))
+        traits = EngineTraits(max_k=engine.max_k, k0_runs_draft_pass=engine.k0_runs_draft_pass)
+        replicas = [
+            Replica(i, engine, self.resolved.num_kv_blocks, self.resolved.timer, make_policy(self.policy_spec, traits),
+                    acceptance, table, rng, self.on_step)
+            for i, rng in enumerate(replica_rngs)
+        ]
+        trace: list[TraceEntry] = []
+        end_s = self._loop(workload, replicas, trace)
+        return SimResult(self.resolved, self.policy_spec, self.seed, workload, table, replicas, end_s,
+                         time.perf_counter() - started, trace)
+
+    def _loop(self, workload: Workload, replicas: list[Replica], trace: list[TraceEntry]) -> float:
+        queue = EventQueue()
+        busy = [False] * len(replicas)
+        arrivals = workload.arrival_s.tolist()
+        if arrivals:
+            queue.push(arrivals[0], Phase.ARRIVAL, request=0)
+        now_s = 0.0
+        while len(queue):
+            event = queue.pop()
+            now_s = event.time_s
+            if len(trace) < self.max_trace_events:
+                trace.append(TraceEntry(now_s, event.phase.name, event.replica, event.request))
+            if event.phase is Phase.ARRIVAL:
+                replica = min(replicas, key=lambda r: r.num_outstanding)
+                replica.add(event.request)
+                if event.request + 1 < len(arrivals):
+                    queue.push(arrivals[event.request + 1], Phase.ARRIVAL, request=event.request + 1)
+                if not busy[replica.index]:
+                    busy[replica.index] = True
+                    queue.push(now_s, Phase.STEP_START, replica=replica.index)
+            elif event.phase is Phase.STEP_START:
+                replica = replicas[event.replica]
+                duration_s = replica.start_step(now_s)
+                if duration_s is None:
+                    busy[replica.index] = False
+                    if replica.waiting:
+                        raise RuntimeError(f"replica {replica.index} idle with {len(replica.waiting)} waiting")
+                else:
+                    queue.push(now_s + duration_s, Phase.STEP_END, replica=replica.index)
+            else:
+                replicas[event.replica].end_step(now_s)
+                queue.push(now_s, Phase.STEP_START, replica=event.replica)
+        return now_s
+
+    def _check_fits(self, workload: Workload) -> None:
+        # A request longer than the whole KV cache would preempt itself forever; vLLM refuses such a
+        # max_model_len at start-up, and so do we.
+        engine = self.resolved.scenario.engine
+        capacity = self.resolved.num_kv_blocks * engine.block_size
+        longest = int((workload.prompt_tokens + workload.output_tokens).max(initial=0)) + engine.max_k
+        if longest > capacity:
+            raise ScenarioError(
+                f"scenario {self.resolved.scenario.name!r}: a request of {longest} tokens (with max_k lookahead) "
+                f"exceeds the KV cache of {capacity} tokens; lower engine.max_model_len or raise engine.num_kv_blocks"
+            )
+        if not engine.enable_chunked_prefill and longest - engine.max_k > engine.max_num_batched_tokens:
+            raise ScenarioError(
+                f"scenario {self.resolved.scenario.name!r}: without chunked prefill a request of {longest - engine.max_k} "
+                f"tokens never fits engine.max_num_batched_tokens={engine.max_num_batched_tokens}"
+            )
+

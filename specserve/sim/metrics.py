@@ -1,0 +1,75 @@
+"""Run summaries: one dict of base-unit numbers per (scenario, policy, seed), and the k series.
+
+Definitions (all over the whole run; time starts at 0, the first possible arrival, and ends at the last
+step's end, so an overloaded policy that drains slowly pays for it in throughput):
+- throughput_tok_s: output tokens / run seconds (generation throughput; Nightjar's "total token
+  throughput" adds prompt tokens, research/nightjar.md §4.2).
+- goodput_tok_s: output tokens of requests meeting the scenario SLO (TTFT and TPOT caps) / run seconds;
+  equal to throughput when the scenario has no SLO.
+- acceptance: accepted / drafted tokens over all verified drafts (vLLM's draft acceptance rate; a prefix
+  count, so below the per-position alpha, research/turbospec.md §2.4).
+- mean_k: mean of the k chosen per step; k_switches: steps whose k differs from the previous step's.
+- mean_tpot_s: per request, (finish - first token) / (output tokens - 1), averaged over requests with 2+.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specserve.sim.config import SloConfig
+from specserve.sim.kernel import SimResult
+
+
+def summarize(result: SimResult) -> dict[str, float | int | str]:
+    table = result.table
+    e2e = table.finish_s - table.arrival_s
+    ttft = table.first_token_s - table.arrival_s
+    multi = table.output_tokens > 1
+    tpot = (table.finish_s[multi] - table.first_token_s[multi]) / (table.output_tokens[multi] - 1)
+    run_s = max(result.end_s, 1e-12)
+    num_tokens = int(table.num_output.sum())
+    good = _meets_slo(result.resolved.scenario.slo, ttft, table)
+    ks = np.concatenate([np.asarray(r.series_k) for r in result.replicas]) if result.replicas else np.zeros(0)
+    drafted = sum(r.num_drafted for r in result.replicas)
+    accepted = sum(r.num_accepted for r in result.replicas)
+    return {
+        "policy": result.policy_spec,
+        "throughput_tok_s": num_tokens / run_s,
+        "goodput_tok_s": float(table.num_output[good].sum()) / run_s,
+        "mean_e2e_s": _mean(e2e),
+        "p99_e2e_s": float(np.percentile(e2e, 99)) if len(e2e) else 0.0,
+        "mean_ttft_s": _mean(ttft),
+        "mean_tpot_s": _mean(tpot),
+        "acceptance": accepted / drafted if drafted else 0.0,
+        "mean_k": _mean(ks),
+        "k_switches": sum(int(np.count_nonzero(np.diff(r.series_k))) for r in result.replicas),
+        "wall_s": result.wall_s,
+        "num_requests": len(table.arrival_s),
+        "num_steps": int(len(ks)),
+        "num_preemptions": int(table.num_preemptions.sum()),
+        "run_s": result.end_s,
+    }
+
+
+def k_series(result: SimResult) -> list[dict[str, list]]:
+    """Per replica: step start times, the k of each step and its scheduled requests (for plots)."""
+    return [
+        {"time_s": list(r.series_time_s), "k": list(r.series_k), "num_running": list(r.series_running)}
+        for r in result.replicas
+    ]
+
+
+def _meets_slo(slo: SloConfig | None, ttft: np.ndarray, table) -> np.ndarray:
+    ok = np.ones(len(ttft), dtype=bool)
+    if slo is None:
+        return ok
+    if slo.max_ttft_s is not None:
+        ok &= ttft <= slo.max_ttft_s
+    if slo.max_tpot_s is not None:
+        decode_s = table.finish_s - table.first_token_s
+        ok &= decode_s <= slo.max_tpot_s * np.maximum(table.output_tokens - 1, 0)
+    return ok
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(np.mean(values)) if len(values) else 0.0

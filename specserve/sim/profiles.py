@@ -1,0 +1,146 @@
+"""Hardware, model, pair and dataset profiles: YAML data under ``profiles/`` read through pydantic schemas.
+
+House rule 10: adding a GPU or a model is a data-only change. Each file maps a profile name to one entry;
+unknown keys are errors that name the key (``extra="forbid"``).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+GIB = 1024**3
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HardwareProfile(_Closed):
+    description: str = Field("", description="what the GPU is and where its figures come from")
+    memory_gib: float = Field(gt=0, description="device memory per GPU")
+    memory_bandwidth_gb_s: float = Field(gt=0, description="peak memory bandwidth, 1e9 bytes/s")
+    peak_tflops: float = Field(gt=0, description="dense FP16/BF16 tensor peak, 1e12 FLOP/s")
+    interconnect_gb_s: float = Field(gt=0, description="per-GPU all-reduce bus bandwidth, 1e9 bytes/s")
+    allreduce_latency_s: float = Field(ge=0, description="fixed cost of one all-reduce call")
+
+
+class ModelProfile(_Closed):
+    description: str = ""
+    params: float = Field(gt=0, description="total parameters")
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    dtype_bytes: int = Field(2, gt=0, description="bytes per weight and per KV element (2 for BF16/FP16)")
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        # K and V, every layer, every KV head.
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+
+class LinearFit(_Closed):
+    """TurboSpec Eq. 3 for one forward pass (research/turbospec.md §2.3)."""
+
+    s_per_context_token: float = Field(ge=0, description="KV read cost per cached token (alpha_kv)")
+    s_per_batched_token: float = Field(ge=0, description="compute per token in the pass (gamma)")
+    intercept_s: float = Field(ge=0, description="weights and fixed overhead (delta)")
+
+
+class PairFit(_Closed):
+    target: LinearFit
+    draft: LinearFit = Field(description="one draft forward pass")
+
+
+class PairProfile(_Closed):
+    description: str = ""
+    target: str = Field(description="name in models.yaml")
+    draft: str = Field(description="name in models.yaml")
+    tp: int = Field(1, gt=0, description="default tensor-parallel size of the target")
+    linear: dict[str, PairFit] = Field(default_factory=dict, description="fitted latency per hardware name")
+
+
+class LengthDistribution(_Closed):
+    mean: float = Field(gt=0, description="mean tokens")
+    std: float = Field(ge=0, description="standard deviation in tokens; 0 gives a constant")
+    min_tokens: int = Field(1, ge=1)
+    max_tokens: int = Field(4096, ge=1)
+
+
+class DatasetProfile(_Closed):
+    source: str = Field(description="where the statistics come from, or 'approximate'")
+    prompt_tokens: LengthDistribution
+    output_tokens: LengthDistribution
+
+
+class ProfileError(ValueError):
+    """A profile file or name is wrong; the message names the file, entry or key."""
+
+
+def _load(file_name: str, schema: type[_Closed]) -> dict:
+    path = PROFILE_DIR / file_name
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{path.name} is not valid YAML: {exc}") from None
+    out = {}
+    for name, entry in raw.items():
+        try:
+            out[name] = schema.model_validate(entry)
+        except ValidationError as exc:
+            raise ProfileError(f"{path.name}: entry {name!r}: {_first_error(exc)}") from None
+    return out
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(part) for part in err["loc"]) or "(root)"
+    return f"{where}: {err['msg']}"
+
+
+@cache
+def hardware_profiles() -> dict[str, HardwareProfile]:
+    return _load("hardware.yaml", HardwareProfile)
+
+
+@cache
+def model_profiles() -> dict[str, ModelProfile]:
+    return _load("models.yaml", ModelProfile)
+
+
+@cache
+def pair_profiles() -> dict[str, PairProfile]:
+    pairs = _load("pairs.yaml", PairProfile)
+    models = model_profiles()
+    for name, pair in pairs.items():
+        for role in ("target", "draft"):
+            if getattr(pair, role) not in models:
+                raise ProfileError(f"pairs.yaml: entry {name!r}: {role} {getattr(pair, role)!r} is not in models.yaml")
+    return pairs
+
+
+@cache
+def dataset_profiles() -> dict[str, DatasetProfile]:
+    return _load("datasets.yaml", DatasetProfile)
+
+
+def lookup(kind: str, name: str) -> object:
+    """One profile by kind ('hardware', 'pair', 'model', 'dataset') and name; the error lists known names."""
+    table = {
+        "hardware": hardware_profiles,
+        "pair": pair_profiles,
+        "model": model_profiles,
+        "dataset": dataset_profiles,
+    }[kind]()
+    if name not in table:
+        raise ProfileError(f"unknown {kind} profile {name!r}; known: {', '.join(sorted(table))}")
+    return table[name]

@@ -1,0 +1,146 @@
+"""Scenarios: load one by built-in name or YAML file, and resolve it against the profiles.
+
+``resolve`` computes what the config only implies (per-GPU KV capacity, the step timer) into a separate
+frozen object (house rule 6: derived values are never written back into the config).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from specserve.sim.config import Scenario, TraceArrivals
+from specserve.sim.latency import LinearForward, StepTimer, roofline_forward
+from specserve.sim.profiles import GIB, HardwareProfile, ModelProfile, PairProfile, ProfileError, lookup
+
+BUILTIN_DIR = Path(__file__).resolve().parent / "scenarios"
+
+
+class ScenarioError(ValueError):
+    """A scenario name, file or key is wrong; the message names it."""
+
+
+def builtin_scenarios() -> dict[str, Path]:
+    """Built-in scenario name -> file, sorted by name."""
+    return {path.stem: path for path in sorted(BUILTIN_DIR.glob("*.yaml"))}
+
+
+def load_scenario(ref: str) -> Scenario:
+    """A built-in name or a path to a YAML file. A trace path is resolved against the file's folder."""
+    builtins = builtin_scenarios()
+    path = builtins.get(ref) or Path(ref)
+    if not path.is_file():
+        raise ScenarioError(f"unknown scenario {ref!r}: not a built-in ({', '.join(builtins)}) nor a file")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"scenario file {str(path)!r} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"scenario file {str(path)!r} must hold a mapping")
+    raw.setdefault("name", path.stem)
+    scenario = parse_scenario(raw, source=str(path))
+    arrivals = scenario.workload.arrivals
+    if isinstance(arrivals, TraceArrivals) and not Path(arrivals.path).is_absolute():
+        absolute = TraceArrivals(kind="trace", path=str(path.parent / arrivals.path))
+        scenario = scenario.model_copy(update={"workload": scenario.workload.model_copy(update={"arrivals": absolute})})
+    return scenario
+
+
+def parse_scenario(raw: dict, source: str = "<dict>") -> Scenario:
+    try:
+        return Scenario.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(part) for part in err["loc"]) or "(root)"
+        raise ScenarioError(f"scenario {source!r}: {where}: {err['msg']}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedScenario:
+    scenario: Scenario
+    hardware: HardwareProfile
+    pair: PairProfile
+    target: ModelProfile
+    draft: ModelProfile
+    tp: int
+    # KV blocks per engine; a block holds block_size tokens of the target's and the draft's KV, since
+    # vLLM gives the draft's layers the same block table.
+    num_kv_blocks: int
+    # Blocks the draft's weights would free if offloaded (Nightjar's N_draft, research/nightjar.md §3.1).
+    num_draft_weight_blocks: int
+    timer: StepTimer
+
+
+def resolve(scenario: Scenario) -> ResolvedScenario:
+    try:
+        hardware = lookup("hardware", scenario.hardware)
+        pair = lookup("pair", scenario.pair)
+        target, draft = lookup("model", pair.target), lookup("model", pair.draft)
+    except ProfileError as exc:
+        raise ScenarioError(f"scenario {scenario.name!r}: {exc}") from None
+    tp = scenario.tp or pair.tp
+    block_bytes = scenario.engine.block_size * (target.kv_bytes_per_token / tp + draft.kv_bytes_per_token)
+    num_blocks = scenario.engine.num_kv_blocks or _kv_blocks_from_memory(scenario, hardware, target, draft, tp,
+                                                                         block_bytes)
+    return ResolvedScenario(
+        scenario=scenario,
+        hardware=hardware,
+        pair=pair,
+        target=target,
+        draft=draft,
+        tp=tp,
+        num_kv_blocks=num_blocks,
+        num_draft_weight_blocks=math.ceil(draft.weight_bytes / block_bytes),
+        timer=_timer(scenario, hardware, pair, target, draft, tp),
+    )
+
+
+def _kv_blocks_from_memory(
+    scenario: Scenario, hardware: HardwareProfile, target: ModelProfile, draft: ModelProfile, tp: int,
+    block_bytes: float,
+) -> int:
+    # Per GPU of the TP group. The draft runs unsharded (draft TP 1, as in Nightjar's scripts), so the rank
+    # holding it has the least room, and vLLM sizes every rank's cache to the smallest.
+    engine = scenario.engine
+    free_bytes = (
+        hardware.memory_gib * GIB * engine.gpu_memory_utilization
+        - engine.reserved_gib * GIB
+        - target.weight_bytes / tp
+        - draft.weight_bytes
+    )
+    num_blocks = int(free_bytes // block_bytes)
+    if num_blocks < 1:
+        raise ScenarioError(
+            f"scenario {scenario.name!r}: pair {scenario.pair!r} at tp={tp} leaves no KV memory on "
+            f"{scenario.hardware!r} ({free_bytes / GIB:.1f} GiB)"
+        )
+    return num_blocks
+
+
+def _timer(
+    scenario: Scenario, hardware: HardwareProfile, pair: PairProfile, target: ModelProfile, draft: ModelProfile,
+    tp: int,
+) -> StepTimer:
+    cfg = scenario.latency
+    if cfg.kind == "linear":
+        fit = pair.linear.get(scenario.hardware)
+        if fit is None:
+            raise ScenarioError(
+                f"scenario {scenario.name!r}: latency.kind 'linear' needs a fit for hardware "
+                f"{scenario.hardware!r} in pair {scenario.pair!r}; have: {', '.join(pair.linear) or 'none'}"
+            )
+        if tp != pair.tp:
+            raise ScenarioError(f"scenario {scenario.name!r}: the linear fit is for tp={pair.tp}, not tp={tp}")
+        # The fitted intercepts already include the engine's per-step overhead.
+        return StepTimer(LinearForward.from_fit(fit.target), LinearForward.from_fit(fit.draft), 0.0)
+    effs = (cfg.bandwidth_efficiency, cfg.flops_efficiency, cfg.forward_overhead_s)
+    # The draft runs unsharded on one GPU (draft TP 1).
+    return StepTimer(
+        roofline_forward(target, hardware, tp, *effs),
+        roofline_forward(draft, hardware, 1, *effs),
+        cfg.step_overhead_s,
+    )

@@ -1,0 +1,32 @@
+"""Small scenarios built in code, so the simulator tests run in well under a second each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specserve.sim import Scenario, parse_scenario
+
+
+def small_scenario(**overrides: Any) -> Scenario:
+    """Llama-2-7B + 160m on an H100 (calibrated linear times), Poisson 4 QPS for 10 s, short requests."""
+    raw: dict[str, Any] = {
+        "name": "small",
+        "hardware": "h100",
+        "pair": "llama2-7b+160m",
+        "latency": {"kind": "linear"},
+        "engine": {"max_k": 4},
+        "workload": {
+            "lengths": {
+                "prompt_tokens": {"mean": 96, "std": 48, "max_tokens": 512},
+                "output_tokens": {"mean": 64, "std": 32, "max_tokens": 256},
+            },
+            "arrivals": {"kind": "poisson", "rate_qps": 4, "duration_s": 10},
+        },
+        "acceptance": {"mean": 0.7},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(raw.get(key), dict):
+            raw[key] = {**raw[key], **value}
+        else:
+            raw[key] = value
+    return parse_scenario(raw)

@@ -1,0 +1,77 @@
+"""``python -m specserve.sim``: scenarios, compare --json, the --policies splitting rule and exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specserve.sim.cli import CommandError, split_policies
+
+SMALL = """\
+description: a tiny scenario for the command-line tests
+hardware: h100
+pair: llama2-7b+160m
+latency: {kind: linear}
+engine: {max_k: 4}
+workload:
+  lengths: {prompt_tokens: {mean: 64, std: 16}, output_tokens: {mean: 32, std: 8}}
+  arrivals: {kind: poisson, rate_qps: 4, duration_s: 5}
+acceptance: {mean: 0.7}
+"""
+
+
+def sim(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specserve.sim", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_split_policies_keeps_parameters_with_their_policy() -> None:
+    assert split_policies("fixed:k=0,fixed:k=3,adaptive") == ["fixed:k=0", "fixed:k=3", "adaptive"]
+    assert split_policies("fixed:k=0,goodput:k_max=4,probe_k=1,adaptive") == [
+        "fixed:k=0", "goodput:k_max=4,probe_k=1", "adaptive"]
+    with pytest.raises(CommandError, match="k=1"):
+        split_policies("k=1,fixed")
+    with pytest.raises(CommandError, match="empty"):
+        split_policies("fixed,,adaptive")
+
+
+def test_scenarios_lists_builtins() -> None:
+    out = sim("scenarios")
+    assert out.returncode == 0
+    names = [line.split()[0] for line in out.stderr.splitlines()]
+    assert "turbospec-h100-qps-sweep" in names and "nightjar-4090-7b-dynamic" in names
+    listed = json.loads(sim("scenarios", "--json").stdout)
+    assert {row["name"] for row in listed["scenarios"]} >= set(names)
+
+
+def test_compare_json(tmp_path) -> None:
+    path = tmp_path / "small.yaml"
+    path.write_text(SMALL)
+    out = sim("compare", "--scenario", str(path), "--policies", "fixed:k=0,goodput:k_max=3,probe_k=1", "--json",
+              "--seed", "3")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["scenario"] == "small"
+    assert [r["policy"] for r in doc["results"]] == ["fixed:k=0", "goodput:k_max=3,probe_k=1"]
+    keys = {"throughput_tok_s", "goodput_tok_s", "mean_e2e_s", "p99_e2e_s", "mean_ttft_s", "mean_tpot_s",
+            "acceptance", "mean_k", "k_switches", "wall_s"}
+    assert all(keys <= set(r) for r in doc["results"])
+    assert doc["results"][0]["mean_k"] == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("--scenario", "no-such-scenario"), "no-such-scenario"),
+        (("--scenario", "turbospec-h100-qps-sweep", "--policies", "fixed:k=0,nosuch"), "nosuch"),
+        (("--scenario", "turbospec-h100-qps-sweep", "--policies", "fixed:k=99"), "k=99"),
+        (("--scenario", "turbospec-h100-qps-sweep", "--policies", "goodput:bogus=1"), "bogus"),
+    ],
+)
+def test_bad_scenario_or_policy_exits_2_naming_it(args: tuple[str, ...], named: str) -> None:
+    out = sim("compare", *args, "--json")
+    assert out.returncode == 2
+    assert named in out.stderr
+    assert out.stdout == ""

@@ -10,7 +10,11 @@ from specserve.speculation.bandit import BanditParams, BanditPolicy
 from specserve.speculation.cycle import CycleParams, CyclePolicy
 from specserve.speculation.fixed import FixedParams, FixedPolicy
 from specserve.speculation.goodput import GoodputParams, GoodputPolicy
+from specserve.speculation.kld import KldParams, KldPolicy
+from specserve.speculation.mlp import MlpParams, MlpPolicy
+from specserve.speculation.mlp_fit import train_mlp
 from specserve.speculation.policy import Policy, alias, make_policy, parse_spec, policy_names, register
+from specserve.speculation.slo import SloParams, SloPolicy
 from specserve.speculation.static_table import StaticTableParams, StaticTablePolicy
 from specserve.speculation.switching import SwitchCostTable
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
@@ -31,7 +35,13 @@ __all__ = [
     "FixedPolicy",
     "GoodputParams",
     "GoodputPolicy",
+    "KldParams",
+    "KldPolicy",
+    "MlpParams",
+    "MlpPolicy",
     "Policy",
+    "SloParams",
+    "SloPolicy",
     "StaticTableParams",
     "StaticTablePolicy",
     "StepContext",
@@ -44,4 +54,5 @@ __all__ = [
     "parse_spec",
     "policy_names",
     "register",
+    "train_mlp",
 ]

@@ -32,6 +32,15 @@ class Policy(ABC):
     def observe(self, record: StepRecord) -> None:  # noqa: B027 - stateless policies need nothing
         """Learn from a finished step. The default keeps no state."""
 
+    def stop_drafting(self, position: int, confidence: float) -> bool:
+        """Within a step, after the draft pass at 0-based ``position`` ran: stop drafting now?
+
+        ``confidence`` is the batch mean of the draft's probability of the token it drafted at that
+        position. True keeps the drafts made so far and runs no further pass. Only the simulator calls
+        this; the vLLM engine cannot stop its draft loop early yet. The default never stops early.
+        """
+        return False
+
     def describe(self) -> dict[str, float]:
         """Numbers worth showing an operator (estimates, model fit); empty by default."""
         return {}

@@ -1,0 +1,216 @@
+"""AdaSpec (SoCC '25, arXiv 2503.05096): throughput under a TPOT SLO, confidence-driven drafting and trimming.
+
+research/adaspec.md; the estimator and searches are in ``slo_estimator``. Per step:
+
+1. **Batch k** (§5.1, Algorithm 1's predict step): f(k) = N(k) / T(k) with every draft predicted at the
+   historical mean confidence c-bar (Eq. 7: P_j = c-bar^j), searched k = 0, 1, ... up to the first peak
+   (Theorem 4.3), k > 0 only if f(1) > f(0). With ``ctx.slo_tpot_s`` set, any k > 0 whose predicted step
+   time exceeds it scores -1 (§5.3), so the search never passes a k that breaks the SLO; with None this
+   is plain goodput under the confidence acceptance model.
+2. **Per-request trimming** (§5.2, Algorithm 2): each request's drafts are predicted at its own mean past
+   confidence; the least likely draft is dropped while that raises f. Caps below k go out as
+   ``Decision.max_k_per_request``; if every request was trimmed, k itself drops to the longest kept draft.
+3. **Early stop** (§5.1, the execute-correct half): ``stop_drafting`` replaces the prediction with each
+   pass's real batch-mean confidence and stops at the first drop in f, or when the next pass is predicted
+   not to pay. Only the simulator calls it; on the vLLM engine the policy is steps 1-2.
+
+Differences from the paper, each forced by where the decision is taken:
+- The latency model is TurboSpec's online fit (``latency``) instead of an offline-profiled table; a
+  profiled prior can be injected. It has no CUDA-graph padding, so trimming pays less often than in the
+  paper (research/adaspec.md §2.8: the verifier's gain comes mostly from padding buckets).
+- Trimming happens before drafting, from each request's past confidences (lagged), not from the drafts
+  just made. The draft loop re-estimates f for the whole batch with batch-mean confidences.
+- c-bar is the running mean of all raw confidences since start (the authors' code) but skips the pass
+  at which ``stop_drafting`` saw f drop, as the code does.
+
+What the engine must provide: per drafted token the draft's probability of the drafted token
+(``StepRecord.draft_confidence_per_request`` with ``request_ids``), ``StepContext.request_ids`` for trimming,
+the SLO in ``StepContext.slo_tpot_s``, and per-request draft lengths to honour the caps. Without
+confidences c-bar stays at its 0.6 prior; without request ids nothing is trimmed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specserve.speculation.latency import StepLatencyModel
+from specserve.speculation.policy import Policy, register
+from specserve.speculation.slo_estimator import (
+    SLO_VIOLATION,
+    StepSeconds,
+    eliminate_drafts,
+    first_peak,
+    slo_efficiency,
+    uniform_efficiencies,
+)
+from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
+
+
+@dataclass(frozen=True, slots=True)
+class SloParams:
+    # K_max, the most draft passes per step: 8 in every AdaSpec run (§7, Fig. 13 "preset maximum of 8").
+    k_max: int = 8
+    # c-bar before any confidence is seen: the authors' code's default_confidence (adaspec.md §2.10).
+    default_confidence: float = 0.6
+    # Run the confidence prior verifier (§5.2): true is AdaSpec, false is the AdaSpec- ablation (Table 2).
+    trim: bool = True
+    # Latency fit half-life in steps, as in ``goodput`` (the paper profiles offline and never refits).
+    latency_half_life_steps: float = 1000.0
+
+    def __post_init__(self) -> None:
+        if self.k_max < 0:
+            raise ValueError(f"k_max={self.k_max} must be non-negative")
+        if not 0.0 <= self.default_confidence <= 1.0:
+            raise ValueError(f"default_confidence={self.default_confidence} must lie in [0, 1]")
+        if not self.latency_half_life_steps > 0:
+            raise ValueError(f"latency_half_life_steps={self.latency_half_life_steps} must be positive")
+
+
+@dataclass(slots=True)
+class _DraftLoop:
+    """Algorithm 1's running state within one step: what ``stop_drafting`` corrects pass by pass."""
+
+    num_running: int
+    max_passes: int
+    step_seconds: StepSeconds
+    slo_tpot_s: float | None
+    best: float  # f of the last kept pass; f(0) before any pass
+    emitted: float  # predicted emitted tokens over the batch so far (b bonus tokens + drafts)
+    survive: float = 1.0  # P_j: product of the batch-mean confidences of the passes so far
+    passes: int = 0
+
+    def efficiency(self, emitted: float, passes: int) -> float:
+        step_s = self.step_seconds(passes, self.num_running * (passes + 1))
+        return slo_efficiency(emitted, step_s, self.slo_tpot_s, speculating=passes > 0)
+
+    def break_even_confidence(self) -> float:
+        """The confidence below which the next pass's correction finds f dropped (the stop threshold)."""
+        passes = self.passes + 1
+        step_s = self.step_seconds(passes, self.num_running * (passes + 1))
+        return (self.best * step_s - self.emitted) / (self.num_running * self.survive)
+
+
+@register
+class SloPolicy(Policy):
+    """AdaSpec: first-peak k under the TPOT SLO, per-request trimming, confidence-corrected early stop."""
+
+    name = "slo"
+    Params = SloParams
+
+    def __init__(self, params: SloParams, traits: EngineTraits, latency: StepLatencyModel | None = None) -> None:
+        super().__init__(params, traits)
+        self.limit_k = min(params.k_max, traits.max_k)
+        if latency is None:
+            latency = StepLatencyModel(half_life_steps=params.latency_half_life_steps)
+        self.latency = latency
+        self._confidence_sum, self._confidence_count = 0.0, 0
+        # request id -> (sum, count) of its raw draft confidences: its own c for trimming.
+        self._request_confidence: dict[str, tuple[float, int]] = {}
+        self._loop: _DraftLoop | None = None
+        # Position at which stop_drafting saw f drop this step; its confidences stay out of c-bar.
+        self._dropped_position: int | None = None
+        self.num_slo_bound = 0  # steps whose k the SLO guard capped
+        self.num_trimmed_drafts = 0
+        self._last_efficiency = 0.0
+
+    @property
+    def mean_confidence(self) -> float:
+        """c-bar: the mean of all raw draft confidences seen, or the default before any."""
+        if self._confidence_count == 0:
+            return self.params.default_confidence
+        return self._confidence_sum / self._confidence_count
+
+    def choose(self, ctx: StepContext) -> Decision:
+        self._loop, self._dropped_position = None, None
+        self._forget_finished(ctx.request_ids)
+        if not ctx.draft_resident or ctx.num_running == 0:
+            return Decision(k=0)
+        step_seconds = self._step_seconds(ctx)
+        efficiencies = uniform_efficiencies(
+            ctx.num_running, self.mean_confidence, self.limit_k, step_seconds, ctx.slo_tpot_s
+        )
+        k = first_peak(efficiencies)
+        if k < self.limit_k and efficiencies[k + 1] == SLO_VIOLATION:
+            self.num_slo_bound += 1
+        self._last_efficiency = efficiencies[k]
+        caps: tuple[tuple[str, int], ...] = ()
+        if k > 0 and self.params.trim and len(ctx.request_ids) == ctx.num_running:
+            confidences = [self._confidence_of(rid) for rid in ctx.request_ids]
+            lengths, _ = eliminate_drafts(confidences, k, step_seconds)
+            self.num_trimmed_drafts += k * len(lengths) - sum(lengths)
+            k = max(lengths)
+            caps = tuple((rid, n) for rid, n in zip(ctx.request_ids, lengths) if n < k)
+        if k > 0:
+            self._loop = _DraftLoop(ctx.num_running, k, step_seconds, ctx.slo_tpot_s, efficiencies[0], ctx.num_running)
+        return Decision(k=k, max_k_per_request=caps)
+
+    def stop_drafting(self, position: int, confidence: float) -> bool:
+        """Predict-execute-correct after pass ``position`` (0-based): True stops drafting, keeping it.
+
+        Called by the simulator once per pass, in order, with the batch-mean confidence of the pass just
+        run. Correct: if f with the real confidence fell below the previous pass's f, stop (the pass's
+        drafts are kept, as the authors' code does). Predict: stop if one more pass at c-bar would lower f,
+        or if the chosen k is reached. Without a speculative choose() this step it never stops.
+        """
+        loop = self._loop
+        if loop is None:
+            return False
+        loop.passes = position + 1
+        loop.survive *= confidence
+        loop.emitted += loop.num_running * loop.survive
+        actual = loop.efficiency(loop.emitted, loop.passes)
+        if actual < loop.best:
+            self._dropped_position = position
+            loop.best = actual
+            return True
+        loop.best = actual
+        if loop.passes >= loop.max_passes:
+            return True
+        next_emitted = loop.emitted + loop.num_running * loop.survive * self.mean_confidence
+        predicted = loop.efficiency(next_emitted, loop.passes + 1)
+        return predicted < loop.best
+
+    def stop_threshold(self) -> float | None:
+        """Confidence below which the next ``stop_drafting`` call stops on its correction; None if no loop."""
+        return self._loop.break_even_confidence() if self._loop is not None else None
+
+    def observe(self, record: StepRecord) -> None:
+        self.latency.observe(record)
+        for i, values in enumerate(record.draft_confidence_per_request):
+            kept = values if self._dropped_position is None else values[: self._dropped_position]
+            self._confidence_sum += sum(kept)
+            self._confidence_count += len(kept)
+            if i < len(record.request_ids) and values:
+                total, count = self._request_confidence.get(record.request_ids[i], (0.0, 0))
+                self._request_confidence[record.request_ids[i]] = (total + sum(values), count + len(values))
+        self._dropped_position = None
+
+    def describe(self) -> dict[str, float]:
+        out = {f"latency_{name}": value for name, value in self.latency.coefficients().items()}
+        out["mean_confidence"] = self.mean_confidence
+        out["predicted_efficiency_tokens_per_s"] = self._last_efficiency
+        out["num_slo_bound_steps"] = float(self.num_slo_bound)
+        out["num_trimmed_drafts"] = float(self.num_trimmed_drafts)
+        return out
+
+    def _confidence_of(self, request_id: str) -> float:
+        total, count = self._request_confidence.get(request_id, (0.0, 0))
+        return total / count if count else self.mean_confidence
+
+    def _forget_finished(self, request_ids: tuple[str, ...]) -> None:
+        if request_ids and len(self._request_confidence) > len(request_ids):
+            running = set(request_ids)
+            self._request_confidence = {r: v for r, v in self._request_confidence.items() if r in running}
+
+    def _step_seconds(self, ctx: StepContext) -> StepSeconds:
+        k0_passes = int(self.traits.k0_runs_draft_pass)
+
+        def step_seconds(num_draft_passes: int, num_verified: int) -> float:
+            return self.latency.predict(
+                num_context_tokens=ctx.num_context_tokens,
+                num_batched_tokens=num_verified + ctx.num_prefill_tokens,
+                num_draft_passes=num_draft_passes if num_draft_passes > 0 else k0_passes,
+                num_running=ctx.num_running,
+            )
+
+        return step_seconds

@@ -1,0 +1,136 @@
+"""MlpPolicy: SpecKV (research/speckv.md) — the 6-16-1 predictor, its training, and the two objectives.
+
+Worked example of Eq. 1 (tokens objective): a-hat = 0.813 / 0.712 / 0.633 / 0.566 at gamma = 2 / 4 / 6 / 8 (the
+paper's FP16 mean acceptance by gamma, speckv.md §5.2) gives 2.63 / 3.85 / 4.80 / 5.53 tokens per step, so
+gamma = 8 wins — the paper's +56%-over-gamma-4 result in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from specserve.speculation import EngineTraits, MlpPolicy, StepContext, StepRecord, make_policy, train_mlp
+from specserve.speculation.goodput import best_k
+from specserve.speculation.latency import StepLatencyModel
+from specserve.speculation.mlp_fit import mean_squared_error
+from specserve.speculation.mlp_model import load_weights, predict_acceptance, step_features, weights_from_json
+from specserve.speculation.mlp_synthetic import token_entropy_bits, synthetic_samples
+from specserve.speculation.mlp_train import main
+
+
+def test_tokens_objective_worked_example() -> None:
+    rates = {2: 0.813, 4: 0.712, 6: 0.633, 8: 0.566}
+    tokens = [rates[g] * g + 1 for g in (2, 4, 6, 8)]
+    assert tokens == pytest.approx([2.626, 3.848, 4.798, 5.528])
+    assert best_k(tokens) == 3
+
+
+def test_step_features_convert_nats_to_bits() -> None:
+    mean_h, mean_c, max_h, min_c = step_features((0.9, 0.5), (math.log(2), 2 * math.log(2)))
+    assert (mean_h, mean_c, max_h, min_c) == pytest.approx((1.5, 0.7, 2.0, 0.5))
+
+
+def test_default_weights_are_synthetic_and_monotone_in_confidence() -> None:
+    weights = load_weights()
+    assert len(weights.hidden_weights) == 16 and len(weights.hidden_weights[0]) == 6
+    assert weights.provenance.startswith("synthetic")
+    for gamma in (2, 4, 6, 8):
+        for compression in (0, 1, 2):
+            curve = []
+            for step in range(20, 96, 5):
+                c = step / 100
+                h = token_entropy_bits(c, 16)
+                curve.append(predict_acceptance(weights, (h, c, h, c, compression, gamma)))
+            # A ReLU MLP is not monotone by construction: the shipped weights dip by at most 0.018 (gamma 6,
+            # nf4, around c = 0.3) over this grid, so dips up to 0.02 per 0.05 of confidence are allowed.
+            assert all(b >= a - 0.02 for a, b in zip(curve, curve[1:]))
+            assert curve[-1] > curve[0] + 0.5
+
+
+def test_training_reduces_loss_and_is_deterministic() -> None:
+    samples = synthetic_samples(300, seed=3)
+    untrained = train_mlp(samples, epochs=1, learning_rate=1e-6, seed=1)
+    trained = train_mlp(samples, epochs=15, learning_rate=3e-3, seed=1)
+    assert mean_squared_error(trained, samples) < 0.7 * mean_squared_error(untrained, samples)
+    assert train_mlp(samples, epochs=2, seed=5) == train_mlp(samples, epochs=2, seed=5)
+
+
+def test_train_main_writes_weights_from_jsonl(tmp_path) -> None:
+    lines = []
+    for features, rate in synthetic_samples(60, seed=9):
+        entry = dict(zip(("mean_draft_entropy", "mean_draft_confidence", "max_draft_entropy",
+                          "min_draft_confidence", "compression", "gamma"), features))
+        entry["compression"] = ("fp16", "int8", "nf4")[int(features[4])]
+        lines.append(json.dumps({**entry, "acceptance_rate": rate}))
+    lines.append(json.dumps({**entry, "accepted": True}))  # a flag is a 0/1 target
+    source, out = tmp_path / "samples.jsonl", tmp_path / "weights.json"
+    source.write_text("\n".join(lines) + "\n")
+    assert main([str(source), "--out", str(out), "--epochs", "2"]) == 0
+    assert weights_from_json(out.read_text()).provenance.startswith("trained on samples.jsonl")
+    source.write_text('{"gamma": 4}\n')
+    with pytest.raises(ValueError, match="line 1"):
+        main([str(source), "--out", str(out)])
+
+
+def signal_record(confidence: float, num_running: int = 4, k: int = 4) -> StepRecord:
+    entropy_nats = token_entropy_bits(confidence, 16) * math.log(2)
+    return StepRecord(now_s=0.0, k=k, duration_s=0.01, num_running=num_running, num_context_tokens=1000,
+                      num_batched_tokens=num_running * (k + 1), num_draft_passes=k, num_emitted_tokens=num_running,
+                      num_drafted_per_request=(k,) * num_running, num_accepted_per_request=(0,) * num_running,
+                      draft_confidence_per_request=((confidence,) * k,) * num_running,
+                      draft_entropy_per_request=((entropy_nats,) * k,) * num_running)
+
+
+def context(num_running: int = 4) -> StepContext:
+    return StepContext(now_s=0.0, num_running=num_running, num_waiting=0, num_context_tokens=1000 * num_running)
+
+
+def test_cost_objective_picks_smaller_k_when_verification_is_expensive() -> None:
+    # 2 ms per verified token and 5 ms per draft pass: every extra draft is dear.
+    expensive = StepLatencyModel(prior=(5e-3, 0.0, 2e-3, 5e-3, 0.0), prior_weight=1e12)
+    cost = MlpPolicy(make_policy("mlp", EngineTraits(max_k=8)).params, EngineTraits(max_k=8), latency=expensive)
+    tokens = make_policy("mlp:objective=tokens", EngineTraits(max_k=8))
+    for policy in (cost, tokens):
+        policy.observe(signal_record(0.9))
+    k_cost, k_tokens = cost.choose(context(16)).k, tokens.choose(context(16)).k
+    assert k_tokens == 8 and k_cost < k_tokens
+
+
+def test_low_confidence_lowers_gamma_under_the_tokens_objective() -> None:
+    policy = make_policy("mlp:objective=tokens,gammas=0-2-4-6-8", EngineTraits(max_k=8))
+    policy.observe(signal_record(0.95))
+    high = policy.choose(context()).k
+    policy.observe(signal_record(0.1))
+    assert policy.predicted_acceptance(2) < 0.2 and policy.choose(context()).k < high
+
+
+def test_without_signals_it_is_goodput_and_gammas_capped_by_engine() -> None:
+    policy = make_policy("mlp", EngineTraits(max_k=3))
+    assert policy.gammas == (2, 3)
+    assert policy.choose(context()) == policy.fallback.choose(context())
+    policy.observe(StepRecord(now_s=0.0, k=0, duration_s=0.01, num_running=4, num_context_tokens=4000,
+                              num_batched_tokens=4, num_draft_passes=1, num_emitted_tokens=4))
+    assert policy.features is None
+
+
+@pytest.mark.parametrize("spec", ["mlp", "mlp:gammas=1-2-3,objective=tokens,compression=nf4"])
+def test_spec_round_trips(spec: str) -> None:
+    policy = make_policy(spec, EngineTraits(max_k=8))
+    rebuilt = make_policy(policy.spec, EngineTraits(max_k=8))
+    assert type(rebuilt) is MlpPolicy and rebuilt.params == policy.params and rebuilt.spec == policy.spec
+
+
+@pytest.mark.parametrize(("spec", "named"), [
+    ("mlp:gammas=2-x", "gammas"), ("mlp:objective=speed", "objective"), ("mlp:compression=fp8", "compression"),
+    ("mlp:latency_half_life_steps=-1", "latency_half_life_steps"),
+])
+def test_bad_params(spec: str, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        make_policy(spec, EngineTraits(max_k=8))
+
+
+def test_synthetic_samples_are_reproducible() -> None:
+    assert synthetic_samples(5, seed=1) == synthetic_samples(5, seed=1)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,7 @@ def imported_roots(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("package", PURE_PACKAGES)
 def test_pure_packages_import_no_framework(package: str) -> None:
-    files = sorted((PACKAGE_ROOT / package).glob("*.py"))
+    files = sorted((PACKAGE_ROOT / package).rglob("*.py"))
     assert files, f"no modules found under specserve/{package}"
     offenders = {str(f.relative_to(PACKAGE_ROOT)): sorted(imported_roots(f) & FORBIDDEN) for f in files}
     assert not {name: roots for name, roots in offenders.items() if roots}
@@ -35,3 +37,13 @@ def test_scanner_sees_nested_and_dotted_imports(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("import os\nfrom vllm.v1 import x\n\ndef f():\n    import torch.cuda\n")
     assert imported_roots(module) == {"os", "vllm", "torch"}
+
+
+def test_importing_the_pure_packages_loads_no_framework() -> None:
+    # Transitively too: a pure module must not reach a framework through another module.
+    code = (
+        "import sys, specserve.speculation, specserve.sim, specserve.sim.cli; "
+        f"print(sorted(m for m in {sorted(FORBIDDEN)!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -7,8 +7,17 @@ requests:
     goodput(k) = B * l(k) / T_step(k)
 
 where l(k) is the expected tokens per request (Eq. 4, per position) and T_step is the online latency
-model evaluated with B * (k + 1) decode tokens plus this step's prefill chunk and k draft passes (one at
-k = 0 on engines whose k = 0 still syncs the draft, research/feasibility-2.md).
+model evaluated with B * (k + 1) decode tokens and k draft passes (one at k = 0 on engines whose k = 0 still
+syncs the draft, research/feasibility-2.md).
+
+The step's prefill chunk is left out of T_step. TurboSpec never speculates in prefill steps (§2.6); under
+chunked prefill (vLLM V1) a chunk rides along with the decodes whatever k is, so its time is not a cost of k.
+Charged to the decodes it acts like a huge fixed cost that speculation seems to amortise: with a saturated
+8192-token budget (a 7B target on an RTX 4090 at 30 QPS, bench/scenarios/) every step takes ~1.3 s, k = 4 looks
+~2.4x better than k = 0 yet fixed k = 4 has 16% less throughput: its drafts only displace prefill tokens.
+
+Two guards keep the online fit honest (research/turbospec.md §2.3 fits offline over a grid instead): a step
+at a neighbouring k once per ``explore_interval_s`` (probe.NeighbourExplorer), and the periodic probe at k = 0.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from dataclasses import dataclass
 from specserve.speculation.acceptance import PositionAcceptance
 from specserve.speculation.latency import StepLatencyModel
 from specserve.speculation.policy import Policy, register
-from specserve.speculation.probe import ZeroProbe
+from specserve.speculation.probe import NeighbourExplorer, ZeroProbe
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
 # Relative margin a larger k must beat the best smaller k by: float noise must not decide (§2.5 strict >).
@@ -44,6 +53,11 @@ class GoodputParams:
     # what k = 0 costs (vLLM's k = 0 still runs a draft pass), the acceptance prior alone would
     # otherwise keep a useless draft speculating; 2% is below any gain worth a draft.
     min_gain: float = 0.02
+    # Seconds of continuous speculation between single steps at k - 1 or k + 1 (alternating; only down at
+    # k_max; never from k = 0, where the probe runs). Without them a settled k leaves the latency fit blind
+    # to the cost of k (probe.NeighbourExplorer). At 10-50 ms steps 1 s costs 1-5% of steps at a k next to
+    # the best. math.inf ("inf") turns exploration off.
+    explore_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.k_max < 0:
@@ -60,6 +74,8 @@ class GoodputParams:
             raise ValueError(f"latency_half_life_steps={self.latency_half_life_steps} must be positive")
         if not 0.0 <= self.min_gain < 1.0:
             raise ValueError(f"min_gain={self.min_gain} must lie in [0, 1)")
+        if not self.explore_interval_s > 0:
+            raise ValueError(f"explore_interval_s={self.explore_interval_s} must be positive")
 
 
 def best_k(goodputs: Sequence[float]) -> int:
@@ -73,7 +89,8 @@ def best_k(goodputs: Sequence[float]) -> int:
 
 @register
 class GoodputPolicy(Policy):
-    """Argmax of predicted goodput over k, with a periodic probe while the argmax is 0."""
+    """Argmax of predicted goodput over k, with a periodic probe while the argmax is 0 and a periodic step
+    at a neighbouring k while it is not."""
 
     name = "goodput"
     Params = GoodputParams
@@ -90,6 +107,7 @@ class GoodputPolicy(Policy):
             latency = StepLatencyModel(half_life_steps=params.latency_half_life_steps)
         self.latency = latency
         self.probe = ZeroProbe(params.probe_interval_s)
+        self.explorer = NeighbourExplorer(params.explore_interval_s)
         self._last_goodput_tokens_per_s = 0.0
 
     def choose(self, ctx: StepContext) -> Decision:
@@ -102,8 +120,11 @@ class GoodputPolicy(Policy):
         self._last_goodput_tokens_per_s = goodputs[k]
         if k > 0:
             self.probe.speculating()
-        elif self.limit_k > 0 and self.probe.should_probe(ctx.now_s):
-            k = min(self.params.probe_k, self.limit_k)
+            k = self.explorer.neighbour(ctx.now_s, k, self.limit_k)
+        else:
+            self.explorer.stopped()
+            if self.limit_k > 0 and self.probe.should_probe(ctx.now_s):
+                k = min(self.params.probe_k, self.limit_k)
         return Decision(k=k)
 
     def observe(self, record: StepRecord) -> None:
@@ -114,12 +135,14 @@ class GoodputPolicy(Policy):
             self.probe.verdict()
 
     def predict_goodput(self, ctx: StepContext, k: int) -> float:
-        """Expected emitted tokens per second over the batch if this step speculates k."""
+        """Expected emitted tokens per second of the batch's decode work if this step speculates k.
+
+        The prefill chunk is left out of the step time: it runs whatever k is (module docstring)."""
         batch = ctx.num_running
         num_draft_passes = k if k > 0 else int(self.traits.k0_runs_draft_pass)
         step_s = self.latency.predict(
             num_context_tokens=ctx.num_context_tokens,
-            num_batched_tokens=batch * (k + 1) + ctx.num_prefill_tokens,
+            num_batched_tokens=batch * (k + 1),
             num_draft_passes=num_draft_passes,
             num_running=batch,
         )
@@ -133,4 +156,5 @@ class GoodputPolicy(Policy):
         out.update({f"latency_{name}": value for name, value in self.latency.coefficients().items()})
         out["predicted_goodput_tokens_per_s"] = self._last_goodput_tokens_per_s
         out["num_probes"] = float(self.probe.num_probes)
+        out["num_explorations"] = float(self.explorer.num_explorations)
         return out

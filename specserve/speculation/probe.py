@@ -55,3 +55,51 @@ class ZeroProbe:
         self._probe_steps_left = self.max_probe_steps - 1
         self.num_probes += 1
         return True
+
+
+class NeighbourExplorer:
+    """Says when a policy settled on one k > 0 should spend one step at a neighbouring k.
+
+    An online latency fit learns only along the directions its data varies. Once a policy settles on one
+    k, the k-dependent features (batched tokens, draft passes, passes x requests) all move with the batch
+    size and the context, so the fit cannot tell the cost of k from the cost of context and may keep the
+    policy at a too-high k for good. One step at k - 1 or k + 1 now and then puts the k-direction back in
+    the data (persistent excitation, as in adaptive control; Nightjar's exploration bins, research/nightjar.md
+    §2.5, serve the same purpose) and shows the policy the cost of the smaller k it would move down to.
+
+    Like ``ZeroProbe`` it runs on the caller's clock: one step per ``interval_s`` during which the policy's
+    own choice stayed at the same k with no gap longer than ``interval_s`` between steps (an idle engine is
+    not asked, and a policy whose k moves on its own varies the data already). Directions alternate, down
+    first; at ``limit_k`` only down.
+    """
+
+    def __init__(self, interval_s: float) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"interval_s={interval_s} must be positive (math.inf turns exploration off)")
+        self.interval_s = interval_s
+        # The k the policy has settled on, since when (or since its last exploration step), and the time of
+        # the last step asked about; None while not speculating.
+        self._k: int | None = None
+        self._since_s = 0.0
+        self._last_s = 0.0
+        self._next_up = False
+        self.num_explorations = 0
+
+    def stopped(self) -> None:
+        """The policy chose k = 0: the clock stops (at k = 0 only ``ZeroProbe`` runs)."""
+        self._k = None
+
+    def neighbour(self, now_s: float, k: int, limit_k: int) -> int:
+        """The k to run this step: ``k`` itself, or a neighbour once per interval. Needs 0 < k <= limit_k."""
+        settled = k == self._k and now_s - self._last_s <= self.interval_s
+        self._last_s = now_s
+        if not settled:
+            self._k, self._since_s = k, now_s
+            return k
+        if now_s - self._since_s < self.interval_s:
+            return k
+        self._since_s = now_s
+        up = self._next_up and k < limit_k
+        self._next_up = not up
+        self.num_explorations += 1
+        return k + 1 if up else k - 1

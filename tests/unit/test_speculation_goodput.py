@@ -13,6 +13,7 @@ from speculation_synthetic import make_record, true_step_s, varied_records
 
 from specserve.speculation import EngineTraits, GoodputPolicy, StepContext, make_policy
 from specserve.speculation.goodput import best_k
+from specserve.speculation.probe import NeighbourExplorer
 
 # Ground truth: 6 ms fixed, 0.05 us per context token, 60 us per batched token, 1 ms and 20 us per
 # request for each draft pass. At alpha = 0.7 its optimum falls from k = 3 at B = 1 to k = 1 at B = 256.
@@ -162,3 +163,82 @@ def test_speculation_must_pay_a_minimum_gain_over_k0() -> None:
     for record in varied_records(seed=11, coefficients=free_verify, alpha=0.01, max_k=4, num_steps=3000):
         eager.observe(record)
     assert eager.choose(context(4)).k == 1
+
+
+# Compute-bound ground truth: 150 us per batched token dominates, so at B ~ 240 and alpha = 0.66 k = 0 is best
+# (k = 0: 256 tokens in 47 ms; k = 1: 425 tokens in 85 ms), while small batches gain from speculating.
+COMPUTE_BOUND = (5e-3, 0.0, 150e-6, 1e-3, 10e-6)
+
+
+def stuck_then_closed_loop(spec: str, seconds: float, seed: int = 0) -> list[tuple[float, int]]:
+    """Feed 200 steps at k = 4 while the batch grows 8 -> 207 (the policy sat at k_max as load rose, so every
+    k-dependent feature grew with B and context), then run the policy closed loop at B in 224..256."""
+    policy = make_policy(spec, EngineTraits(max_k=4))
+    rng, now_s = random.Random(seed), 0.0
+    for step in range(200):
+        num_running = 8 + step
+        policy.observe(make_record(rng, COMPUTE_BOUND, now_s=now_s, k=4, num_running=num_running, alpha=0.66,
+                                   num_context_tokens=CONTEXT_PER_REQUEST * num_running))
+        now_s += 0.05
+    start_s, chosen = now_s, []
+    while now_s - start_s < seconds:
+        num_running = rng.randint(224, 256)
+        k = policy.choose(context(num_running, now_s)).k
+        record = make_record(rng, COMPUTE_BOUND, now_s=now_s, k=k, num_running=num_running, alpha=0.66,
+                             num_context_tokens=CONTEXT_PER_REQUEST * num_running)
+        policy.observe(record)
+        chosen.append((now_s - start_s, k))
+        now_s += record.duration_s
+    return chosen
+
+
+def test_exploration_brings_a_policy_stuck_at_k_max_down_to_zero() -> None:
+    """Without exploration the fit, having seen only k = 4, keeps k = 4 for good; one neighbouring step per
+    second walks it down to 0 within seconds, after which only probes (k = 1) leave 0."""
+    stuck = stuck_then_closed_loop("goodput:k_max=4,explore_interval_s=inf", seconds=20.0)
+    assert {k for _, k in stuck} == {4}
+    for seed in range(3):
+        chosen = stuck_then_closed_loop("goodput:k_max=4,explore_interval_s=1.0", seconds=20.0, seed=seed)
+        first_zero_s = next(t for t, k in chosen if k == 0)
+        assert first_zero_s < 5.0
+        late = [k for t, k in chosen if t > 10.0]
+        assert set(late) <= {0, 1} and sum(k > 0 for k in late) < 0.05 * len(late)
+
+
+def test_settled_policy_explores_one_neighbour_per_interval() -> None:
+    """A perfect draft on overhead-dominated steps settles at k_max = 4: one step at k = 3 per interval."""
+    overhead = (20e-3, 0.01e-6, 1e-6, 0.1e-3, 1e-6)
+    policy = make_policy("goodput:k_max=4,prior_alpha=1.0,explore_interval_s=0.5", EngineTraits(max_k=4))
+    rng, now_s, chosen = random.Random(1), 0.0, []
+    while now_s < 10.0:
+        k = policy.choose(context(8, now_s)).k
+        record = make_record(rng, overhead, now_s=now_s, k=k, num_running=8, alpha=1.0,
+                             num_context_tokens=CONTEXT_PER_REQUEST * 8)
+        policy.observe(record)
+        chosen.append(k)
+        now_s += record.duration_s
+    assert set(chosen) == {3, 4}
+    assert chosen.count(3) == policy.describe()["num_explorations"] == 19  # 10 s / 0.5 s, the first starts the clock
+    assert max(b - a for a, b in zip(chosen, chosen[1:])) == 1  # single steps: back to 4 right after
+
+
+def test_explorer_alternates_and_restarts_after_gaps_or_moves() -> None:
+    explorer = NeighbourExplorer(interval_s=1.0)
+    assert [explorer.neighbour(t, 2, limit_k=4) for t in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)] == [2, 2, 1, 2, 3, 1]
+    assert explorer.neighbour(3.5, 4, limit_k=4) == 4  # the policy moved: the clock restarts
+    assert explorer.neighbour(4.5, 4, limit_k=4) == 3  # at limit_k only down, whatever the turn
+    assert explorer.neighbour(6.0, 4, limit_k=4) == 4  # 1.5 s since the last step (an idle engine): restart
+    assert explorer.neighbour(6.5, 4, limit_k=4) == 4
+    explorer.stopped()  # k = 0: the probe's turn
+    assert explorer.neighbour(7.0, 4, limit_k=4) == 4
+    assert explorer.num_explorations == 4
+
+
+def test_prefill_chunk_is_not_charged_to_k() -> None:
+    """A chunk that runs whatever k is must not make speculation look cheap: with 8192 prefill tokens in
+    the step, charging them to the decodes would amortise them like a fixed cost and favour k = 4."""
+    policy = trained_policy(COMPUTE_BOUND, alpha=0.66, k_max=4)
+    decode_only = context(240)
+    with_chunk = StepContext(now_s=0.0, num_running=240, num_waiting=50, num_prefill_tokens=8192,
+                             num_context_tokens=CONTEXT_PER_REQUEST * 240)
+    assert policy.choose(decode_only).k == policy.choose(with_chunk).k == 0

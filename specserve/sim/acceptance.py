@@ -34,10 +34,23 @@ class AcceptanceModel:
         alphas[inner] = rng.beta(means[inner] * c, (1 - means[inner]) * c)
         return alphas
 
+    def position_probs(self, alphas: np.ndarray, num_positions: int) -> np.ndarray:
+        """Acceptance probability per request and draft position, shape (len(alphas), num_positions)."""
+        return alphas[:, None] * self.position_factors[:num_positions]
+
+    def sample_passed(self, probs: np.ndarray, num_drafts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Independent verdicts per position (bool, shape of probs); False past a request's own num_drafts."""
+        passed = rng.random(probs.shape) < probs
+        # A request given fewer drafts than the widest row (cap or token budget) cannot accept past its own.
+        passed &= np.arange(probs.shape[1]) < num_drafts[:, None]
+        return passed
+
     def sample_accepted(self, alphas: np.ndarray, num_drafts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Accepted-prefix length per request, 0..num_drafts[i]; both arrays are aligned, num_drafts >= 1."""
-        k = int(num_drafts.max())
-        passed = rng.random((len(alphas), k)) < alphas[:, None] * self.position_factors[:k]
-        # A request given fewer than k drafts (the token budget cut it) cannot accept past its own.
-        passed &= np.arange(k) < num_drafts[:, None]
-        return np.cumprod(passed, axis=1).sum(axis=1)
+        passed = self.sample_passed(self.position_probs(alphas, int(num_drafts.max())), num_drafts, rng)
+        return accepted_prefix(passed)
+
+
+def accepted_prefix(passed: np.ndarray) -> np.ndarray:
+    """Per row, the number of leading True verdicts: the target keeps the longest accepted prefix."""
+    return np.cumprod(passed, axis=1).sum(axis=1)

@@ -20,6 +20,9 @@ class RequestTable:
         self.arrival_s = workload.arrival_s
         self.prompt_tokens = workload.prompt_tokens
         self.output_tokens = workload.output_tokens
+        # Stable id per request for policies that keep per-request state (StepContext.request_ids): its
+        # workload row as a string, in an object array so a batch's ids are one fancy index away.
+        self.request_ids = np.array([str(i) for i in range(n)], dtype=object)
         # The request's own acceptance rate at draft position 0 (acceptance.AcceptanceModel).
         self.alpha = alphas
         # Output tokens generated so far; kept here while the request is not running (waiting after a

@@ -118,6 +118,24 @@ class Regime(_Closed):
     mean: float = Field(ge=0, le=1, description="their mean per-token acceptance")
 
 
+class SignalsConfig(_Closed):
+    """Draft-side signals per drafted token (signals.SignalModel): confidence, entropy, KL(target || draft)."""
+
+    enabled: bool = Field(
+        True, description="generate them (the slo, kld and mlp policies read them); false: records carry none"
+    )
+    confidence_concentration: float = Field(
+        4.0, gt=0, description="kappa of the Beta confidences around each position's acceptance probability; "
+        "token-level corr(confidence, accepted) = 1/sqrt(kappa + 1)"
+    )
+    max_alternatives: float = Field(
+        256.0, ge=1, description="the draft's remaining mass spreads over 1..this many tokens (log-uniform)"
+    )
+    kl_scale: float = Field(
+        2.0, ge=0, description="mean KL(target || draft) in nats per squared miss (1 - confidence)^2; 2 is Pinsker's"
+    )
+
+
 class AcceptanceConfig(_Closed):
     mean: float = Field(ge=0, le=1, description="mean per-request alpha (e.g. TurboSpec Table 3)")
     concentration: float | None = Field(
@@ -125,11 +143,14 @@ class AcceptanceConfig(_Closed):
     )
     decay: float = Field(1.0, gt=0, le=1, description="alpha_j = alpha * decay**j at draft position j")
     regimes: list[Regime] = Field(default_factory=list, description="later means, by request arrival time")
+    signals: SignalsConfig = Field(default_factory=SignalsConfig, description="draft confidence, entropy and KL")
 
 
 class SloConfig(_Closed):
-    max_ttft_s: float | None = Field(None, gt=0)
-    max_tpot_s: float | None = Field(None, gt=0)
+    max_ttft_s: float | None = Field(None, gt=0, description="time to first token cap per request")
+    max_tpot_s: float | None = Field(
+        None, gt=0, description="mean time per output token cap per request; also StepContext.slo_tpot_s (AdaSpec)"
+    )
 
 
 class Scenario(_Closed):

@@ -2,13 +2,16 @@
 
 Each step reads like the real engine's (design.md, "The per-step control loop"): build a StepContext
 before scheduling, as the scheduler subclass in replicas/ does -> ``policy.choose`` -> schedule with
-that k (running requests first, preempting from the tail when KV runs out, then admitting waiting
-requests if nothing was preempted) -> price the step -> at its end, apply it and ``policy.observe``.
+that k and the decision's per-request caps (running requests first, preempting from the tail when KV
+runs out, then admitting waiting requests if nothing was preempted) -> draft (drafting.py: verdicts,
+draft-side signals, the policy's early stop) and price the step -> at its end, apply it and
+``policy.observe``.
 
 Simple model, stated once: a step's drafts are proposed and verified in the same step (k draft passes,
 then one target pass over B * (k + 1) decode tokens plus prefill chunks). vLLM verifies in step t the
 drafts proposed in step t - 1; the cost per step and the tokens per step are the same in steady state.
-KV slots for the k drafts are allocated with the step; rejected slots stay allocated to the request.
+KV slots for the planned drafts are allocated with the step, before drafting (as vLLM's scheduler does),
+so drafts an early stop never made keep their slots too; rejected slots stay allocated to the request.
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specserve.sim.acceptance import AcceptanceModel
 from specserve.sim.batch import RequestTable, RunningBatch
 from specserve.sim.config import EngineConfig
+from specserve.sim.drafting import Drafter, Drafts, ragged
 from specserve.sim.latency import StepTimer
-from specserve.speculation import Policy, StepContext, StepRecord
+from specserve.speculation import Decision, Policy, StepContext, StepRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +50,7 @@ class _Grant:
     """Tokens granted to each running row this step, aligned with the batch."""
 
     tokens: np.ndarray  # target tokens computed this step: new tokens plus verified drafts
-    drafts: np.ndarray  # of which drafts (0 for rows that prefill)
+    drafts: np.ndarray  # of which drafts (0 for rows that prefill), each at most the row's cap
     new_blocks: np.ndarray  # KV blocks to allocate
 
 
@@ -70,9 +73,9 @@ class Replica:
         num_kv_blocks: int,
         timer: StepTimer,
         policy: Policy,
-        acceptance: AcceptanceModel,
+        drafter: Drafter,
         table: RequestTable,
-        rng: np.random.Generator,
+        slo_tpot_s: float | None = None,
         on_step: StepListener | None = None,
     ) -> None:
         self.index = index
@@ -81,9 +84,9 @@ class Replica:
         self.num_kv_blocks_free = num_kv_blocks
         self.timer = timer
         self.policy = policy
-        self.acceptance = acceptance
+        self.drafter = drafter
         self.table = table
-        self.rng = rng
+        self.slo_tpot_s = slo_tpot_s
         self.on_step = on_step
         self.batch = RunningBatch()
         self.waiting: deque[int] = deque()
@@ -112,12 +115,14 @@ class Replica:
         if not self.batch.ids.size and not self.waiting:
             return None  # an idle engine runs no step, so its policy is not asked
         ctx = self._context(now_s)
-        k = self.policy.choose(ctx).k
+        decision = self.policy.choose(ctx)
+        k = decision.k
         if not 0 <= k <= self.cfg.max_k:
             raise ValueError(f"policy {self.policy.spec!r} chose k={k} outside 0..{self.cfg.max_k}")
-        grant, num_preempted = self._make_room(k)
+        caps = self._caps(decision, ctx.request_ids)
+        grant, num_preempted = self._make_room(k, caps)
         if num_preempted == 0 and self._admit(grant):
-            grant = self._grant(k)
+            grant = self._grant(k, caps)
         if not grant.tokens.any():
             return None
         self.num_kv_blocks_free -= int(grant.new_blocks.sum())
@@ -166,13 +171,35 @@ class Replica:
             num_prefill_tokens=min(pending_prefill, self.cfg.max_num_batched_tokens),
             num_kv_blocks_free=self.num_kv_blocks_free,
             num_kv_blocks_total=self.num_kv_blocks_total,
+            request_ids=tuple(self.table.request_ids[b.ids]),
+            slo_tpot_s=self.slo_tpot_s,
         )
 
-    def _grant(self, k: int) -> _Grant:
-        """Token budget in priority order: a decode asks 1 + k, a prefill its remaining prompt (chunked)."""
+    def _caps(self, decision: Decision, request_ids: tuple[str, ...]) -> np.ndarray | None:
+        """Drafts allowed per running row (aligned with ``request_ids``), or None when no request is capped.
+
+        Rows stay aligned through scheduling: preemption drops rows from the tail, admission appends
+        prefills (which draft nothing) after them.
+        """
+        if not decision.max_k_per_request:
+            return None
+        row_of = {rid: row for row, rid in enumerate(request_ids)}
+        caps = np.full(len(request_ids), decision.k, dtype=np.int64)
+        for rid, cap in decision.max_k_per_request:
+            row = row_of.get(rid)
+            if row is None or cap < 0:
+                raise ValueError(f"policy {self.policy.spec!r} capped request {rid!r} at {cap}: not running or < 0")
+            caps[row] = min(cap, decision.k)
+        return caps
+
+    def _grant(self, k: int, caps: np.ndarray | None) -> _Grant:
+        """Token budget in priority order: a decode asks 1 + its k (or cap), a prefill its remaining prompt."""
         b, bs = self.batch, self.cfg.block_size
         remaining = b.prompt + b.num_output - b.num_computed
         decoding = (remaining == 1) & (b.num_output > 0)
+        if caps is not None:
+            n = len(b)
+            k = caps[:n] if n <= len(caps) else np.concatenate((caps, np.full(n - len(caps), k)))
         need = np.where(decoding, 1 + k, remaining)
         before = np.cumsum(need) - need
         tokens = np.minimum(np.maximum(self.cfg.max_num_batched_tokens - before, 0), need)
@@ -182,10 +209,10 @@ class Replica:
         new_blocks = np.maximum((b.num_computed + tokens + bs - 1) // bs - b.num_blocks, 0)
         return _Grant(tokens, drafts, new_blocks)
 
-    def _make_room(self, k: int) -> tuple[_Grant, int]:
+    def _make_room(self, k: int, caps: np.ndarray | None) -> tuple[_Grant, int]:
         """Preempt from the tail (recompute) until the running requests' new KV fits; count them."""
         num_preempted = 0
-        grant = self._grant(k)
+        grant = self._grant(k, caps)
         while len(self.batch) and int(grant.new_blocks.sum()) > self.num_kv_blocks_free:
             b, last = self.batch, len(self.batch) - 1
             request = int(b.ids[last])
@@ -196,7 +223,7 @@ class Replica:
             self._num_waiting_tokens += int(b.prompt[last] + b.num_output[last])
             b.keep(slice(0, last))
             num_preempted += 1
-            grant = self._grant(k)
+            grant = self._grant(k, caps)
         return grant, num_preempted
 
     def _admit(self, grant: _Grant) -> bool:
@@ -225,31 +252,66 @@ class Replica:
 
     def _price(self, now_s: float, k: int, grant: _Grant, num_preempted: int) -> _Pending:
         b = self.batch
+        rows = np.flatnonzero(grant.drafts)
+        accepted = np.zeros(len(b), dtype=np.int64)
+        drafts = None
+        if len(rows):
+            drafts = self.drafter.draft(b.alpha[rows], grant.drafts[rows])
+            accepted[rows] = drafts.accepted
+            if drafts.stopped_early:
+                grant = self._verify_only_drafted(grant, rows, drafts.drafted)
         scheduled = grant.tokens > 0
         new_tokens = grant.tokens - grant.drafts
-        drafting = grant.drafts > 0
-        accepted = np.zeros(len(b), dtype=np.int64)
-        rows = np.flatnonzero(drafting)
-        if len(rows):
-            accepted[rows] = self.acceptance.sample_accepted(b.alpha[rows], grant.drafts[rows], self.rng)
-        if len(rows):
-            num_passes = int(grant.drafts.max())
-        else:
-            num_passes = int(k > 0 or self.cfg.k0_runs_draft_pass)
+        num_passes = int(drafts.drafted.max()) if drafts else int(k > 0 or self.cfg.k0_runs_draft_pass)
         if num_passes:
             first_pass_tokens = int(new_tokens.sum() + b.draft_lag[scheduled].sum())
             b.draft_lag[scheduled] = 0
+            draft_pass_tokens = [first_pass_tokens, *self._further_pass_tokens(drafts, num_passes)]
         else:
-            first_pass_tokens = 0
+            draft_pass_tokens = []
             b.draft_lag += new_tokens
         num_context = int(b.num_computed[scheduled].sum())
         num_batched = int(grant.tokens.sum())
-        duration_s = self.timer.step_s(num_context, num_batched, num_passes, first_pass_tokens, len(rows))
+        duration_s = self.timer.step_s(num_context, num_batched, draft_pass_tokens)
         sampled = scheduled & (b.num_computed + new_tokens == b.prompt + b.num_output)
-        drafted_rows, accepted_rows = grant.drafts[rows], accepted[rows]
-        self.num_drafted += int(drafted_rows.sum())
-        self.num_accepted += int(accepted_rows.sum())
-        record = StepRecord(
+        record = self._record(now_s, k, duration_s, scheduled, num_context, num_batched, num_passes,
+                              int(sampled.sum() + accepted.sum()), rows, drafts)
+        self.num_drafted += record.num_drafted
+        self.num_accepted += record.num_accepted
+        self.series_time_s.append(now_s)
+        self.series_k.append(k)
+        self.series_running.append(record.num_running)
+        return _Pending(grant, accepted, sampled, record, num_preempted)
+
+    @staticmethod
+    def _further_pass_tokens(drafts: Drafts | None, num_passes: int) -> list[int]:
+        """Pass j >= 2 proposes one token for each request that drafts at least j tokens."""
+        if drafts is None:
+            return []
+        if int(drafts.drafted.min()) == num_passes:
+            return [len(drafts.drafted)] * (num_passes - 1)
+        return (drafts.drafted[:, None] >= np.arange(2, num_passes + 1)).sum(axis=0).tolist()
+
+    @staticmethod
+    def _verify_only_drafted(grant: _Grant, rows: np.ndarray, drafted: np.ndarray) -> _Grant:
+        """After an early stop the target verifies only the drafts made; KV blocks stay as allocated."""
+        drafts = grant.drafts.copy()
+        drafts[rows] = drafted
+        return _Grant(grant.tokens - grant.drafts + drafts, drafts, grant.new_blocks)
+
+    def _record(self, now_s: float, k: int, duration_s: float, scheduled: np.ndarray, num_context: int,
+                num_batched: int, num_passes: int, num_emitted: int, rows: np.ndarray,
+                drafts: Drafts | None) -> StepRecord:
+        drafted = accepted = request_ids = confidence = entropy = kl = ()
+        if drafts is not None:
+            drafted, accepted = tuple(drafts.drafted.tolist()), tuple(drafts.accepted.tolist())
+            request_ids = tuple(self.table.request_ids[self.batch.ids[rows]])
+            if drafts.signals is not None:
+                uniform = num_passes == int(drafts.drafted.min())
+                confidence = ragged(drafts.signals.confidence, drafts.drafted, uniform)
+                entropy = ragged(drafts.signals.entropy_nats, drafts.drafted, uniform)
+                kl = ragged(drafts.signals.kl_nats, drafts.drafted, uniform)
+        return StepRecord(
             now_s=now_s,
             k=k,
             duration_s=duration_s,
@@ -258,11 +320,11 @@ class Replica:
             num_batched_tokens=num_batched,
             num_draft_passes=num_passes,
             # Sampler output, as vLLM counts it: tokens past a request's max_tokens are dropped later.
-            num_emitted_tokens=int(sampled.sum() + accepted.sum()),
-            num_drafted_per_request=tuple(drafted_rows.tolist()),
-            num_accepted_per_request=tuple(accepted_rows.tolist()),
+            num_emitted_tokens=num_emitted,
+            num_drafted_per_request=drafted,
+            num_accepted_per_request=accepted,
+            request_ids=request_ids,
+            draft_confidence_per_request=confidence,
+            draft_entropy_per_request=entropy,
+            kl_per_request=kl,
         )
-        self.series_time_s.append(now_s)
-        self.series_k.append(k)
-        self.series_running.append(record.num_running)
-        return _Pending(grant, accepted, sampled, record, num_preempted)

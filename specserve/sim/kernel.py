@@ -3,7 +3,9 @@
 One ``Simulator`` per run, with its own event queue and RNG streams (house rule 9: no global simulator).
 The seed fans out into independent streams (numpy SeedSequence.spawn): the workload and each request's
 alpha come from streams no policy can touch, so every policy of a comparison sees the very same requests;
-each replica draws its acceptance verdicts from its own stream.
+each replica draws its acceptance verdicts from its own stream and its draft-side signals from another
+(signals.py), so turning signals on or off changes no verdict. Streams are spawned in a fixed order
+(workload, alpha, verdicts per replica, signals per replica): adding the signal streams kept the others.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import numpy as np
 
 from specserve.sim.acceptance import AcceptanceModel
 from specserve.sim.batch import RequestTable
+from specserve.sim.drafting import Drafter
 from specserve.sim.engine import Replica, StepListener
 from specserve.sim.events import EventQueue, Phase
 from specserve.sim.scenario import ResolvedScenario, ScenarioError
+from specserve.sim.signals import SignalModel
 from specserve.sim.workload import Workload, build_workload
-from specserve.speculation import EngineTraits, make_policy
+from specserve.speculation import EngineTraits, Policy, make_policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +70,11 @@ class Simulator:
     def run(self) -> SimResult:
         started = time.perf_counter()
         scenario, engine = self.resolved.scenario, self.resolved.scenario.engine
+        num_replicas = scenario.num_replicas
         workload_rng, alpha_rng, *replica_rngs = (
-            np.random.default_rng(s) for s in np.random.SeedSequence(self.seed).spawn(2 + scenario.num_replicas)
+            np.random.default_rng(s) for s in np.random.SeedSequence(self.seed).spawn(2 + 2 * num_replicas)
         )
+        verdict_rngs, signal_rngs = replica_rngs[:num_replicas], replica_rngs[num_replicas:]
         # Trace paths are absolute once load_scenario has read a file; a scenario built in code may use
         # paths relative to the working directory.
         workload = build_workload(scenario.workload, Path.cwd(), engine.max_model_len, workload_rng)
@@ -76,11 +82,16 @@ class Simulator:
         acceptance = AcceptanceModel(scenario.acceptance, engine.max_k)
         table = RequestTable(workload, acceptance.draw_alphas(workload.arrival_s, alpha_rng))
         traits = EngineTraits(max_k=engine.max_k, k0_runs_draft_pass=engine.k0_runs_draft_pass)
-        replicas = [
-            Replica(i, engine, self.resolved.num_kv_blocks, self.resolved.timer, make_policy(self.policy_spec, traits),
-                    acceptance, table, rng, self.on_step)
-            for i, rng in enumerate(replica_rngs)
-        ]
+        signals = SignalModel(scenario.acceptance.signals) if scenario.acceptance.signals.enabled else None
+        slo_tpot_s = scenario.slo.max_tpot_s if scenario.slo is not None else None
+        replicas = []
+        for i, (verdict_rng, signal_rng) in enumerate(zip(verdict_rngs, signal_rngs)):
+            policy = make_policy(self.policy_spec, traits)
+            # Only a policy that overrides the hook is asked within the draft loop (chosen once, here).
+            stop = policy.stop_drafting if type(policy).stop_drafting is not Policy.stop_drafting else None
+            drafter = Drafter(acceptance, signals, verdict_rng, signal_rng, stop)
+            replicas.append(Replica(i, engine, self.resolved.num_kv_blocks, self.resolved.timer, policy, drafter,
+                                    table, slo_tpot_s, self.on_step))
         trace: list[TraceEntry] = []
         end_s = self._loop(workload, replicas, trace)
         return SimResult(self.resolved, self.policy_spec, self.seed, workload, table, replicas, end_s,

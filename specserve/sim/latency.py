@@ -15,6 +15,7 @@ Each forward pass is priced by a ``ForwardCost``:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -98,23 +99,14 @@ class StepTimer:
     # Scheduling, sampling and output processing per step, outside any forward pass.
     step_overhead_s: float
 
-    def step_s(
-        self,
-        num_context_tokens: int,
-        num_batched_tokens: int,
-        num_draft_passes: int,
-        draft_first_pass_tokens: int,
-        num_drafting: int,
-    ) -> float:
-        """Seconds for one step.
+    def step_s(self, num_context_tokens: int, num_batched_tokens: int, draft_pass_tokens: Sequence[int]) -> float:
+        """Seconds for one step; ``draft_pass_tokens`` holds the tokens of each draft pass, in order.
 
         The draft's first pass consumes the tokens new to it (prefill chunks, last step's bonus tokens,
-        and any catch-up after steps it skipped); each further pass proposes one token per drafting
-        request. The draft reads the same context the target does.
+        and any catch-up after steps it skipped); each further pass proposes one token per request still
+        drafting (drafting.py). The draft reads the same context the target does. Empty: no draft pass.
         """
         total_s = self.step_overhead_s + self.target.forward_s(num_context_tokens, num_batched_tokens)
-        if num_draft_passes > 0:
-            total_s += self.draft.forward_s(num_context_tokens, draft_first_pass_tokens)
-            if num_draft_passes > 1:
-                total_s += (num_draft_passes - 1) * self.draft.forward_s(num_context_tokens, num_drafting)
+        for num_tokens in draft_pass_tokens:
+            total_s += self.draft.forward_s(num_context_tokens, num_tokens)
         return total_s

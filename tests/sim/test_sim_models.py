@@ -20,7 +20,7 @@ BATCH, CONTEXT_TOKENS = 50, 50 * 300
 def step_ms(latency_kind: str, k: int) -> float:
     timer = resolve(small_scenario(latency={"kind": latency_kind})).timer
     passes = k if k else 1
-    return 1e3 * timer.step_s(CONTEXT_TOKENS, BATCH * (k + 1), passes, BATCH, BATCH)
+    return 1e3 * timer.step_s(CONTEXT_TOKENS, BATCH * (k + 1), [BATCH] * passes)
 
 
 @pytest.mark.parametrize("kind", ["linear", "roofline"])

@@ -1,0 +1,84 @@
+"""One step's drafting: verdicts, draft-side signals, and the policy's early stop, for the drafting rows.
+
+The scheduler has already granted each drafting row its planned drafts: the batch k, lowered by the
+request's cap from ``Decision.max_k_per_request`` or by the token budget. Then, all drawn at step start:
+
+1. verdicts for every planned position, from the replica's acceptance stream (acceptance.py);
+2. signals given those verdicts, from the replica's signal stream (signals.py), unless turned off;
+3. the draft loop: after pass j (0-based) the policy's ``stop_drafting(j, c_j)`` is asked, with c_j the
+   mean confidence over the requests that drafted at j (the Policy contract: one call per pass with the
+   batch mean). True keeps the drafts so far and runs no further pass for any request. The hook is
+   only called for policies that override it, and only with signals on (no confidence, no early stop).
+
+Cost model (latency.StepTimer): a draft pass is one batched forward; the step runs max_i d_i passes, d_i
+the drafts request i proposed after its cap and any early stop, and pass j >= 2 carries one token per
+request still drafting. A request that stopped early waits for the batch's last pass (the straggler effect
+DSDE's cap targets, research/dsde.md §1); the target verifies only the drafts made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from specserve.sim.acceptance import AcceptanceModel, accepted_prefix
+from specserve.sim.signals import DraftSignals, SignalModel
+
+# Policy.stop_drafting(position, confidence) -> stop now?
+StopHook = Callable[[int, float], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Drafts:
+    """What the drafting rows of one step proposed and the target accepted, aligned with those rows."""
+
+    drafted: np.ndarray  # drafts proposed per row, 1..planned (early stop shortens it)
+    accepted: np.ndarray  # accepted prefix per row, 0..drafted
+    signals: DraftSignals | None  # (rows, planned.max()) arrays; only columns < drafted are real
+    # The policy stopped the draft loop before some row's planned drafts: the target verifies fewer.
+    stopped_early: bool = False
+
+
+class Drafter:
+    def __init__(
+        self,
+        acceptance: AcceptanceModel,
+        signals: SignalModel | None,
+        verdict_rng: np.random.Generator,
+        signal_rng: np.random.Generator,
+        stop: StopHook | None,
+    ) -> None:
+        self.acceptance = acceptance
+        self.signals = signals
+        self.verdict_rng = verdict_rng
+        self.signal_rng = signal_rng
+        self.stop = stop if signals is not None else None
+
+    def draft(self, alphas: np.ndarray, planned: np.ndarray) -> Drafts:
+        """Draft for rows with ``planned`` >= 1 drafts each (aligned with ``alphas``)."""
+        probs = self.acceptance.position_probs(alphas, int(planned.max()))
+        passed = self.acceptance.sample_passed(probs, planned, self.verdict_rng)
+        signals = None if self.signals is None else self.signals.sample(probs, passed, self.signal_rng)
+        num_passes = passed.shape[1] if self.stop is None else self._num_passes(planned, signals.confidence)
+        if num_passes == passed.shape[1]:
+            return Drafts(planned, accepted_prefix(passed), signals)
+        passed = passed[:, :num_passes]
+        return Drafts(np.minimum(planned, num_passes), accepted_prefix(passed), signals, stopped_early=True)
+
+    def _num_passes(self, planned: np.ndarray, confidence: np.ndarray) -> int:
+        """Ask the policy after every pass run; the first True ends the loop after that pass."""
+        drafting = np.arange(confidence.shape[1]) < planned[:, None]
+        means = ((confidence * drafting).sum(axis=0) / drafting.sum(axis=0)).tolist()
+        for position, mean in enumerate(means):
+            if self.stop(position, mean):
+                return position + 1
+        return len(means)
+
+
+def ragged(values: np.ndarray, lengths: np.ndarray, uniform: bool) -> tuple[tuple[float, ...], ...]:
+    """Row i's first lengths[i] values as the nested tuples StepRecord carries; ``uniform``: all equal."""
+    if uniform:
+        return tuple(map(tuple, values[:, : int(lengths[0])].tolist()))
+    return tuple(tuple(row[:n]) for row, n in zip(values.tolist(), lengths.tolist()))

@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.specserve-installed
 EXTRA  := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 PYTEST_ARGS ?=
 
-.PHONY: install serve test test-slow bench-acceptance clean
+.PHONY: install serve test test-slow bench-serve bench-sim clean
 
 install: $(STAMP)
 
@@ -24,6 +24,13 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m slow $(PYTEST_ARGS)
+
+# Benchmarks print numbers (JSON); they are not tests.
+bench-serve: $(STAMP)
+	$(BIN)/python bench/serve_footprint.py
+
+bench-sim: $(STAMP)
+	$(BIN)/python bench/sim_speed.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,4 +1,4 @@
-"""``specserve sim ...``: list the built-in scenarios and compare policies on one.
+"""``specserve sim ...``: list the built-in scenarios, compare policies on one, reproduce the papers' tables.
 
 The lead wires it into the main command line as
 
@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from tqdm import tqdm
 
 from specserve.sim.metrics import summarize
+from specserve.sim.reproduce import PAPERS, reproduce
 from specserve.sim.runner import simulate
 from specserve.sim.scenario import ScenarioError, builtin_scenarios, load_scenario, resolve
 from specserve.speculation import EngineTraits, make_policy
@@ -27,6 +29,9 @@ DEFAULT_POLICIES = "fixed:k=0,fixed:k=3,adaptive"
 # Columns of the compare table, in JSON key order.
 COLUMNS = ("throughput_tok_s", "goodput_tok_s", "mean_e2e_s", "p99_e2e_s", "mean_ttft_s", "mean_tpot_s",
            "acceptance", "mean_k", "k_switches", "wall_s")
+
+
+QUICK_S = 10.0  # arrival window of every scenario under --quick
 
 
 class CommandError(Exception):
@@ -49,6 +54,14 @@ def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> 
     compare.add_argument("--seed", type=int, default=0, help="run seed: same seed, same result (default: 0)")
     compare.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     compare.set_defaults(sim_handler=_compare)
+    repro = commands.add_parser("reproduce", help="run each paper's closest scenarios and write reports beside it")
+    repro.add_argument("--seed-paper", action="append", metavar="NAME",
+                       help=f"one paper (repeatable; default: all of {', '.join(PAPERS)})")
+    repro.add_argument("--out", type=Path, default=Path("bench/results"),
+                       help="folder for <paper>.md and the PNGs (default: bench/results)")
+    repro.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
+    repro.add_argument("--quick", action="store_true", help=f"squeeze every scenario's arrivals into {QUICK_S:g} s")
+    repro.set_defaults(sim_handler=_reproduce)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,6 +123,16 @@ def _compare(args: argparse.Namespace) -> int:
         print(json.dumps({"scenario": scenario.name, "seed": args.seed, "results": results}, indent=2))
     else:
         _print_table(scenario.name, results)
+    return 0
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    papers = args.seed_paper or list(PAPERS)
+    unknown = [name for name in papers if name not in PAPERS]
+    if unknown:
+        raise CommandError(f"unknown paper {', '.join(map(repr, unknown))}; known: {', '.join(PAPERS)}")
+    for path in reproduce(papers, args.out, args.seed, QUICK_S if args.quick else None):
+        print(path)
     return 0
 
 

@@ -1,0 +1,76 @@
+"""PNG plots for ``specserve sim reproduce``: one function per figure.
+
+matplotlib is imported inside each function with the Agg backend, so importing the simulator never pulls it in
+and the plots render without a display.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def throughput_bars(path: Path, title: str, policies: list[str], throughput_tok_s: list[float]) -> Path:
+    """Output-token throughput per policy, one bar each."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(policies) + 2), 4))
+    bars = ax.bar(range(len(policies)), throughput_tok_s, color="tab:blue")
+    ax.bar_label(bars, fmt="%.0f", fontsize=8)
+    ax.set_xticks(range(len(policies)), policies, rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel("output throughput (tok/s)")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def k_over_time(
+    path: Path,
+    title: str,
+    series: dict[str, list[dict[str, list]]],
+    rate_curve: tuple[list[float], list[float]],
+    bin_s: float = 2.0,
+) -> Path:
+    """Mean chosen k per ``bin_s`` window for each policy, over the scenario's arrival rate (step curve).
+
+    ``series`` maps policy -> metrics.k_series (per replica: time_s, k); ``rate_curve`` is (segment edges in
+    seconds, rate per segment in requests/s) with one more edge than rates.
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for policy, replicas in series.items():
+        times = np.concatenate([np.asarray(r["time_s"], dtype=float) for r in replicas] or [np.zeros(0)])
+        ks = np.concatenate([np.asarray(r["k"], dtype=float) for r in replicas] or [np.zeros(0)])
+        if not len(times):
+            continue
+        bins = np.floor(times / bin_s).astype(int)
+        sums = np.bincount(bins, weights=ks)
+        counts = np.bincount(bins)
+        filled = counts > 0
+        centres = (np.arange(len(counts)) + 0.5) * bin_s
+        ax.plot(centres[filled], sums[filled] / counts[filled], label=policy, linewidth=1.2)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel(f"mean k per {bin_s:g} s")
+    ax.set_title(title, fontsize=10)
+    rate_ax = ax.twinx()
+    edges, rates = rate_curve
+    rate_ax.stairs(rates, edges, color="grey", linestyle="--", label="arrival rate")
+    rate_ax.set_ylabel("arrival rate (req/s)", color="grey")
+    lines, labels = ax.get_legend_handles_labels()
+    rate_lines, rate_labels = rate_ax.get_legend_handles_labels()
+    ax.legend(lines + rate_lines, labels + rate_labels, fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

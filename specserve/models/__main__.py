@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import sys
-from pathlib import Path
 
 from specserve.models.arguments import add_commands
 from specserve.models.build import PairPaths, make_pair

@@ -31,7 +31,6 @@ context per request (the max is not carried).
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,11 +38,10 @@ from dataclasses import dataclass
 from specserve.speculation.bingreedy import EXPLORE_SCHEDULES, BinSchedule, explore_probability
 from specserve.speculation.policy import Policy, register
 from specserve.speculation.switching import DEFAULT_SWITCH_COST_TABLE, SwitchCostTable
+from specserve.speculation.ties import argmin_smallest
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
 BUCKETINGS = ("log2", "exact")
-# Relative margin a larger k must win Eq. (4) by: float noise must not break a tie toward the larger k.
-TIE_RELATIVE_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,13 +97,7 @@ def exploit_k(latencies_s: Sequence[float], switch_cost_s: float, speculation_of
         penalty = switch_cost_s / k if speculation_off and k > 0 else 0.0
         return latencies_s[k] + penalty
 
-    best, best_score = 0, score(0)
-    for k in range(1, len(latencies_s)):
-        candidate = score(k)
-        margin = abs(best_score) * TIE_RELATIVE_TOLERANCE if math.isfinite(best_score) else 0.0
-        if candidate < best_score - margin:
-            best, best_score = k, candidate
-    return best
+    return argmin_smallest([score(k) for k in range(len(latencies_s))])
 
 
 @register

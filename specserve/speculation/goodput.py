@@ -22,17 +22,15 @@ at a neighbouring k once per ``explore_interval_s`` (probe.NeighbourExplorer), a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specserve.speculation.acceptance import PositionAcceptance
 from specserve.speculation.latency import StepLatencyModel
 from specserve.speculation.policy import Policy, register
 from specserve.speculation.probe import NeighbourExplorer, ZeroProbe
+from specserve.speculation.ties import argmax_smallest as best_k
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
-# Relative margin a larger k must beat the best smaller k by: float noise must not decide (§2.5 strict >).
-TIE_RELATIVE_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,15 +74,6 @@ class GoodputParams:
             raise ValueError(f"min_gain={self.min_gain} must lie in [0, 1)")
         if not self.explore_interval_s > 0:
             raise ValueError(f"explore_interval_s={self.explore_interval_s} must be positive")
-
-
-def best_k(goodputs: Sequence[float]) -> int:
-    """Index of the largest value; a larger k must win by more than the tie tolerance."""
-    best = 0
-    for k in range(1, len(goodputs)):
-        if goodputs[k] > goodputs[best] * (1.0 + TIE_RELATIVE_TOLERANCE):
-            best = k
-    return best
 
 
 @register

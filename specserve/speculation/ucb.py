@@ -21,10 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specserve.speculation.policy import Policy, register
+from specserve.speculation.ties import argmax_smallest
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
-# Relative margin a larger k must win by: float noise must not break a tie toward the larger k.
-TIE_RELATIVE_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +53,7 @@ def ucb_pick(mean_rewards: Sequence[float], counts: Sequence[int], exploration: 
     log_total = math.log(sum(counts))
     scale = max_reward if max_reward > 0 else 1.0
     scores = [mean / scale + math.sqrt(exploration * log_total / count) for mean, count in zip(mean_rewards, counts)]
-    best = 0
-    for arm in range(1, len(scores)):
-        if scores[arm] > scores[best] + abs(scores[best]) * TIE_RELATIVE_TOLERANCE:
-            best = arm
-    return best
+    return argmax_smallest(scores)
 
 
 @register

@@ -17,6 +17,8 @@ Choices the paper leaves open (it evaluates offline, at batch size 1):
   defaults, which it feeds every record. The vLLM engine exposes no draft signals yet, so there ``mlp`` is
   ``goodput``. If the candidates include 0 and the policy picks it, the features go stale until the
   latency fit or the batch moves the choice.
+- The cost objective's T(gamma) leaves out the step's prefill chunk, as ``goodput`` does (its module docstring):
+  the chunk runs whatever gamma is, and charged to T it makes long drafts look like they amortise it.
 
 What the engine must provide: per drafted token the draft's probability of the drafted token and the
 draft distribution's entropy (``StepRecord.draft_confidence_per_request``, ``draft_entropy_per_request``,
@@ -137,7 +139,7 @@ class MlpPolicy(Policy):
             return tokens
         step_s = self.latency.predict(
             num_context_tokens=ctx.num_context_tokens,
-            num_batched_tokens=ctx.num_running * (gamma + 1) + ctx.num_prefill_tokens,
+            num_batched_tokens=ctx.num_running * (gamma + 1),  # no prefill chunk (module docstring)
             num_draft_passes=gamma if gamma > 0 else int(self.traits.k0_runs_draft_pass),
             num_running=ctx.num_running,
         )

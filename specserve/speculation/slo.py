@@ -22,6 +22,12 @@ Differences from the paper, each forced by where the decision is taken:
   just made. The draft loop re-estimates f for the whole batch with batch-mean confidences.
 - c-bar is the running mean of all raw confidences since start (the authors' code) but skips the pass
   at which ``stop_drafting`` saw f drop, as the code does.
+- T(k) leaves out the step's prefill chunk, as ``goodput`` does. AdaSpec runs with chunked prefill off, so its
+  speculative steps are decode-only (research/adaspec.md §2.9 step 1) and T is decode time. Under chunked
+  prefill a chunk rides along whatever k is; charged to T it acts as a fixed cost that longer drafts seem
+  to amortise, and on a saturated 7B/4090 run (bench/scenarios/) the first peak ran to k = 4 with 15% less
+  throughput than k = 0. The SLO guard therefore also checks the decode part of the step: the chunk's time is
+  not something k can give back.
 
 What the engine must provide: per drafted token the draft's probability of the drafted token
 (``StepRecord.draft_confidence_per_request`` with ``request_ids``), ``StepContext.request_ids`` for trimming,
@@ -208,7 +214,7 @@ class SloPolicy(Policy):
         def step_seconds(num_draft_passes: int, num_verified: int) -> float:
             return self.latency.predict(
                 num_context_tokens=ctx.num_context_tokens,
-                num_batched_tokens=num_verified + ctx.num_prefill_tokens,
+                num_batched_tokens=num_verified,  # no prefill chunk: it runs whatever k is (module docstring)
                 num_draft_passes=num_draft_passes if num_draft_passes > 0 else k0_passes,
                 num_running=ctx.num_running,
             )

@@ -99,6 +99,20 @@ def test_cost_objective_picks_smaller_k_when_verification_is_expensive() -> None
     assert k_tokens == 8 and k_cost < k_tokens
 
 
+def test_prefill_chunk_is_not_charged_to_gamma() -> None:
+    """The cost objective's T(gamma) is the decode part only (goodput's module docstring): charging an 8192-token
+    chunk (164 ms at 20 us per token) to every candidate would move the choice at B = 64 from gamma = 4 to 8."""
+    latency = StepLatencyModel(prior=(5e-3, 1e-6, 20e-6, 1e-3, 10e-6), prior_weight=1e12)
+    policy = MlpPolicy(make_policy("mlp:gammas=0-2-4-6-8", EngineTraits(max_k=8)).params, EngineTraits(max_k=8),
+                       latency=latency)
+    policy.observe(signal_record(0.6))
+    decode_only = context(64)
+    with_chunk = StepContext(now_s=0.0, num_running=64, num_waiting=50, num_context_tokens=1000 * 64,
+                             num_prefill_tokens=8192)
+    assert [policy.score(with_chunk, g) for g in policy.gammas] == [policy.score(decode_only, g) for g in policy.gammas]
+    assert policy.choose(with_chunk) == policy.choose(decode_only)
+
+
 def test_low_confidence_lowers_gamma_under_the_tokens_objective() -> None:
     policy = make_policy("mlp:objective=tokens,gammas=0-2-4-6-8", EngineTraits(max_k=8))
     policy.observe(signal_record(0.95))

@@ -89,6 +89,26 @@ def test_slo_none_is_plain_goodput_and_tight_slo_binds() -> None:
     assert policy.num_slo_bound == 1
 
 
+def test_prefill_chunk_is_not_charged_to_k() -> None:
+    """A chunk rides along whatever k is (goodput's module docstring). At B = 128 with c-bar 0.6 the model gives
+    k = 1; charging 8192 prefill tokens (0.49 s here) to T would amortise them over the drafts and give k = 6."""
+    ids = tuple(f"r{i}" for i in range(128))
+    plain, chunked = slo_policy(), slo_policy()
+    decode_only = context(128, request_ids=ids)
+    with_chunk = StepContext(now_s=0.0, num_running=128, num_waiting=50, num_context_tokens=1000 * 128,
+                             num_prefill_tokens=8192, request_ids=ids)
+    assert plain.choose(decode_only) == chunked.choose(with_chunk)
+    efficiency = "predicted_efficiency_tokens_per_s"
+    assert plain.describe()[efficiency] == chunked.describe()[efficiency]
+    assert plain.choose(decode_only).k <= 1
+    # The SLO guard checks the decode part only: a 30 ms SLO that the chunked step as a whole breaks (k = 0 when
+    # the chunk was charged) binds k exactly as it does without the chunk.
+    slo = dict(slo_tpot_s=0.030)
+    assert slo_policy().choose(context(128, request_ids=ids, **slo)) == slo_policy().choose(
+        StepContext(now_s=0.0, num_running=128, num_waiting=50, num_context_tokens=1000 * 128,
+                    num_prefill_tokens=8192, request_ids=ids, **slo))
+
+
 def test_early_stop_fires_below_the_break_even_confidence() -> None:
     policy = slo_policy("slo:trim=false")
     assert policy.choose(context(4)).k > 2

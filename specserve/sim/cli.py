@@ -20,10 +20,14 @@ from pathlib import Path
 from tqdm import tqdm
 
 from specserve.sim.metrics import summarize
+from specserve.sim.mlp_dump import DEFAULT_MAX_SAMPLES, collect_samples, default_policy, write_samples
 from specserve.sim.reproduce import PAPERS, reproduce
 from specserve.sim.runner import simulate
 from specserve.sim.scenario import ScenarioError, builtin_scenarios, load_scenario, resolve
 from specserve.speculation import EngineTraits, make_policy
+from specserve.speculation.mlp_fit import mean_squared_error
+from specserve.speculation.mlp_model import COMPRESSION_CODES, weights_to_json
+from specserve.speculation.mlp_train import DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE, train_file
 
 DEFAULT_POLICIES = "fixed:k=0,fixed:k=3,adaptive"
 # Columns of the compare table, in JSON key order.
@@ -62,6 +66,24 @@ def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> 
     repro.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
     repro.add_argument("--quick", action="store_true", help=f"squeeze every scenario's arrivals into {QUICK_S:g} s")
     repro.set_defaults(sim_handler=_reproduce)
+    samples = commands.add_parser("mlp-samples", help="write SpecKV training samples (JSONL) from one scenario run")
+    samples.add_argument("--scenario", required=True, help="built-in name (see `sim scenarios`) or YAML file")
+    samples.add_argument("--policy", help="policy spec to run (default: cycle over gammas 2-4-6-8 up to max_k)")
+    samples.add_argument("--out", type=Path, required=True, help="JSONL file to write")
+    samples.add_argument("--seed", type=int, default=0, help="run and subsampling seed (default: 0)")
+    samples.add_argument("--compression", default="fp16", choices=tuple(COMPRESSION_CODES),
+                         help="the target's quantization, written into every sample (default: fp16)")
+    samples.add_argument("--max-samples", type=int, default=DEFAULT_MAX_SAMPLES,
+                         help=f"keep a seeded random subset of at most this many (default: {DEFAULT_MAX_SAMPLES})")
+    samples.set_defaults(sim_handler=_mlp_samples)
+    train = commands.add_parser("train-mlp", help="train the mlp policy's predictor on a samples JSONL file")
+    train.add_argument("samples", type=Path, help="JSONL samples, e.g. from `sim mlp-samples`")
+    train.add_argument("--out", type=Path, required=True, help="weights JSON to write; use it as mlp:weights=FILE")
+    train.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS, help=f"default: {DEFAULT_EPOCHS}")
+    train.add_argument("--learning-rate", type=float, default=DEFAULT_LEARNING_RATE,
+                       help=f"default: {DEFAULT_LEARNING_RATE:g}")
+    train.add_argument("--seed", type=int, default=42, help="initialisation and shuffling seed (default: 42)")
+    train.set_defaults(sim_handler=_train_mlp)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,6 +156,53 @@ def _reproduce(args: argparse.Namespace) -> int:
     for path in reproduce(papers, args.out, args.seed, QUICK_S if args.quick else None):
         print(path)
     return 0
+
+
+def _mlp_samples(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario)
+    resolve(scenario)
+    spec = args.policy or default_policy(scenario.engine.max_k)
+    traits = EngineTraits(max_k=scenario.engine.max_k, k0_runs_draft_pass=scenario.engine.k0_runs_draft_pass)
+    try:
+        make_policy(spec, traits)
+    except ValueError as exc:
+        raise CommandError(f"bad policy {spec!r}: {exc}") from None
+    if args.max_samples < 1:
+        raise CommandError(f"--max-samples {args.max_samples} must be at least 1")
+    if not scenario.acceptance.signals.enabled:
+        raise CommandError(f"scenario {scenario.name!r} has acceptance.signals.enabled false: no signals to sample")
+    samples, seen = collect_samples(scenario, spec, args.seed, args.compression, args.max_samples)
+    if not samples:
+        raise CommandError(f"scenario {scenario.name!r} under {spec!r} ran no speculative step: no samples")
+    _write(args.out, lambda path: write_samples(path, samples))
+    print(f"wrote {args.out}: {len(samples)} of {seen} samples ({scenario.name}, {spec}, seed {args.seed})",
+          file=sys.stderr)
+    return 0
+
+
+def _train_mlp(args: argparse.Namespace) -> int:
+    if not args.samples.is_file():
+        raise CommandError(f"samples file {str(args.samples)!r} not found")
+    if args.epochs < 1:
+        raise CommandError(f"--epochs {args.epochs} must be at least 1")
+    if not args.learning_rate > 0:
+        raise CommandError(f"--learning-rate {args.learning_rate} must be positive")
+    try:
+        weights, samples = train_file(args.samples, epochs=args.epochs, learning_rate=args.learning_rate,
+                                      seed=args.seed)
+    except ValueError as exc:
+        raise CommandError(f"samples file {str(args.samples)!r}: {exc}") from None
+    _write(args.out, lambda path: path.write_text(weights_to_json(weights)))
+    print(f"wrote {args.out}: {len(samples)} samples, training MSE {mean_squared_error(weights, samples):.4f}; "
+          f"use it as mlp:weights={args.out}", file=sys.stderr)
+    return 0
+
+
+def _write(path: Path, write) -> None:
+    try:
+        write(path)
+    except OSError as exc:
+        raise CommandError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
 
 
 def _print_table(name: str, results: list[dict]) -> None:

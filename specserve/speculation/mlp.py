@@ -23,7 +23,8 @@ Choices the paper leaves open (it evaluates offline, at batch size 1):
 What the engine must provide: per drafted token the draft's probability of the drafted token and the
 draft distribution's entropy (``StepRecord.draft_confidence_per_request``, ``draft_entropy_per_request``,
 nats); per-request gamma needs per-request draft lengths. The default weights are synthetic
-(``mlp_synthetic``) until retrained on real step logs with ``mlp_train``.
+(``mlp_synthetic``) until retrained on real step logs with ``mlp_train`` (``specserve sim train-mlp``); the
+``weights`` parameter names the file.
 """
 
 from __future__ import annotations

@@ -114,7 +114,19 @@ def weights_from_json(text: str) -> MlpWeights:
 
 
 def load_weights(path: str = "") -> MlpWeights:
-    """Weights from ``path``, or the packaged synthetic defaults when it is empty."""
+    """Weights from ``path``, or the packaged synthetic defaults when it is empty.
+
+    A missing, unreadable or malformed file raises ValueError naming the path, so ``mlp:weights=...`` fails
+    like any other bad policy parameter (one line, not a traceback from deep inside the parser).
+    """
     if path:
-        return weights_from_json(Path(path).read_text())
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ValueError(f"weights={path!r}: cannot read it ({exc.strerror or exc})") from None
+        try:
+            return weights_from_json(text)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise ValueError(f"weights={path!r} is not an mlp weights file ({detail})") from None
     return weights_from_json(resources.files("specserve.speculation").joinpath(DEFAULT_WEIGHTS_FILE).read_text())

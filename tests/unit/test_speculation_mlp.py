@@ -16,7 +16,14 @@ from specserve.speculation import EngineTraits, MlpPolicy, StepContext, StepReco
 from specserve.speculation.goodput import best_k
 from specserve.speculation.latency import StepLatencyModel
 from specserve.speculation.mlp_fit import mean_squared_error
-from specserve.speculation.mlp_model import load_weights, predict_acceptance, step_features, weights_from_json
+from specserve.speculation.mlp_model import (
+    FEATURE_NAMES,
+    load_weights,
+    predict_acceptance,
+    step_features,
+    weights_from_json,
+)
+from specserve.speculation.mlp_samples import parse_sample, record_samples
 from specserve.speculation.mlp_synthetic import token_entropy_bits, synthetic_samples
 from specserve.speculation.mlp_train import main
 
@@ -148,3 +155,35 @@ def test_bad_params(spec: str, named: str) -> None:
 
 def test_synthetic_samples_are_reproducible() -> None:
     assert synthetic_samples(5, seed=1) == synthetic_samples(5, seed=1)
+
+
+def test_record_samples_round_trip_through_the_jsonl_parser() -> None:
+    """One sample per drafting request, gamma its own draft count, features in bits; the parser reads them back."""
+    confidences, entropies = (0.9, 0.5), (math.log(2), 2 * math.log(2))
+    record = StepRecord(now_s=0.0, k=2, duration_s=0.01, num_running=3, num_context_tokens=300, num_batched_tokens=9,
+                        num_draft_passes=2, num_emitted_tokens=5, num_drafted_per_request=(2, 0, 1),
+                        num_accepted_per_request=(1, 0, 1), request_ids=("a", "b", "c"),
+                        draft_confidence_per_request=(confidences, (), (0.8,)),
+                        draft_entropy_per_request=(entropies, (), (0.1,)))
+    samples = record_samples(record, "int8")
+    assert [s["gamma"] for s in samples] == [2, 1] and [s["acceptance_rate"] for s in samples] == [0.5, 1.0]
+    assert samples[0]["mean_draft_entropy"] == 1.5 and samples[0]["min_draft_confidence"] == 0.5
+    features, target = parse_sample(json.dumps(samples[0]), 1)
+    assert features == pytest.approx((1.5, 0.7, 2.0, 0.5, 1.0, 2.0)) and target == 0.5
+    assert record_samples(StepRecord(now_s=0.0, k=2, duration_s=0.01, num_running=1, num_context_tokens=1,
+                                     num_batched_tokens=3, num_draft_passes=2, num_emitted_tokens=1,
+                                     num_drafted_per_request=(2,), num_accepted_per_request=(0,))) == []
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "cannot read it"), ("not json", "not an mlp weights file"), ("[1]", "not an mlp weights file"),
+    ('{"format": "specserve-mlp-acceptance/1", "feature_names": %s}' % json.dumps(list(FEATURE_NAMES)),
+     "missing field 'input_mean'"),
+])
+def test_weights_param_errors_name_the_file(tmp_path, content, message) -> None:
+    path = tmp_path / "weights.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ValueError, match=message) as caught:
+        make_policy(f"mlp:weights={path}", EngineTraits(max_k=8))
+    assert str(path) in str(caught.value)

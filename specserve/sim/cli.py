@@ -31,8 +31,8 @@ from specserve.speculation.mlp_train import DEFAULT_EPOCHS, DEFAULT_LEARNING_RAT
 
 DEFAULT_POLICIES = "fixed:k=0,fixed:k=3,adaptive"
 # Columns of the compare table, in JSON key order.
-COLUMNS = ("throughput_tok_s", "goodput_tok_s", "mean_e2e_s", "p99_e2e_s", "mean_ttft_s", "mean_tpot_s",
-           "acceptance", "mean_k", "k_switches", "wall_s")
+COLUMNS = ("throughput_tok_s", "goodput_tok_s", "slo_attainment", "mean_e2e_s", "p99_e2e_s", "mean_ttft_s",
+           "mean_tpot_s", "acceptance", "mean_k", "k_switches", "wall_s")
 
 
 QUICK_S = 10.0  # arrival window of every scenario under --quick
@@ -206,9 +206,11 @@ def _write(path: Path, write) -> None:
 
 
 def _print_table(name: str, results: list[dict]) -> None:
-    header = ("POLICY", "TOK/S", "GOODPUT", "E2E", "P99 E2E", "TTFT", "TPOT", "ACCEPT", "MEAN K", "SWITCHES", "WALL")
+    header = ("POLICY", "TOK/S", "GOODPUT", "SLO ATT", "E2E", "P99 E2E", "TTFT", "TPOT", "ACCEPT", "MEAN K", "SWITCHES",
+              "WALL")
     table = [header] + [
-        (r["policy"], *(f"{r[key]:.3f}" if isinstance(r[key], float) else str(r[key]) for key in COLUMNS))
+        (r["policy"], *(f"{r[key]:.3f}" if isinstance(r[key], float) else "-" if r[key] is None else str(r[key])
+                        for key in COLUMNS))
         for r in results
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]

@@ -6,6 +6,9 @@ step's end, so an overloaded policy that drains slowly pays for it in throughput
   throughput" adds prompt tokens, research/nightjar.md §4.2).
 - goodput_tok_s: output tokens of requests meeting the scenario SLO (TTFT and TPOT caps) / run seconds;
   equal to throughput when the scenario has no SLO.
+- slo_attainment: share of requests with a TPOT (2+ output tokens) whose TPOT is at most the scenario's
+  TPOT SLO (research/adaspec.md §4.5: AdaSpec's "SLO attainment"; TTFT plays no part), in 0-1; None when
+  the scenario sets no TPOT SLO.
 - acceptance: accepted / drafted tokens over all verified drafts (vLLM's draft acceptance rate; a prefix
   count, so below the per-position alpha, research/turbospec.md §2.4).
 - mean_k: mean of the k chosen per step; k_switches: steps whose k differs from the previous step's.
@@ -20,7 +23,7 @@ from specserve.sim.config import SloConfig
 from specserve.sim.kernel import SimResult
 
 
-def summarize(result: SimResult) -> dict[str, float | int | str]:
+def summarize(result: SimResult) -> dict[str, float | int | str | None]:
     table = result.table
     e2e = table.finish_s - table.arrival_s
     ttft = table.first_token_s - table.arrival_s
@@ -36,6 +39,7 @@ def summarize(result: SimResult) -> dict[str, float | int | str]:
         "policy": result.policy_spec,
         "throughput_tok_s": num_tokens / run_s,
         "goodput_tok_s": float(table.num_output[good].sum()) / run_s,
+        "slo_attainment": _tpot_attainment(result.resolved.scenario.slo, tpot),
         "mean_e2e_s": _mean(e2e),
         "p99_e2e_s": float(np.percentile(e2e, 99)) if len(e2e) else 0.0,
         "mean_ttft_s": _mean(ttft),
@@ -69,6 +73,12 @@ def _meets_slo(slo: SloConfig | None, ttft: np.ndarray, table) -> np.ndarray:
         decode_s = table.finish_s - table.first_token_s
         ok &= decode_s <= slo.max_tpot_s * np.maximum(table.output_tokens - 1, 0)
     return ok
+
+
+def _tpot_attainment(slo: SloConfig | None, tpot: np.ndarray) -> float | None:
+    if slo is None or slo.max_tpot_s is None:
+        return None
+    return _mean(tpot <= slo.max_tpot_s)
 
 
 def _mean(values: np.ndarray) -> float:

@@ -55,9 +55,10 @@ def test_compare_json(tmp_path) -> None:
     doc = json.loads(out.stdout)
     assert doc["scenario"] == "small"
     assert [r["policy"] for r in doc["results"]] == ["fixed:k=0", "goodput:k_max=3,probe_k=1"]
-    keys = {"throughput_tok_s", "goodput_tok_s", "mean_e2e_s", "p99_e2e_s", "mean_ttft_s", "mean_tpot_s",
-            "acceptance", "mean_k", "k_switches", "wall_s"}
+    keys = {"throughput_tok_s", "goodput_tok_s", "slo_attainment", "mean_e2e_s", "p99_e2e_s", "mean_ttft_s",
+            "mean_tpot_s", "acceptance", "mean_k", "k_switches", "wall_s"}
     assert all(keys <= set(r) for r in doc["results"])
+    assert all(r["slo_attainment"] is None for r in doc["results"])  # the scenario has no TPOT SLO
     assert doc["results"][0]["mean_k"] == 0
 
 

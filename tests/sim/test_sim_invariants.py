@@ -144,6 +144,22 @@ def test_tpot_and_ttft_are_finite() -> None:
     for key in ("mean_e2e_s", "p99_e2e_s", "mean_ttft_s", "mean_tpot_s", "throughput_tok_s"):
         assert math.isfinite(summary[key]) and summary[key] > 0
     assert summary["goodput_tok_s"] == summary["throughput_tok_s"]  # no SLO: goodput is throughput
+    assert summary["slo_attainment"] is None  # no TPOT SLO: nothing to attain
+
+
+def test_slo_attainment_is_the_share_of_requests_within_the_tpot_slo() -> None:
+    """AdaSpec's SLO attainment (research/adaspec.md §4.5): per request TPOT = decode time / (tokens - 1) <= SLO.
+    A TTFT cap does not enter it (goodput covers both)."""
+    plain = simulate(small_scenario(), "fixed:k=0", 0)
+    table = plain.table
+    multi = table.output_tokens > 1
+    tpot = (table.finish_s[multi] - table.first_token_s[multi]) / (table.output_tokens[multi] - 1)
+    slo_s = float(np.median(tpot))
+    result = simulate(small_scenario(slo={"max_tpot_s": slo_s, "max_ttft_s": 1e-6}), "fixed:k=0", 0)
+    summary = summarize(result)
+    assert summary["slo_attainment"] == pytest.approx(np.mean(tpot <= slo_s))
+    assert 0.4 < summary["slo_attainment"] < 0.6 and summary["goodput_tok_s"] == 0.0  # the TTFT cap fails all
+    assert summarize(simulate(small_scenario(slo={"max_ttft_s": 1.0}), "fixed:k=0", 0))["slo_attainment"] is None
 
 
 @pytest.mark.parametrize("name", policy_names())

@@ -41,3 +41,10 @@ def test_fixed_k_is_capped_by_max_k() -> None:
     assert cap_k("fixed:k=8", 4) == "fixed:k=4"
     assert cap_k("fixed:k=2", 4) == "fixed:k=2"
     assert cap_k("mlp:objective=tokens", 4) == "mlp:objective=tokens"
+
+
+def test_adaspec_report_shows_slo_attainment(tmp_path: Path) -> None:
+    """AdaSpec's scenario has a TPOT SLO, so its table gets the attainment column and a line naming the best."""
+    assert invoke("reproduce", "--seed-paper", "adaspec", "--quick", "--out", str(tmp_path)) == 0
+    report = (tmp_path / "adaspec.md").read_text()
+    assert "| SLO att. |" in report and "Highest TPOT SLO attainment (" in report

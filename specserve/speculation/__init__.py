@@ -1,11 +1,13 @@
 """Speculation-length policies: pure Python over typed records, no ray, vllm, torch or prometheus_client.
 
 ``make_policy("goodput:k_max=4", EngineTraits(max_k=4))`` builds one by name; ``adaptive`` is the
-project's default name and currently means ``goodput`` (TurboSpec's ArgMaxGoodput).
+project's default (adaptive.py: TurboSpec's goodput argmax with a piecewise-linear step cost, prefill priced
+at the margin, and hysteresis).
 """
 
 # Importing a policy module registers its policy by name.
 from specserve.speculation.acceptance import PositionAcceptance, expected_tokens
+from specserve.speculation.adaptive import AdaptiveParams, AdaptivePolicy
 from specserve.speculation.bandit import BanditParams, BanditPolicy
 from specserve.speculation.cycle import CycleParams, CyclePolicy
 from specserve.speculation.fixed import FixedParams, FixedPolicy
@@ -20,9 +22,9 @@ from specserve.speculation.switching import SwitchCostTable
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 from specserve.speculation.ucb import UcbParams, UcbPolicy
 
-alias("adaptive", "goodput")
-
 __all__ = [
+    "AdaptiveParams",
+    "AdaptivePolicy",
     "BanditParams",
     "BanditPolicy",
     "CycleParams",

@@ -42,9 +42,9 @@ def test_goodput_spec_sets_params() -> None:
     assert policy.params.prior_alpha == 0.5  # untouched defaults stay
 
 
-def test_adaptive_resolves_to_goodput() -> None:
+def test_adaptive_is_its_own_policy() -> None:
     assert "adaptive" in policy_names()
-    assert make_policy("adaptive", TRAITS).name == "goodput"
+    assert make_policy("adaptive", TRAITS).name == "adaptive"
 
 
 @pytest.mark.parametrize("spec", ["fixed", "fixed:k=2", "goodput", "goodput:k_max=3,prior_alpha=0.7", "adaptive"])

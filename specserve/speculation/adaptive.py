@@ -1,0 +1,144 @@
+"""``adaptive``: the project's own policy, TurboSpec's goodput argmax with four changes.
+
+1. **A step cost that bends** (hinge_latency.py). The batched-token cost is a linear spline, so the policy
+   sees that drafts are nearly free below the GPU's ridge point and cost their FLOPs above it. TurboSpec's
+   straight line (goodput.py) overprices k at small batches and underprices it at large ones.
+2. **Prefill priced at the margin.** A chunked-prefill step carries P prompt tokens whatever k is. Charging
+   the whole step to the decodes makes speculation look like it amortises a fixed cost (goodput.py's
+   docstring: a runaway to k_max under overload); ignoring P (goodput) misses that P pushes the step past the
+   ridge point, where every draft token costs compute. We charge the decodes the step's time minus what
+   the prefill would take on its own, beyond the fixed per-step cost:
+   ``D(k) = T(P + B(k + 1), passes(k)) - (T(P, 0) - T(0, 0))``, and maximise ``B * l(k) / D(k)``.
+3. **A correction per batch bucket and k** (bucket_correction.py): the fit's out-of-sample residual averaged
+   per power-of-two batch bucket and k, Nightjar-style (research/nightjar.md §2.5), so a bias the global fit
+   cannot shed (the ridge point moves with the context) does not decide k.
+4. **Hysteresis.** A new k must beat the current one by ``switch_margin``; every switch re-sizes the
+   draft's batch and, in vLLM, cuts drafts already proposed. Exploration of neighbouring k (needed by any
+   online fit, probe.NeighbourExplorer) runs every ``explore_interval_s``, less often than goodput's.
+
+No separate SLO guard: for a fixed batch, maximising B * l(k) / D(k) is minimising the decodes' TPOT
+D(k) / l(k), which is what AdaSpec's SLO-constrained goodput (research/adaspec.md §3) protects.
+Cold start and k = 0 behave as in goodput: a prior acceptance of 0.5, a periodic probe while k is 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specserve.speculation.acceptance import PositionAcceptance
+from specserve.speculation.bucket_correction import BucketCorrection
+from specserve.speculation.hinge_latency import HingeLatencyModel
+from specserve.speculation.policy import Policy, register
+from specserve.speculation.probe import NeighbourExplorer, ZeroProbe
+from specserve.speculation.ties import argmax_smallest
+from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveParams:
+    # Largest k searched (capped by the engine's max_k). Deep positions are learned from exploration steps.
+    k_max: int = 8
+    ema_half_life_steps: float = 20.0
+    prior_alpha: float = 0.5
+    probe_interval_s: float = 2.0
+    probe_k: int = 1
+    latency_half_life_steps: float = 1000.0
+    # Relative gain over k = 0 needed to speculate at all (goodput.py: vLLM's k = 0 still runs a draft pass).
+    min_gain: float = 0.02
+    # Relative gain over the current k needed to move to another k > 0.
+    switch_margin: float = 0.01
+    explore_interval_s: float = 2.0
+    # Samples each (batch bucket, k) residual average remembers (bucket_correction.py).
+    correction_memory: float = 20.0
+
+    def __post_init__(self) -> None:
+        checks = {
+            "k_max": self.k_max >= 0,
+            "ema_half_life_steps": self.ema_half_life_steps > 0,
+            "prior_alpha": 0.0 <= self.prior_alpha <= 1.0,
+            "probe_interval_s": self.probe_interval_s > 0,
+            "probe_k": self.probe_k >= 1,
+            "latency_half_life_steps": self.latency_half_life_steps > 0,
+            "min_gain": 0.0 <= self.min_gain < 1.0,
+            "switch_margin": 0.0 <= self.switch_margin < 1.0,
+            "explore_interval_s": self.explore_interval_s > 0,
+            "correction_memory": self.correction_memory >= 1.0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name)} is out of range")
+
+
+@register
+class AdaptivePolicy(Policy):
+    """Argmax of marginal goodput under a piecewise-linear step cost, with hysteresis."""
+
+    name = "adaptive"
+    Params = AdaptiveParams
+
+    def __init__(self, params: AdaptiveParams, traits: EngineTraits) -> None:
+        super().__init__(params, traits)
+        self.limit_k = min(params.k_max, traits.max_k)
+        self.acceptance = PositionAcceptance(
+            max_k=max(1, self.limit_k), half_life_steps=params.ema_half_life_steps, prior_alpha=params.prior_alpha
+        )
+        self.latency = HingeLatencyModel(half_life_steps=params.latency_half_life_steps)
+        self.correction = BucketCorrection(params.correction_memory)
+        self.probe = ZeroProbe(params.probe_interval_s)
+        self.explorer = NeighbourExplorer(params.explore_interval_s)
+        # The k the policy itself chose last (exploration and probe steps aside).
+        self._k = 0
+        self._last_goodput_tokens_per_s = 0.0
+
+    def choose(self, ctx: StepContext) -> Decision:
+        if not ctx.draft_resident or ctx.num_running == 0:
+            return Decision(k=0)
+        goodputs = [self.predict_goodput(ctx, k) for k in range(self.limit_k + 1)]
+        k = argmax_smallest(goodputs)
+        if k > 0 and goodputs[k] < goodputs[0] * (1.0 + self.params.min_gain):
+            k = 0
+        current = min(self._k, self.limit_k)
+        if k > 0 and current > 0 and goodputs[k] < goodputs[current] * (1.0 + self.params.switch_margin):
+            k = current
+        self._k = k
+        self._last_goodput_tokens_per_s = goodputs[k]
+        if k > 0:
+            self.probe.speculating()
+            k = self.explorer.neighbour(ctx.now_s, k, self.limit_k)
+        else:
+            self.explorer.stopped()
+            if self.limit_k > 0 and self.probe.should_probe(ctx.now_s):
+                k = min(self.params.probe_k, self.limit_k)
+        return Decision(k=k)
+
+    def observe(self, record: StepRecord) -> None:
+        # The residual is taken before the fit sees the step: out of sample, like the predictions it corrects.
+        predicted_s = self.latency.predict(record.num_context_tokens, record.num_batched_tokens,
+                                           record.num_draft_passes, record.num_running)
+        self.correction.observe(record.num_running, record.k, record.duration_s - predicted_s)
+        self.latency.observe(record)
+        if record.num_drafted > 0:
+            self.acceptance.observe(record)
+            self.probe.verdict()
+
+    def decode_seconds(self, ctx: StepContext, k: int) -> float:
+        """The step's time the decodes are charged with at k: all of it minus the prefill's own marginal cost."""
+        batch, prefill = ctx.num_running, ctx.num_prefill_tokens
+        passes = k if k > 0 else int(self.traits.k0_runs_draft_pass)
+        step_s = self.latency.predict(ctx.num_context_tokens, prefill + batch * (k + 1), passes, batch)
+        prefill_s = self.latency.predict(0, prefill, 0, 0) - self.latency.predict(0, 0, 0, 0) if prefill else 0.0
+        return step_s - prefill_s + self.correction.correction_s(batch, k)
+
+    def predict_goodput(self, ctx: StepContext, k: int) -> float:
+        """Expected emitted tokens per second of the batch's decodes if this step speculates k."""
+        return ctx.num_running * self.acceptance.expected_tokens(k) / max(self.decode_seconds(ctx, k), 1e-9)
+
+    def describe(self) -> dict[str, float]:
+        alphas = self.acceptance.alphas()[: max(1, self.limit_k)]
+        out = {f"alpha_{pos}": alpha for pos, alpha in enumerate(alphas)}
+        out["mean_alpha"] = self.acceptance.mean_alpha()
+        out.update({f"latency_{name}": value for name, value in self.latency.coefficients().items()})
+        out["predicted_goodput_tokens_per_s"] = self._last_goodput_tokens_per_s
+        out["num_probes"] = float(self.probe.num_probes)
+        out["num_explorations"] = float(self.explorer.num_explorations)
+        return out

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from specserve.sim import latency_check, latency_report
 from specserve.sim.metrics import summarize
 from specserve.sim.mlp_dump import DEFAULT_MAX_SAMPLES, collect_samples, default_policy, write_samples
 from specserve.sim.reproduce import PAPERS, reproduce
@@ -66,6 +67,11 @@ def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> 
     repro.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
     repro.add_argument("--quick", action="store_true", help=f"squeeze every scenario's arrivals into {QUICK_S:g} s")
     repro.set_defaults(sim_handler=_reproduce)
+    latency = commands.add_parser("latency-check", help="price every step time the papers report with the "
+                                  "roofline timer and compare (profiles/paper_step_times.yaml)")
+    latency.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    latency.add_argument("--out", type=Path, help="also write latency-check.md and latency-check.png here")
+    latency.set_defaults(sim_handler=_latency_check)
     samples = commands.add_parser("mlp-samples", help="write SpecKV training samples (JSONL) from one scenario run")
     samples.add_argument("--scenario", required=True, help="built-in name (see `sim scenarios`) or YAML file")
     samples.add_argument("--policy", help="policy spec to run (default: cycle over gammas 2-4-6-8 up to max_k)")
@@ -203,6 +209,26 @@ def _write(path: Path, write) -> None:
         write(path)
     except OSError as exc:
         raise CommandError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+
+
+def _latency_check(args: argparse.Namespace) -> int:
+    rows = latency_check.check()
+    written = [str(path) for path in latency_report.write_report(rows, args.out)] if args.out else []
+    if args.json:
+        print(json.dumps({**latency_check.as_json(rows), "written": written}, indent=2))
+        return 0
+    print(f"{'POINT':<42} {'MEASURED':>9} {'PREDICTED':>9} {'RATIO':>6}  (step_s in ms)", file=sys.stderr)
+    for row in rows:
+        scale = 1e3 if row.point.quantity == latency_check.ABSOLUTE else 1.0
+        print(f"{row.point.id:<42} {scale * row.point.measured:>9.3f} {scale * row.predicted:>9.3f} "
+              f"{row.ratio:>6.2f}", file=sys.stderr)
+    for absolute, label in ((True, "absolute"), (False, "shape")):
+        before, now = latency_check.error_stats(rows, absolute, before=True), latency_check.error_stats(rows, absolute)
+        print(f"{label}: median |ln ratio| {before.median_log_error:.3f} -> {now.median_log_error:.3f}, "
+              f"max {before.max_log_error:.3f} -> {now.max_log_error:.3f} ({now.num_points} points)", file=sys.stderr)
+    for path in written:
+        print(path)
+    return 0
 
 
 def _print_table(name: str, results: list[dict]) -> None:

@@ -41,6 +41,18 @@ class LatencyConfig(_Closed):
     flops_efficiency: float = Field(0.6, gt=0, le=1, description="reachable fraction of datasheet FLOPs")
     forward_overhead_s: float = Field(3e-4, ge=0, description="launch cost per forward pass (roofline)")
     step_overhead_s: float = Field(1e-3, ge=0, description="scheduling and sampling per step (roofline)")
+    cuda_graphs: bool = Field(
+        True, description="the engine replays CUDA graphs; false: it runs eagerly (vLLM enforce_eager=True)"
+    )
+    # Both per-layer costs are fitted to the papers' step times (latency_check.py, bench/results/latency-check.md).
+    layer_overhead_s: float = Field(
+        5e-6, ge=0, description="fixed cost per transformer layer per forward pass under CUDA graphs: the small "
+        "kernels (norms, rotary, activation, residual adds) that take microseconds whatever the model size (roofline)"
+    )
+    eager_layer_overhead_s: float = Field(
+        9e-5, ge=0, description="fixed cost per transformer layer per forward pass when eager: Python dispatch of "
+        "each layer's kernels, not hidden behind GPU work (roofline; SpecKV's vLLM enforce_eager runs)"
+    )
 
 
 class RateSegment(_Closed):

@@ -4,13 +4,21 @@ A step is (research/turbospec.md §2.3, Eq. 2) T_step = overhead + T_target + su
 Each forward pass is priced by a ``ForwardCost``:
 
 - ``LinearForward``: TurboSpec Eq. 3, T = a * N_context + b * N_batched + c, coefficients from a profile.
-- ``RooflineForward``: T = overhead + max(bytes read / bandwidth, FLOPs / peak) + all-reduces, where bytes
-  read are the weights plus the KV cache of every cached context token, and FLOPs are 2 * params per
-  batched token (attention FLOPs are left out: at serving context lengths decode attention is bound by
-  the KV read counted above). Tensor parallelism divides weights, KV and FLOPs by TP and adds two ring
-  all-reduces per layer (after attention and after the MLP) of N_batched * hidden * dtype bytes each.
-  Worked example (test_latency): Llama-2-7B on H100, 50 requests with 300 cached tokens each: weights
-  13.5 GB + KV 7.9 GB at 0.8 * 3.35 TB/s = 8.0 ms, against TurboSpec's measured 7.4 ms (§7).
+- ``RooflineForward``: T = overhead + num_layers * t_layer + max(bytes read / bandwidth, FLOPs / peak)
+  + all-reduces, where bytes read are the weights plus the KV cache of every cached context token, and
+  FLOPs are 2 * params per batched token (attention FLOPs are left out: at serving context lengths decode
+  attention is bound by the KV read counted above). Tensor parallelism divides weights, KV and FLOPs by TP
+  and adds two ring all-reduces per layer (after attention and after the MLP) of N_batched * hidden *
+  dtype bytes each. Worked example (test_sim_models): Llama-2-7B on H100, 50 requests with 300 cached
+  tokens each: weights 13.5 GB + KV 7.9 GB at 0.8 * 3.35 TB/s = 8.0 ms, + 0.3 ms + 32 * 5 us, against
+  TurboSpec's measured 7.4 ms (§3 Fig. 2; its context length is not given).
+
+The per-layer cost t_layer is work every layer does whatever its size: under CUDA graphs the small kernels
+(norms, rotary, activation, residual adds), 5 us; in an eager engine (vLLM enforce_eager) the Python
+dispatch of each layer's kernels, 90 us, added rather than overlapped. Both are fitted to the papers' step
+times by ``specserve sim latency-check`` (latency_check.py, bench/results/latency-check.md): SpecKV's five
+eager step times (§5.1) sat at 0.73-0.76 of the measured without it and 0.98-1.04 with it; under CUDA graphs
+the fit is flat from 0 to about 10 us, bounded by a vLLM V1 batch-1 decode rate (research/anchors.md §5).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from specserve.sim.config import LatencyConfig
 from specserve.sim.profiles import HardwareProfile, LinearFit, ModelProfile
 
 
@@ -55,6 +64,8 @@ class RooflineForward:
     flops_per_s: float
     # Kernel launches and framework work per forward pass.
     overhead_s: float
+    # num_layers * the per-layer cost: work in every layer that does not scale with bytes or FLOPs.
+    layers_s: float
     # Two all-reduces per layer when TP > 1, else 0.
     num_allreduces: int
     # Seconds per batched token of all-reduce traffic: hidden * dtype bytes * 2 (TP-1)/TP / bus bandwidth.
@@ -65,7 +76,7 @@ class RooflineForward:
         memory_s = (self.weight_bytes + self.kv_bytes_per_token * num_context_tokens) / self.bytes_per_s
         compute_s = self.flops_per_token * num_batched_tokens / self.flops_per_s
         comm_s = self.num_allreduces * (self.allreduce_latency_s + self.allreduce_s_per_token * num_batched_tokens)
-        return self.overhead_s + max(memory_s, compute_s) + comm_s
+        return self.overhead_s + self.layers_s + max(memory_s, compute_s) + comm_s
 
 
 def roofline_forward(
@@ -75,6 +86,7 @@ def roofline_forward(
     bandwidth_efficiency: float,
     flops_efficiency: float,
     overhead_s: float,
+    layer_s: float = 0.0,
 ) -> RooflineForward:
     ring_factor = 2.0 * (tp - 1) / tp
     return RooflineForward(
@@ -84,9 +96,23 @@ def roofline_forward(
         bytes_per_s=hardware.memory_bandwidth_gb_s * 1e9 * bandwidth_efficiency,
         flops_per_s=hardware.peak_tflops * 1e12 * flops_efficiency,
         overhead_s=overhead_s,
+        layers_s=model.num_layers * layer_s,
         num_allreduces=2 * model.num_layers if tp > 1 else 0,
         allreduce_s_per_token=model.hidden_size * model.dtype_bytes * ring_factor / (hardware.interconnect_gb_s * 1e9),
         allreduce_latency_s=hardware.allreduce_latency_s,
+    )
+
+
+def roofline_timer(
+    cfg: LatencyConfig, hardware: HardwareProfile, target: ModelProfile, draft: ModelProfile, tp: int
+) -> StepTimer:
+    """The step timer a roofline scenario runs on; the draft runs unsharded on one GPU (draft TP 1)."""
+    layer_s = cfg.layer_overhead_s if cfg.cuda_graphs else cfg.eager_layer_overhead_s
+    effs = (cfg.bandwidth_efficiency, cfg.flops_efficiency, cfg.forward_overhead_s, layer_s)
+    return StepTimer(
+        roofline_forward(target, hardware, tp, *effs),
+        roofline_forward(draft, hardware, 1, *effs),
+        cfg.step_overhead_s,
     )
 
 

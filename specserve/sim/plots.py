@@ -74,3 +74,43 @@ def k_over_time(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def predicted_vs_measured(path: Path, title: str, panels: list[dict]) -> Path:
+    """Log-log predicted against measured with the y = x line, one panel per kind of point.
+
+    Each panel: ``title``, ``unit``, ``scale`` (multiplies values for display) and ``series``, a list of
+    (label, measured, predicted, predicted_before) per paper; after is filled, before hollow and faint.
+    """
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 5), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    from matplotlib import ticker
+
+    for ax, panel in zip(axes[0], panels):
+        scale, values = panel["scale"], []
+        for i, (label, measured, predicted, before) in enumerate(panel["series"]):
+            colour = colours[i % len(colours)]
+            m, p, b = (scale * np.asarray(v, dtype=float) for v in (measured, predicted, before))
+            ax.scatter(m, b, facecolors="none", edgecolors=colour, alpha=0.45, s=28)
+            ax.scatter(m, p, color=colour, s=32, label=label)
+            values.extend([*m, *p, *b])
+        low, high = min(values) / 1.5, max(values) * 1.5
+        ax.plot([low, high], [low, high], color="grey", linestyle="--", linewidth=1, label="y = x")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):  # plain numbers at 1-2-5 steps, not 6 x 10^1
+            axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+            axis.set_minor_formatter(ticker.NullFormatter())
+        ax.set_xlim(low, high)
+        ax.set_ylim(low, high)
+        ax.set_xlabel(f"measured ({panel['unit']})")
+        ax.set_ylabel(f"predicted ({panel['unit']})")
+        ax.set_title(panel["title"], fontsize=10)
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

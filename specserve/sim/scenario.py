@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from specserve.sim.config import Scenario, TraceArrivals
-from specserve.sim.latency import LinearForward, StepTimer, roofline_forward
+from specserve.sim.latency import LinearForward, StepTimer, roofline_timer
 from specserve.sim.profiles import GIB, HardwareProfile, ModelProfile, PairProfile, ProfileError, lookup
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "scenarios"
@@ -137,10 +137,4 @@ def _timer(
             raise ScenarioError(f"scenario {scenario.name!r}: the linear fit is for tp={pair.tp}, not tp={tp}")
         # The fitted intercepts already include the engine's per-step overhead.
         return StepTimer(LinearForward.from_fit(fit.target), LinearForward.from_fit(fit.draft), 0.0)
-    effs = (cfg.bandwidth_efficiency, cfg.flops_efficiency, cfg.forward_overhead_s)
-    # The draft runs unsharded on one GPU (draft TP 1).
-    return StepTimer(
-        roofline_forward(target, hardware, tp, *effs),
-        roofline_forward(draft, hardware, 1, *effs),
-        cfg.step_overhead_s,
-    )
+    return roofline_timer(cfg, hardware, target, draft, tp)

@@ -31,10 +31,24 @@ def test_llama2_7b_h100_step_time_near_turbospec(kind: str) -> None:
 
 
 def test_roofline_worked_example() -> None:
-    # Weights 13.48 GB + KV 15,000 tokens * 512 KiB at 0.8 * 3.35 TB/s = 7.96 ms memory time.
+    # Weights 13.48 GB + KV 15,000 tokens * 512 KiB at 0.8 * 3.35 TB/s = 7.96 ms memory time, plus 0.3 ms per
+    # forward and 32 layers * 5 us under CUDA graphs (latency.py docstring).
     forward = resolve(small_scenario(latency={"kind": "roofline"})).timer.target
     memory_ms = 1e3 * (6.74e9 * 2 + CONTEXT_TOKENS * 524288) / (0.8 * 3350e9)
-    assert forward.forward_s(CONTEXT_TOKENS, BATCH) * 1e3 == pytest.approx(memory_ms + 0.3, rel=1e-6)
+    assert forward.forward_s(CONTEXT_TOKENS, BATCH) * 1e3 == pytest.approx(memory_ms + 0.3 + 32 * 0.005, rel=1e-6)
+
+
+def test_eager_engine_pays_a_cost_per_layer() -> None:
+    # vLLM enforce_eager: 90 us per layer per forward instead of 5 us (fitted in latency_check.py).
+    graphs = resolve(small_scenario(latency={"kind": "roofline"})).timer
+    eager = resolve(small_scenario(latency={"kind": "roofline", "cuda_graphs": False})).timer
+
+    def gap_ms(eager_forward, graphs_forward) -> float:
+        return 1e3 * (eager_forward.forward_s(CONTEXT_TOKENS, BATCH) - graphs_forward.forward_s(CONTEXT_TOKENS, BATCH))
+
+    target_gap_ms, draft_gap_ms = gap_ms(eager.target, graphs.target), gap_ms(eager.draft, graphs.draft)
+    assert target_gap_ms == pytest.approx(32 * 0.085)  # Llama-2-7B: 32 layers
+    assert draft_gap_ms == pytest.approx(12 * 0.085)  # vicuna-160m: 12 layers
 
 
 def test_tensor_parallel_splits_work_and_adds_allreduce() -> None:

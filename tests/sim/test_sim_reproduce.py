@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from specserve.sim.cli import add_commands, run
+from specserve.sim.dsde_sweep import sweep_summary
 from specserve.sim.reproduce import PAPERS, cap_k
 
 
@@ -48,3 +49,30 @@ def test_adaspec_report_shows_slo_attainment(tmp_path: Path) -> None:
     assert invoke("reproduce", "--seed-paper", "adaspec", "--quick", "--out", str(tmp_path)) == 0
     report = (tmp_path / "adaspec.md").read_text()
     assert "| SLO att. |" in report and "Highest TPOT SLO attainment (" in report
+
+
+def _row(e2e_s: float, p99_s: float = 1.0, tpot_s: float = 0.01, tok_s: float = 100.0) -> dict:
+    return {"mean_e2e_s": e2e_s, "p99_e2e_s": p99_s, "mean_tpot_s": tpot_s, "throughput_tok_s": tok_s}
+
+
+def test_dsde_sweep_summary_worked_example() -> None:
+    """Static-opt is the best fixed k per batch cap (the paper's per-dataset profiling); the Fig. 9 ratio is batch-64
+    over batch-1 throughput. Batch 1: AR 40 s, best fixed k=4 at 16 s (2.50x), kld 16.4 s (2.44x, 2.5% slower).
+    Batch 64: the cap halves p99 (10 -> 5 s) and kld scales 800 / 100 = 8x against 600 / 100 = 6x uncapped (+33.3%)."""
+    fixed = {f"fixed:k={k}": _row(e2e) for k, e2e in zip((2, 4, 6, 8, 10), (20.0, 16.0, 17.0, 18.0, 19.0))}
+    batch1 = {"fixed:k=0": _row(40.0), **fixed, "kld": _row(16.4), "kld:cap=false": _row(16.4)}
+    batch64 = {"fixed:k=0": _row(8.0), **{spec: _row(6.0) for spec in fixed}, "fixed:k=2": _row(4.0),
+               "kld": _row(5.0, p99_s=5.0, tok_s=800.0), "kld:cap=false": _row(6.4, p99_s=10.0, tok_s=600.0)}
+    text = "\n".join(sweep_summary({"dsde-a100x8-70b-bs64": batch64, "dsde-a100x8-70b-bs1": batch1}))
+    assert "| 1 | 40.0 | `fixed:k=4` | 2.50x | 2.44x | 2.5% slower | 2.44x |" in text
+    assert "| 64 | 8.0 | `fixed:k=2` | 2.00x | 1.60x | 25.0% slower | 1.25x | 5.0 / 10.0 |" in text
+    assert "p99 end-to-end latency by -50.0%" in text
+    assert "`kld` 8.00x, `kld:cap=false` 6.00x, so the cap adds +33.3% at batch 64" in text
+
+
+def test_dsde_sweeps_batch_caps_1_to_64() -> None:
+    """Table III's "varying batch sizes" and Fig. 9's 1 -> 64: one run per batch cap, the cap ablation in each."""
+    dsde = PAPERS["dsde"]
+    assert [run.scenario for run in dsde.runs] == [f"dsde-a100x8-70b-bs{b}" for b in (1, 8, 32, 64)]
+    assert all({"fixed:k=0", "kld", "kld:cap=false"} <= set(run.policies) for run in dsde.runs)
+    assert dsde.summary is sweep_summary

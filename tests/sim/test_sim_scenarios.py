@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from sim_helpers import small_scenario
@@ -25,11 +27,16 @@ REQUIRED_BUILTINS = {
     "nightjar-a100-13b-dynamic",
     "nightjar-l20x2-32b-dynamic",
     "adaspec-a100-7b-trace",
-    "dsde-a100x8-70b-batch",
+    "dsde-a100x8-70b-bs1",
+    "dsde-a100x8-70b-bs8",
+    "dsde-a100x8-70b-bs32",
+    "dsde-a100x8-70b-bs64",
     "speckv-3090-3b",
 }
 # Simulated seconds of arrivals kept per built-in in the brief run: enough for a few requests each.
 BRIEF_ARRIVALS_S = 12.0
+# Rows of a trace kept in the brief run (the DSDE sweep's 128 prompts at batch 1 take seconds to simulate).
+BRIEF_TRACE_ROWS = 16
 
 
 def test_builtins_exist_load_and_resolve() -> None:
@@ -40,10 +47,15 @@ def test_builtins_exist_load_and_resolve() -> None:
         assert resolve(scenario).num_kv_blocks > 0
 
 
-def _brief(name: str):
-    """The built-in with its arrivals cut to BRIEF_ARRIVALS_S seconds (leading idle segments dropped)."""
+def _brief(name: str, tmp_path):
+    """The built-in with its arrivals cut to BRIEF_ARRIVALS_S seconds (leading idle segments dropped) or its trace
+    to its first BRIEF_TRACE_ROWS requests (a copy in ``tmp_path``)."""
     scenario = load_scenario(name)
     arrivals = scenario.workload.arrivals.model_dump()
+    if arrivals["kind"] == "trace":
+        lines = Path(arrivals["path"]).read_text().splitlines(keepends=True)
+        arrivals["path"] = str(tmp_path / "brief.csv")
+        Path(arrivals["path"]).write_text("".join(lines[: BRIEF_TRACE_ROWS + 1]))
     if arrivals["kind"] == "piecewise":
         kept, t = [], 0.0
         segments = arrivals["segments"]
@@ -63,8 +75,8 @@ def _brief(name: str):
 
 @pytest.mark.parametrize("name", sorted(builtin_scenarios()))
 @pytest.mark.parametrize("policy", ["fixed:k=0", "fixed:k=3", "adaptive"])
-def test_every_builtin_runs_briefly_and_conserves_tokens(name: str, policy: str) -> None:
-    result = simulate(_brief(name), policy, seed=0)
+def test_every_builtin_runs_briefly_and_conserves_tokens(name: str, policy: str, tmp_path) -> None:
+    result = simulate(_brief(name, tmp_path), policy, seed=0)
     table = result.table
     assert len(table.arrival_s) > 0
     assert np.array_equal(table.num_output, table.output_tokens)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from specserve.sim import latency_check, latency_report
+from specserve.sim import latency_check, latency_report, leaderboard, leaderboard_report
 from specserve.sim.metrics import summarize
 from specserve.sim.mlp_dump import DEFAULT_MAX_SAMPLES, collect_samples, default_policy, write_samples
 from specserve.sim.reproduce import PAPERS, reproduce
@@ -90,6 +90,14 @@ def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> 
                        help=f"default: {DEFAULT_LEARNING_RATE:g}")
     train.add_argument("--seed", type=int, default=42, help="initialisation and shuffling seed (default: 42)")
     train.set_defaults(sim_handler=_train_mlp)
+    board = commands.add_parser("leaderboard", help="one policy against the whole zoo: every static rate, the dynamic "
+                                "scenarios, k switches (the bar adaptive must clear)")
+    board.add_argument("--policy", default="adaptive", help="policy spec to test (default: adaptive)")
+    board.add_argument("--scenarios", help="comma-separated built-in names or YAML files (default: all built-in)")
+    board.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
+    board.add_argument("--out", type=Path, help="write <policy>.md and its PNGs here (e.g. bench/results)")
+    board.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    board.set_defaults(sim_handler=_leaderboard)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,6 +170,37 @@ def _reproduce(args: argparse.Namespace) -> int:
     for path in reproduce(papers, args.out, args.seed, QUICK_S if args.quick else None):
         print(path)
     return 0
+
+
+def _leaderboard(args: argparse.Namespace) -> int:
+    try:
+        make_policy(args.policy, EngineTraits(max_k=8))
+    except ValueError as exc:
+        raise CommandError(f"--policy {args.policy!r}: {exc}") from None
+    names = [name.strip() for name in args.scenarios.split(",")] if args.scenarios else None
+    for name in names or []:
+        load_scenario(name)  # a bad name or file fails here, before any run
+    board = leaderboard.evaluate(args.policy, names, args.seed)
+    command = "specserve sim leaderboard" + (f" --policy {args.policy}" if args.policy != "adaptive" else "") + (
+        f" --scenarios {args.scenarios}" if args.scenarios else "") + (f" --out {args.out}" if args.out else "")
+    written = [str(path) for path in leaderboard_report.write_report(board, args.out, command)] if args.out else []
+    if args.json:
+        print(json.dumps({"policy": board.policy, "passed": board.passed(), "static_pass": board.static_pass(),
+                          "dynamic_pass": board.dynamic_pass(), "switches_pass": board.switches_pass(),
+                          "static": [{"scenario": c.scenario, "rate_qps": c.rate_qps, "best_rival": c.best_rival(board.policy),
+                                      "ratio": c.ratio(board.policy)} for c in board.static],
+                          "dynamic_means": board.dynamic_means(),
+                          "switches": [{"scenario": n, "ours": o, "bandit": b} for n, o, b in board.switches()],
+                          "written": written}, indent=2))
+    else:
+        for cell in board.static:
+            label = cell.scenario if cell.rate_qps is None else f"{cell.scenario} @ {cell.rate_qps:g} QPS"
+            print(f"{label:45s} {cell.ratio(board.policy):.3f} x {cell.best_rival(board.policy)}", file=sys.stderr)
+        print(f"static {board.static_pass()}, dynamic {board.dynamic_pass()}, switches {board.switches_pass()}",
+              file=sys.stderr)
+        for path in written:
+            print(path)
+    return 0 if board.passed() else 1
 
 
 def _mlp_samples(args: argparse.Namespace) -> int:

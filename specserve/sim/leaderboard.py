@@ -2,7 +2,7 @@
 
 The bar (the simulator issue, "Then beat them"):
 - **static rates**: on every scenario, at each arrival rate it holds still, throughput at least
-  ``STATIC_BAR`` x the best rival's. A Poisson scenario is one static cell; a piecewise, burst, oscillation
+  ``STATIC_BAR`` x the best rival's. A Poisson or trace scenario is one static cell; a piecewise, burst, oscillation
   or multi-peak scenario contributes one cell per distinct positive rate, each run as its own Poisson
   scenario over ``static_window_s`` (the same hardware, pair, lengths and acceptance);
 - **dynamic rates**: on the scenarios whose rate changes, the best mean over scenarios of throughput
@@ -31,6 +31,7 @@ from specserve.sim.config import (
     PiecewiseArrivals,
     PoissonArrivals,
     Scenario,
+    TraceArrivals,
 )
 from specserve.sim.runner import run_scenario
 from specserve.sim.scenario import builtin_scenarios, load_scenario
@@ -49,7 +50,10 @@ def rivals(policy: str, max_k: int) -> list[str]:
 
 
 def is_dynamic(scenario: Scenario) -> bool:
-    return not isinstance(scenario.workload.arrivals, PoissonArrivals)
+    """The arrival rate changes during the run. A trace counts as static: the built-in ones are offline
+    batches (DSDE's 128 prompts at t = 0)."""
+    return len(static_rates(scenario)) > 1 or (
+        not isinstance(scenario.workload.arrivals, PoissonArrivals | TraceArrivals) and len(static_rates(scenario)) > 0)
 
 
 def static_rates(scenario: Scenario) -> list[float]:
@@ -70,7 +74,7 @@ def static_rates(scenario: Scenario) -> list[float]:
 
 def at_static_rate(scenario: Scenario, rate_qps: float, window_s: float) -> Scenario:
     """The scenario under steady Poisson arrivals at ``rate_qps``; a Poisson scenario is returned as it is."""
-    if isinstance(scenario.workload.arrivals, PoissonArrivals):
+    if not is_dynamic(scenario):
         return scenario
     arrivals = PoissonArrivals(kind="poisson", rate_qps=rate_qps, duration_s=window_s)
     workload = scenario.workload.model_copy(update={"arrivals": arrivals})
@@ -146,9 +150,12 @@ def evaluate(
     """Run ``policy`` and its rivals on every scenario (default: all built-in) as written and at each static rate."""
     names = list(scenarios) if scenarios else sorted(builtin_scenarios())
     jobs: list[tuple[str, float | None, Scenario, str]] = []
+    dynamic_labels = set()
     for name in names:
         scenario = load_scenario(name)
         label = scenario.name
+        if is_dynamic(scenario):
+            dynamic_labels.add(label)
         specs = [policy, *rivals(policy, scenario.engine.max_k)]
         jobs += [(label, None, scenario, spec) for spec in specs]
         if is_dynamic(scenario):
@@ -162,9 +169,9 @@ def evaluate(
                                                     unit="run", file=sys.stderr):
             results.setdefault((label, rate), {})[spec] = summary
     whole = [Cell(label, None, res) for (label, rate), res in results.items() if rate is None]
-    dynamic = [cell for cell in whole if is_dynamic(load_scenario(cell.scenario))]
+    dynamic = [cell for cell in whole if cell.scenario in dynamic_labels]
     static = [Cell(label, rate, res) for (label, rate), res in results.items() if rate is not None]
-    static += [cell for cell in whole if cell not in dynamic]
+    static += [cell for cell in whole if cell.scenario not in dynamic_labels]
     static.sort(key=lambda cell: (cell.scenario, cell.rate_qps or 0.0))
     return Leaderboard(policy, seed, static, dynamic, whole)
 

@@ -114,3 +114,28 @@ def predicted_vs_measured(path: Path, title: str, panels: list[dict]) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def ratio_bars(path: Path, title: str, labels: list[str], ratios: list[float], bar: float | None,
+               highlight: str | None = None) -> Path:
+    """Horizontal bars of ratios (1 = as good as the best); ``bar`` draws the pass line, ``highlight`` colours
+    one label's bar."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 0.28 * len(labels) + 1.4))
+    colours = ["tab:orange" if label == highlight else "tab:blue" for label in labels]
+    if bar is not None:
+        colours = ["tab:red" if ratio < bar else colour for ratio, colour in zip(ratios, colours)]
+    ax.barh(range(len(labels)), ratios, color=colours)
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.invert_yaxis()
+    low = min([*ratios, bar or 1.0]) - 0.01
+    ax.set_xlim(max(0.0, low), max([*ratios, 1.0]) + 0.005)
+    ax.axvline(1.0, color="grey", linewidth=0.8)
+    if bar is not None:
+        ax.axvline(bar, color="tab:red", linestyle="--", linewidth=1, label=f"bar {bar:g}")
+        ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

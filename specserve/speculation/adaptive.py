@@ -14,7 +14,8 @@
    cannot shed (the ridge point moves with the context) does not decide k.
 4. **Hysteresis.** A new k must beat the current one by ``switch_margin``; every switch re-sizes the
    draft's batch and, in vLLM, cuts drafts already proposed. Exploration of neighbouring k (needed by any
-   online fit, probe.NeighbourExplorer) runs every ``explore_interval_s``, less often than goodput's.
+   online fit, probe.NeighbourExplorer) runs every ``explore_interval_s``, less often than goodput's, and
+   backs off (doubling, up to ``explore_backoff_max`` x) while the explorations leave k where it is.
 
 No separate SLO guard: for a fixed batch, maximising B * l(k) / D(k) is minimising the decodes' TPOT
 D(k) / l(k), which is what AdaSpec's SLO-constrained goodput (research/adaspec.md §3) protects.
@@ -46,8 +47,11 @@ class AdaptiveParams:
     # Relative gain over k = 0 needed to speculate at all (goodput.py: vLLM's k = 0 still runs a draft pass).
     min_gain: float = 0.02
     # Relative gain over the current k needed to move to another k > 0.
-    switch_margin: float = 0.01
+    switch_margin: float = 0.03
     explore_interval_s: float = 2.0
+    # Each exploration after which k still holds doubles the interval, up to this many times the base: a k
+    # that keeps winning needs less checking (Nightjar's exploration decays too, research/nightjar.md §2.5).
+    explore_backoff_max: float = 8.0
     # Samples each (batch bucket, k) residual average remembers (bucket_correction.py).
     correction_memory: float = 20.0
 
@@ -63,6 +67,7 @@ class AdaptiveParams:
             "switch_margin": 0.0 <= self.switch_margin < 1.0,
             "explore_interval_s": self.explore_interval_s > 0,
             "correction_memory": self.correction_memory >= 1.0,
+            "explore_backoff_max": self.explore_backoff_max >= 1.0,
         }
         for name, ok in checks.items():
             if not ok:
@@ -88,11 +93,15 @@ class AdaptivePolicy(Policy):
         self.explorer = NeighbourExplorer(params.explore_interval_s)
         # The k the policy itself chose last (exploration and probe steps aside).
         self._k = 0
+        self._explorations_seen = 0
         self._last_goodput_tokens_per_s = 0.0
 
     def choose(self, ctx: StepContext) -> Decision:
-        if not ctx.draft_resident or ctx.num_running == 0:
+        if not ctx.draft_resident:
             return Decision(k=0)
+        if ctx.num_running == 0:
+            # Nothing decodes, so k changes nothing this step; keeping it avoids two switches per idle gap.
+            return Decision(k=self._k)
         goodputs = [self.predict_goodput(ctx, k) for k in range(self.limit_k + 1)]
         k = argmax_smallest(goodputs)
         if k > 0 and goodputs[k] < goodputs[0] * (1.0 + self.params.min_gain):
@@ -100,6 +109,7 @@ class AdaptivePolicy(Policy):
         current = min(self._k, self.limit_k)
         if k > 0 and current > 0 and goodputs[k] < goodputs[current] * (1.0 + self.params.switch_margin):
             k = current
+        self._back_off_exploration(k)
         self._k = k
         self._last_goodput_tokens_per_s = goodputs[k]
         if k > 0:
@@ -110,6 +120,14 @@ class AdaptivePolicy(Policy):
             if self.limit_k > 0 and self.probe.should_probe(ctx.now_s):
                 k = min(self.params.probe_k, self.limit_k)
         return Decision(k=k)
+
+    def _back_off_exploration(self, k: int) -> None:
+        base = self.params.explore_interval_s
+        if k != self._k:
+            self.explorer.interval_s = base
+        elif self.explorer.num_explorations > self._explorations_seen:
+            self.explorer.interval_s = min(2.0 * self.explorer.interval_s, base * self.params.explore_backoff_max)
+        self._explorations_seen = self.explorer.num_explorations
 
     def observe(self, record: StepRecord) -> None:
         # The residual is taken before the fit sees the step: out of sample, like the predictions it corrects.

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from specserve.speculation.acceptance import PositionAcceptance
 from specserve.speculation.bucket_correction import BucketCorrection
+from specserve.speculation.goodput import describe_estimates
 from specserve.speculation.hinge_latency import HingeLatencyModel
 from specserve.speculation.policy import Policy, register
 from specserve.speculation.probe import NeighbourExplorer, ZeroProbe
@@ -152,11 +153,4 @@ class AdaptivePolicy(Policy):
         return ctx.num_running * self.acceptance.expected_tokens(k) / max(self.decode_seconds(ctx, k), 1e-9)
 
     def describe(self) -> dict[str, float]:
-        alphas = self.acceptance.alphas()[: max(1, self.limit_k)]
-        out = {f"alpha_{pos}": alpha for pos, alpha in enumerate(alphas)}
-        out["mean_alpha"] = self.acceptance.mean_alpha()
-        out.update({f"latency_{name}": value for name, value in self.latency.coefficients().items()})
-        out["predicted_goodput_tokens_per_s"] = self._last_goodput_tokens_per_s
-        out["num_probes"] = float(self.probe.num_probes)
-        out["num_explorations"] = float(self.explorer.num_explorations)
-        return out
+        return describe_estimates(self)

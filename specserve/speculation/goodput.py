@@ -139,11 +139,17 @@ class GoodputPolicy(Policy):
         return batch * self.acceptance.expected_tokens(k) / max(step_s, 1e-9)
 
     def describe(self) -> dict[str, float]:
-        alphas = self.acceptance.alphas()[: max(1, self.limit_k)]
-        out = {f"alpha_{pos}": alpha for pos, alpha in enumerate(alphas)}
-        out["mean_alpha"] = self.acceptance.mean_alpha()
-        out.update({f"latency_{name}": value for name, value in self.latency.coefficients().items()})
-        out["predicted_goodput_tokens_per_s"] = self._last_goodput_tokens_per_s
-        out["num_probes"] = float(self.probe.num_probes)
-        out["num_explorations"] = float(self.explorer.num_explorations)
-        return out
+        return describe_estimates(self)
+
+
+def describe_estimates(policy: GoodputPolicy | Policy) -> dict[str, float]:
+    """What a goodput-style policy estimates (per-position alpha, latency fit, last prediction, probes), for
+    ``describe``; shared with adaptive.py, whose policy keeps the same attributes."""
+    alphas = policy.acceptance.alphas()[: max(1, policy.limit_k)]
+    out = {f"alpha_{pos}": alpha for pos, alpha in enumerate(alphas)}
+    out["mean_alpha"] = policy.acceptance.mean_alpha()
+    out.update({f"latency_{name}": value for name, value in policy.latency.coefficients().items()})
+    out["predicted_goodput_tokens_per_s"] = policy._last_goodput_tokens_per_s
+    out["num_probes"] = float(policy.probe.num_probes)
+    out["num_explorations"] = float(policy.explorer.num_explorations)
+    return out

@@ -26,7 +26,7 @@ GOLDEN_EVENTS = [
     (1.055793, "STEP_END", 0, 0),
     (1.055793, "STEP_START", 0, 0),
 ]
-GOLDEN_KS = [0, 1, 2, 1, 1, 0, 1, 1, 1, 1, 0, 2, 3, 0, 4, 2]
+GOLDEN_KS = [0, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 2, 3, 3, 4, 2]
 
 
 def test_golden_trace() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 from specserve.sim import Scenario, parse_scenario
@@ -30,3 +32,22 @@ def small_scenario(**overrides: Any) -> Scenario:
         else:
             raw[key] = value
     return parse_scenario(raw)
+
+
+# A tiny scenario as YAML text, for the command-line tests that read scenario files.
+SMALL_YAML = """\
+description: a tiny scenario for the command-line tests
+hardware: h100
+pair: llama2-7b+160m
+latency: {kind: linear}
+engine: {max_k: 4}
+workload:
+  lengths: {prompt_tokens: {mean: 64, std: 16}, output_tokens: {mean: 32, std: 8}}
+  arrivals: {kind: poisson, rate_qps: 4, duration_s: 5}
+acceptance: {mean: 0.7}
+"""
+
+
+def sim_cli(*args: str) -> subprocess.CompletedProcess:
+    """``python -m specserve.sim ARGS`` with its output captured."""
+    return subprocess.run([sys.executable, "-m", "specserve.sim", *args], capture_output=True, text=True, timeout=60)

@@ -3,28 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
+from sim_helpers import SMALL_YAML, sim_cli
+
 from specserve.sim.cli import CommandError, split_policies
 
-SMALL = """\
-description: a tiny scenario for the command-line tests
-hardware: h100
-pair: llama2-7b+160m
-latency: {kind: linear}
-engine: {max_k: 4}
-workload:
-  lengths: {prompt_tokens: {mean: 64, std: 16}, output_tokens: {mean: 32, std: 8}}
-  arrivals: {kind: poisson, rate_qps: 4, duration_s: 5}
-acceptance: {mean: 0.7}
-"""
-
-
-def sim(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specserve.sim", *args], capture_output=True, text=True, timeout=60)
+SMALL = SMALL_YAML
+sim = sim_cli
 
 
 def test_split_policies_keeps_parameters_with_their_policy() -> None:

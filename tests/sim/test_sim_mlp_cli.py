@@ -3,31 +3,18 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import yaml
+
+from sim_helpers import SMALL_YAML, sim_cli
 
 from specserve.sim.mlp_dump import collect_samples, default_policy
 from specserve.sim.scenario import parse_scenario
 from specserve.speculation.mlp_model import FEATURE_NAMES, weights_from_json
 
-SMALL = """\
-description: a tiny scenario for the mlp command-line tests
-hardware: h100
-pair: llama2-7b+160m
-latency: {kind: linear}
-engine: {max_k: 4}
-workload:
-  lengths: {prompt_tokens: {mean: 64, std: 16}, output_tokens: {mean: 32, std: 8}}
-  arrivals: {kind: poisson, rate_qps: 4, duration_s: 5}
-acceptance: {mean: 0.7}
-"""
-
-
-def sim(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specserve.sim", *args], capture_output=True, text=True, timeout=60)
+SMALL = SMALL_YAML
+sim = sim_cli
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ so drafts an early stop never made keep their slots too; rejected slots stay all
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -90,8 +91,6 @@ class Replica:
         self.on_step = on_step
         self.batch = RunningBatch()
         self.waiting: deque[int] = deque()
-        # Prompt plus already generated tokens over the waiting queue: what admitting them must compute.
-        self._num_waiting_tokens = 0
         self._pending: _Pending | None = None
         # Per-step series for plots: step start time, k, scheduled requests.
         self.series_time_s: list[float] = []
@@ -106,7 +105,6 @@ class Replica:
 
     def add(self, request: int) -> None:
         self.waiting.append(request)
-        self._num_waiting_tokens += int(self.table.prompt_tokens[request] + self.table.num_output[request])
 
     # -- the step ------------------------------------------------------------------------------------
 
@@ -162,7 +160,7 @@ class Replica:
     def _context(self, now_s: float) -> StepContext:
         b = self.batch
         remaining = b.prompt + b.num_output - b.num_computed
-        pending_prefill = int(remaining[remaining > 1].sum()) + self._num_waiting_tokens
+        pending_prefill = int(remaining[remaining > 1].sum()) + self._admissible_waiting_tokens()
         return StepContext(
             now_s=now_s,
             num_running=len(b),
@@ -174,6 +172,20 @@ class Replica:
             request_ids=tuple(self.table.request_ids[b.ids]),
             slo_tpot_s=self.slo_tpot_s,
         )
+
+    def _admissible_waiting_tokens(self) -> int:
+        """Prompt tokens of the waiting requests that free seats could admit this step, up to the token budget.
+
+        Only those can join the step's prefill: counting the whole queue told policies that an offline batch
+        at ``max_num_seqs`` prefilled a full budget every step while it prefilled nothing.
+        """
+        seats = self.cfg.max_num_seqs - len(self.batch)
+        total = 0
+        for request in islice(self.waiting, max(seats, 0)):
+            if total >= self.cfg.max_num_batched_tokens:
+                break
+            total += int(self.table.prompt_tokens[request] + self.table.num_output[request])
+        return total
 
     def _caps(self, decision: Decision, request_ids: tuple[str, ...]) -> np.ndarray | None:
         """Drafts allowed per running row (aligned with ``request_ids``), or None when no request is capped.
@@ -220,7 +232,6 @@ class Replica:
             self.table.num_output[request] = b.num_output[last]
             self.table.num_preemptions[request] += 1
             self.waiting.appendleft(request)
-            self._num_waiting_tokens += int(b.prompt[last] + b.num_output[last])
             b.keep(slice(0, last))
             num_preempted += 1
             grant = self._grant(k, caps)
@@ -242,7 +253,6 @@ class Replica:
             if blocks > free:
                 break
             self.waiting.popleft()
-            self._num_waiting_tokens -= num_tokens
             admitted.append(request)
             budget, free = budget - tokens, free - blocks
         if admitted:

@@ -168,3 +168,28 @@ def test_every_registered_policy_runs_in_the_simulator(name: str) -> None:
     result, steps = run_logged(small_scenario(), name)
     assert np.array_equal(result.table.num_output, result.table.output_tokens)
     assert all(record.k <= 4 for record, _ in steps)
+
+
+def test_step_context_counts_only_the_prefill_that_can_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Overloaded with two seats: a long queue waits while both seats decode. The queue's prompts cannot join
+    # such a step, so its context must not announce them (policies price k against the step's prefill).
+    import specserve.sim.kernel as kernel
+
+    contexts = []
+    make_policy = kernel.make_policy
+
+    def recording(spec, traits):
+        policy = make_policy(spec, traits)
+        choose = policy.choose
+        policy.choose = lambda ctx: contexts.append(ctx) or choose(ctx)
+        return policy
+
+    monkeypatch.setattr(kernel, "make_policy", recording)
+    scenario = small_scenario(engine={"max_num_seqs": 2}, workload={"arrivals": {"kind": "poisson", "rate_qps": 40,
+                                                                                 "duration_s": 2}})
+    _, steps = run_logged(scenario, "fixed:k=0")
+    assert len(contexts) == len(steps)
+    assert max(ctx.num_waiting for ctx in contexts) > 10
+    for ctx, (record, _) in zip(contexts, steps):
+        assert ctx.num_prefill_tokens <= record.num_batched_tokens
+    assert any(ctx.num_prefill_tokens > 0 for ctx in contexts)

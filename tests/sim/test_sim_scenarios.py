@@ -32,6 +32,7 @@ REQUIRED_BUILTINS = {
     "dsde-a100x8-70b-bs32",
     "dsde-a100x8-70b-bs64",
     "speckv-3090-3b",
+    "eagle-h100-8b",  # not a paper's: Llama-3.1-8B + an EAGLE-style head
 }
 # Simulated seconds of arrivals kept per built-in in the brief run: enough for a few requests each.
 BRIEF_ARRIVALS_S = 12.0
@@ -84,6 +85,15 @@ def test_every_builtin_runs_briefly_and_conserves_tokens(name: str, policy: str,
     summary = summarize(result)
     assert summary["throughput_tok_s"] > 0 and summary["mean_tpot_s"] > 0
     assert 0 <= summary["acceptance"] <= 1 and summary["mean_k"] <= result.resolved.scenario.engine.max_k
+
+
+def test_eagle_scenario_speculation_pays_at_low_load() -> None:
+    # eagle-h100-8b at its first segment's rate (1 QPS, here 15 s): the cheap head makes long chains pay.
+    scenario = load_scenario("eagle-h100-8b")
+    arrivals = {"kind": "poisson", "rate_qps": 1, "duration_s": 15}
+    scenario = parse_scenario({**scenario.model_dump(), "workload": {"dataset": "sharegpt", "arrivals": arrivals}})
+    e2e = {k: summarize(simulate(scenario, f"fixed:k={k}", seed=0))["mean_e2e_s"] for k in (0, 1, 4)}
+    assert e2e[4] < e2e[1] < e2e[0] / 1.5
 
 
 def test_unknown_key_is_named() -> None:

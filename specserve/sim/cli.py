@@ -94,7 +94,9 @@ def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> 
                                 "scenarios, k switches (the bar adaptive must clear)")
     board.add_argument("--policy", default="adaptive", help="policy spec to test (default: adaptive)")
     board.add_argument("--scenarios", help="comma-separated built-in names or YAML files (default: all built-in)")
-    board.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
+    board.add_argument("--seed", type=int, default=0, help="first run seed (default: 0)")
+    board.add_argument("--seeds", type=int, default=3,
+                       help="runs per cell, seeds SEED..SEED+N-1; each cell is their mean (default: 3)")
     board.add_argument("--out", type=Path, help="write <policy>.md and its PNGs here (e.g. bench/results)")
     board.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     board.set_defaults(sim_handler=_leaderboard)
@@ -180,9 +182,13 @@ def _leaderboard(args: argparse.Namespace) -> int:
     names = [name.strip() for name in args.scenarios.split(",")] if args.scenarios else None
     for name in names or []:
         load_scenario(name)  # a bad name or file fails here, before any run
-    board = leaderboard.evaluate(args.policy, names, args.seed)
+    if args.seeds < 1:
+        raise CommandError(f"--seeds {args.seeds}: needs at least 1 run per cell")
+    board = leaderboard.evaluate(args.policy, names, range(args.seed, args.seed + args.seeds))
     command = "specserve sim leaderboard" + (f" --policy {args.policy}" if args.policy != "adaptive" else "") + (
-        f" --scenarios {args.scenarios}" if args.scenarios else "") + (f" --out {args.out}" if args.out else "")
+        f" --scenarios {args.scenarios}" if args.scenarios else "") + (
+        f" --seed {args.seed}" if args.seed else "") + (f" --seeds {args.seeds}" if args.seeds != 3 else "") + (
+        f" --out {args.out}" if args.out else "")
     written = [str(path) for path in leaderboard_report.write_report(board, args.out, command)] if args.out else []
     if args.json:
         print(json.dumps({"policy": board.policy, "passed": board.passed(), "static_pass": board.static_pass(),

@@ -81,8 +81,9 @@ class Simulator:
         self._check_fits(workload)
         acceptance = AcceptanceModel(scenario.acceptance, engine.max_k)
         table = RequestTable(workload, acceptance.draw_alphas(workload.arrival_s, alpha_rng))
-        traits = EngineTraits(max_k=engine.max_k, k0_runs_draft_pass=engine.k0_runs_draft_pass)
         signals = SignalModel(scenario.acceptance.signals) if scenario.acceptance.signals.enabled else None
+        traits = EngineTraits(max_k=engine.max_k, k0_runs_draft_pass=engine.k0_runs_draft_pass,
+                              asks_stop_drafting=signals is not None)
         slo_tpot_s = scenario.slo.max_tpot_s if scenario.slo is not None else None
         replicas = []
         for i, (verdict_rng, signal_rng) in enumerate(zip(verdict_rngs, signal_rngs)):

@@ -28,6 +28,16 @@ def expected_tokens(alphas: Sequence[float], k: int) -> float:
     return total
 
 
+def expected_tokens_upto(alphas: Sequence[float], max_k: int) -> list[float]:
+    """``expected_tokens(alphas, k)`` for k = 0 .. max_k: the same sums, taken once."""
+    out, total, survive = [1.0], 1.0, 1.0
+    for pos in range(max_k):
+        survive *= alphas[min(pos, len(alphas) - 1)] if alphas else 1.0
+        total += survive
+        out.append(total)
+    return out
+
+
 class PositionAcceptance:
     """Exponentially forgotten per-position acceptance counts with a shrinkage prior.
 
@@ -92,6 +102,10 @@ class PositionAcceptance:
     def expected_tokens(self, k: int) -> float:
         """Expected tokens per request per step for k drafts (Eq. 4 generalised per position)."""
         return expected_tokens(self._alphas, k)
+
+    def expected_tokens_upto(self, max_k: int) -> list[float]:
+        """``expected_tokens(k)`` for k = 0 .. max_k, in one pass."""
+        return expected_tokens_upto(self._alphas, max_k)
 
     def num_reached(self) -> list[float]:
         """Decayed sample count per position: how much evidence each alpha rests on."""

@@ -16,6 +16,11 @@
    draft's batch and, in vLLM, cuts drafts already proposed. Exploration of neighbouring k (needed by any
    online fit, probe.NeighbourExplorer) runs every ``explore_interval_s``, less often than goodput's, and
    backs off (doubling, up to ``explore_backoff_max`` x) while the explorations leave k where it is.
+5. **Confidence-driven draft length** (early_stop.py), where the engine asks after each draft pass
+   (``EngineTraits.asks_stop_drafting``; the simulator, not vLLM yet): the step is granted up to
+   ``early_stop_extra`` drafts beyond k, and the loop stops once the drafts' confidences say further passes
+   lower the same objective. AdaSpec's execute-correct loop (research/adaspec.md §5.1) stops early only;
+   letting sure drafts run on is where a batch of one gains most.
 
 No separate SLO guard: for a fixed batch, maximising B * l(k) / D(k) is minimising the decodes' TPOT
 D(k) / l(k), which is what AdaSpec's SLO-constrained goodput (research/adaspec.md §3) protects.
@@ -26,8 +31,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from specserve.speculation.acceptance import PositionAcceptance
 from specserve.speculation.bucket_correction import BucketCorrection
+from specserve.speculation.early_stop import ConfidenceStop
 from specserve.speculation.goodput import describe_estimates
 from specserve.speculation.hinge_latency import HingeLatencyModel
 from specserve.speculation.policy import Policy, register
@@ -55,6 +63,8 @@ class AdaptiveParams:
     explore_backoff_max: float = 8.0
     # Samples each (batch bucket, k) residual average remembers (bucket_correction.py).
     correction_memory: float = 20.0
+    # Drafts granted beyond k when the engine lets confidences stop the loop (module docstring, 5).
+    early_stop_extra: int = 2
 
     def __post_init__(self) -> None:
         checks = {
@@ -69,6 +79,7 @@ class AdaptiveParams:
             "explore_interval_s": self.explore_interval_s > 0,
             "correction_memory": self.correction_memory >= 1.0,
             "explore_backoff_max": self.explore_backoff_max >= 1.0,
+            "early_stop_extra": self.early_stop_extra >= 0,
         }
         for name, ok in checks.items():
             if not ok:
@@ -96,14 +107,19 @@ class AdaptivePolicy(Policy):
         self._k = 0
         self._explorations_seen = 0
         self._last_goodput_tokens_per_s = 0.0
+        self._draft_loop: ConfidenceStop | None = None
+        self.num_early_stops = 0
 
     def choose(self, ctx: StepContext) -> Decision:
+        self._draft_loop = None
         if not ctx.draft_resident:
             return Decision(k=0)
         if ctx.num_running == 0:
             # Nothing decodes, so k changes nothing this step; keeping it avoids two switches per idle gap.
             return Decision(k=self._k)
-        goodputs = [self.predict_goodput(ctx, k) for k in range(self.limit_k + 1)]
+        seconds = np.maximum(self.decode_seconds_all(ctx), 1e-9).tolist()
+        tokens = self.acceptance.expected_tokens_upto(self.limit_k)
+        goodputs = [ctx.num_running * n / s for n, s in zip(tokens, seconds)]
         k = argmax_smallest(goodputs)
         if k > 0 and goodputs[k] < goodputs[0] * (1.0 + self.params.min_gain):
             k = 0
@@ -116,11 +132,22 @@ class AdaptivePolicy(Policy):
         if k > 0:
             self.probe.speculating()
             k = self.explorer.neighbour(ctx.now_s, k, self.limit_k)
+            if self.traits.asks_stop_drafting:
+                k = min(k + self.params.early_stop_extra, self.limit_k)
+                self._draft_loop = ConfidenceStop(ctx.num_running, seconds, self.acceptance.alphas(), k)
         else:
             self.explorer.stopped()
             if self.limit_k > 0 and self.probe.should_probe(ctx.now_s):
                 k = min(self.params.probe_k, self.limit_k)
         return Decision(k=k)
+
+    def stop_drafting(self, position: int, confidence: float) -> bool:
+        if self._draft_loop is None:
+            return False
+        stop = self._draft_loop.after_pass(position, confidence)
+        if stop and position + 1 < self._draft_loop.max_passes:
+            self.num_early_stops += 1
+        return stop
 
     def _back_off_exploration(self, k: int) -> None:
         base = self.params.explore_interval_s
@@ -134,23 +161,32 @@ class AdaptivePolicy(Policy):
         # The residual is taken before the fit sees the step: out of sample, like the predictions it corrects.
         predicted_s = self.latency.predict(record.num_context_tokens, record.num_batched_tokens,
                                            record.num_draft_passes, record.num_running)
-        self.correction.observe(record.num_running, record.k, record.duration_s - predicted_s)
+        # Keyed by the drafts the step ran, which an early stop makes fewer than its k.
+        k_run = max(record.num_drafted_per_request, default=0) or record.k
+        self.correction.observe(record.num_running, k_run, record.duration_s - predicted_s)
         self.latency.observe(record)
         if record.num_drafted > 0:
             self.acceptance.observe(record)
             self.probe.verdict()
 
-    def decode_seconds(self, ctx: StepContext, k: int) -> float:
-        """The step's time the decodes are charged with at k: all of it minus the prefill's own marginal cost."""
+    def decode_seconds_all(self, ctx: StepContext) -> np.ndarray:
+        """Per k = 0 .. limit_k, the step's time the decodes are charged with: all of it minus the prefill's own
+        marginal cost."""
         batch, prefill = ctx.num_running, ctx.num_prefill_tokens
-        passes = k if k > 0 else int(self.traits.k0_runs_draft_pass)
-        step_s = self.latency.predict(ctx.num_context_tokens, prefill + batch * (k + 1), passes, batch)
+        ks = np.arange(self.limit_k + 1)
+        passes = np.where(ks > 0, ks, int(self.traits.k0_runs_draft_pass))
+        step_s = self.latency.predict_many(ctx.num_context_tokens, prefill + batch * (ks + 1), passes, batch)
         prefill_s = self.latency.predict(0, prefill, 0, 0) - self.latency.predict(0, 0, 0, 0) if prefill else 0.0
-        return step_s - prefill_s + self.correction.correction_s(batch, k)
+        return step_s - prefill_s + np.array(self.correction.corrections_s(batch, self.limit_k + 1))
+
+    def decode_seconds(self, ctx: StepContext, k: int) -> float:
+        return float(self.decode_seconds_all(ctx)[k])
 
     def predict_goodput(self, ctx: StepContext, k: int) -> float:
         """Expected emitted tokens per second of the batch's decodes if this step speculates k."""
         return ctx.num_running * self.acceptance.expected_tokens(k) / max(self.decode_seconds(ctx, k), 1e-9)
 
     def describe(self) -> dict[str, float]:
-        return describe_estimates(self)
+        out = describe_estimates(self)
+        out["num_early_stops"] = float(self.num_early_stops)
+        return out

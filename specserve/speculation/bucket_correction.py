@@ -44,6 +44,21 @@ class BucketCorrection:
         fallback = max((c for (b, _), c in self._cells.items() if b == bucket), key=lambda c: c[1], default=None)
         return fallback[0] if fallback is not None else 0.0
 
+    def corrections_s(self, num_running: int, num_k: int) -> list[float]:
+        """``correction_s`` for k = 0 .. num_k - 1, the bucket's fallback found once."""
+        bucket = bucket_of(num_running)
+        fallback: list[float] | None = None
+        out = []
+        for k in range(num_k):
+            cell = self._cells.get((bucket, k))
+            if cell is None:
+                if fallback is None:
+                    fallback = max((c for (b, _), c in self._cells.items() if b == bucket), key=lambda c: c[1],
+                                   default=[0.0, 0.0])
+                cell = fallback
+            out.append(cell[0])
+        return out
+
     def num_samples(self, num_running: int, k: int) -> float:
         cell = self._cells.get((bucket_of(num_running), k))
         return cell[1] if cell is not None else 0.0

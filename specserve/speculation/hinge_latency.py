@@ -50,6 +50,8 @@ def features(num_context_tokens: float, num_batched_tokens: float, num_draft_pas
     ]
 
 
+_TOKEN_KNOTS = np.array(TOKEN_KNOTS, dtype=np.float64)
+_REQUEST_KNOTS = np.array(REQUEST_KNOTS, dtype=np.float64)
 _NUM_TOKEN = len(TOKEN_KNOTS)
 _NUM_REQUEST = len(REQUEST_KNOTS)
 _PRIOR = np.array([*BASE_PRIOR, *[0.0] * _NUM_TOKEN, *DRAFT_PRIOR, *[0.0] * _NUM_REQUEST])
@@ -64,11 +66,17 @@ _REQUEST_SPLINE = slice(4 + _NUM_TOKEN, 5 + _NUM_TOKEN + _NUM_REQUEST)
 class HingeLatencyModel:
     """Predicts a step's seconds from its shape; learns from every ``StepRecord``."""
 
-    def __init__(self, half_life_steps: float = 1000.0, prior_weight: float = 1.0) -> None:
+    def __init__(self, half_life_steps: float = 1000.0, prior_weight: float = 1.0, refit_every: int = 4) -> None:
         if not half_life_steps > 0:
             raise ValueError(f"half_life_steps={half_life_steps} must be positive")
         if not prior_weight > 0:
             raise ValueError(f"prior_weight={prior_weight} must be positive: it keeps the fit identifiable")
+        if refit_every < 1:
+            raise ValueError(f"refit_every={refit_every} must be at least 1")
+        # The solve is most of the model's cost per step. With a half-life of hundreds of steps, coefficients a
+        # few steps old predict as well; the first steps after a cold start are refitted every time.
+        self._refit_every = refit_every
+        self._stale = 0
         self._decay = math.pow(0.5, 1.0 / half_life_steps)
         self._prior_weight = prior_weight
         n = len(_PRIOR)
@@ -85,12 +93,30 @@ class HingeLatencyModel:
         self._moment *= self._decay
         self._moment += x * record.duration_s
         self._num_samples = self._decay * self._num_samples + 1.0
-        self._coefficients = None
+        self._stale += 1
+        if self._stale >= self._refit_every or self._num_samples < 8 * self._refit_every:
+            self._coefficients = None
 
     def predict(self, num_context_tokens: float, num_batched_tokens: float, num_draft_passes: float,
                 num_running: float) -> float:
         x = features(num_context_tokens, num_batched_tokens, num_draft_passes, num_running)
         return float(np.dot(self._current(), x))
+
+    def predict_many(self, num_context_tokens: float, num_batched_tokens: np.ndarray, num_draft_passes: np.ndarray,
+                     num_running: float) -> np.ndarray:
+        """``predict`` for several shapes at once that share the context and the batch (one row per k)."""
+        n = np.asarray(num_batched_tokens, dtype=np.float64)
+        passes = np.asarray(num_draft_passes, dtype=np.float64)
+        b = float(num_running)
+        x = np.empty((len(n), len(_PRIOR)))
+        x[:, 0] = 1.0
+        x[:, 1] = float(num_context_tokens)
+        x[:, 2] = n
+        x[:, 3:3 + _NUM_TOKEN] = np.maximum(n[:, None] - _TOKEN_KNOTS, 0.0)
+        x[:, 3 + _NUM_TOKEN] = passes
+        x[:, 4 + _NUM_TOKEN] = passes * b
+        x[:, 5 + _NUM_TOKEN:] = passes[:, None] * np.maximum(b - _REQUEST_KNOTS, 0.0)
+        return x @ self._current()
 
     def coefficients(self) -> dict[str, float]:
         """Coefficients by name; the spline increments are named by their knot."""
@@ -105,6 +131,7 @@ class HingeLatencyModel:
     def _current(self) -> np.ndarray:
         if self._coefficients is None:
             self._coefficients = self._solve()
+            self._stale = 0
         return self._coefficients
 
     def _solve(self) -> np.ndarray:
@@ -122,4 +149,6 @@ def _monotone_spline(coefficients: np.ndarray) -> np.ndarray:
     """Slope then increments, adjusted so every segment's slope is non-negative: a fitted negative cost
     is noise and must not make a bigger step look cheaper."""
     slopes = np.maximum(np.cumsum(coefficients), 0.0)
-    return np.diff(slopes, prepend=0.0)
+    increments = slopes.copy()
+    increments[1:] -= slopes[:-1]
+    return increments

@@ -19,6 +19,9 @@ class EngineTraits:
     # vLLM's k=0 still runs one draft forward pass per step to keep the draft's KV cache in sync, so
     # "speculation off" is not free there. A policy's cost model must charge that pass.
     k0_runs_draft_pass: bool = True
+    # The draft loop asks ``Policy.stop_drafting`` after every pass, with the pass's draft confidence (the
+    # simulator with draft signals on). The vLLM engine cannot stop its draft loop early yet.
+    asks_stop_drafting: bool = False
 
 
 @dataclass(frozen=True, slots=True)

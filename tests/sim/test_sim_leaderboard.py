@@ -12,6 +12,8 @@ from sim_helpers import small_scenario
 
 from specserve.sim.leaderboard import Cell, at_static_rate, evaluate, is_dynamic, rivals, static_rates
 from specserve.sim.leaderboard_report import write_report
+from specserve.sim.runner import run_scenario
+from specserve.sim.scenario import load_scenario
 
 
 def two_rate_file(tmp_path):
@@ -43,7 +45,7 @@ def test_cell_ratio_is_against_the_best_rival() -> None:
 
 
 def test_evaluate_and_report(tmp_path) -> None:
-    board = evaluate("adaptive", [str(two_rate_file(tmp_path))], static_window_s=6.0, workers=2)
+    board = evaluate("adaptive", [str(two_rate_file(tmp_path))], seeds=(0,), static_window_s=6.0, workers=2)
     assert [cell.rate_qps for cell in board.static] == [2, 8]
     assert len(board.dynamic) == 1 and set(board.dynamic[0].results) == {"adaptive", *rivals("adaptive", 4)}
     means = board.dynamic_means()
@@ -54,8 +56,21 @@ def test_evaluate_and_report(tmp_path) -> None:
     assert "## Static rates" in text and "| two-rates | 8 |" in text and all(p.stat().st_size > 0 for p in written)
 
 
+def test_cells_hold_the_mean_over_seeds(tmp_path) -> None:
+    path = str(two_rate_file(tmp_path))
+    board = evaluate("adaptive", [path], seeds=(3, 4), static_window_s=6.0, workers=2)
+    cell = next(c for c in board.whole)
+    runs = [run_scenario(load_scenario(path), "fixed:k=2", seed) for seed in (3, 4)]
+    expected = sum(r["throughput_tok_s"] for r in runs) / 2
+    assert cell.results["fixed:k=2"]["throughput_tok_s"] == pytest.approx(expected)
+    assert runs[0]["throughput_tok_s"] != runs[1]["throughput_tok_s"]
+    with pytest.raises(ValueError, match="seeds is empty"):
+        evaluate("adaptive", [path], seeds=())
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--policy", "nosuch"], "unknown policy 'nosuch'"),
+    (["--seeds", "0"], "--seeds 0"),
     (["--scenarios", "no-such-scenario"], "no-such-scenario"),
 ])
 def test_cli_errors_name_the_bad_value(args, message) -> None:
@@ -65,7 +80,7 @@ def test_cli_errors_name_the_bad_value(args, message) -> None:
 
 def test_cli_json(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-m", "specserve.sim", "leaderboard", "--scenarios",
-                           str(two_rate_file(tmp_path)), "--json"], capture_output=True, text=True)
+                           str(two_rate_file(tmp_path)), "--seeds", "1", "--json"], capture_output=True, text=True)
     assert done.returncode in (0, 1), done.stderr
     document = json.loads(done.stdout)
     assert document["policy"] == "adaptive" and len(document["static"]) == 2

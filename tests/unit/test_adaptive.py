@@ -74,9 +74,10 @@ def test_bucket_correction_averages_residuals_and_falls_back_within_the_bucket()
         BucketCorrection(memory=0.5)
 
 
-def trained_policy(spec: str = "adaptive", alpha: float = 0.8, max_k: int = 4) -> AdaptivePolicy:
+def trained_policy(spec: str = "adaptive", alpha: float = 0.8, max_k: int = 4,
+                   asks_stop_drafting: bool = False) -> AdaptivePolicy:
     """A policy that has seen the kinked step cost and a steady acceptance of ``alpha``."""
-    policy = make_policy(spec, EngineTraits(max_k=max_k))
+    policy = make_policy(spec, EngineTraits(max_k=max_k, asks_stop_drafting=asks_stop_drafting))
     assert isinstance(policy, AdaptivePolicy)
     rng = random.Random(2)
     for step in kinked_steps(2000):
@@ -132,3 +133,35 @@ def test_no_draft_no_speculation_and_k_capped_by_the_engine() -> None:
     assert policy.choose(ctx(4, resident=False)).k == 0
     assert policy.choose(ctx(4)).k <= 2
     assert policy.limit_k == 2
+
+
+def test_confidences_stop_the_draft_loop_only_where_the_engine_asks() -> None:
+    spec = "adaptive:explore_interval_s=inf,early_stop_extra=2"
+    plain = trained_policy(spec, max_k=8)
+    chosen = plain.choose(ctx(32)).k
+    assert 0 < chosen <= 6 and not plain.stop_drafting(0, 0.01)
+    asked = trained_policy(spec, max_k=8, asks_stop_drafting=True)
+    budget = asked.choose(ctx(32)).k
+    assert budget == chosen + 2  # sure drafts may run past k
+    assert asked.stop_drafting(0, 0.01)  # an unsure first draft: nothing further is likely to survive
+    assert asked.choose(ctx(32)).k == budget
+    assert [asked.stop_drafting(pos, 0.99) for pos in range(budget)] == [False] * (budget - 1) + [True]
+    assert asked.describe()["num_early_stops"] == 1.0
+
+
+def test_predict_many_agrees_with_predict_and_refits_every_few_steps() -> None:
+    model = HingeLatencyModel(refit_every=4)
+    steps = kinked_steps(200)
+    for step in steps:
+        model.observe(step)
+    ks = [0, 1, 2, 3, 4]
+    many = model.predict_many(700, [300 + 40 * (k + 1) for k in ks], [max(k, 1) for k in ks], 40)
+    assert many.tolist() == pytest.approx([model.predict(700, 300 + 40 * (k + 1), max(k, 1), 40) for k in ks])
+    before = model.coefficients()
+    model.observe(steps[0])
+    assert model.coefficients() == before  # one step more: the last solve still stands
+    for step in steps[1:4]:
+        model.observe(step)
+    assert model.coefficients() != before
+    with pytest.raises(ValueError, match="refit_every=0"):
+        HingeLatencyModel(refit_every=0)

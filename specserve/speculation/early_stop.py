@@ -1,0 +1,52 @@
+"""Within one step: stop drafting once the drafts' own confidences say further passes will not pay.
+
+The policy picks k before the step from acceptance averaged over past steps. The draft then proposes its
+tokens one pass at a time, and each pass shows how sure the draft was of the token it drafted. AdaSpec
+(research/adaspec.md §2.4, Eq. 7) reads that confidence c as the drafted token's acceptance probability,
+so after n passes the batch's expected emitted tokens are ``B * (1 + sum_{j<n} prod_{i<=j} c_i)`` rather
+than the prediction from averages. A step whose first drafts are unsure stops early; one whose drafts
+are sure may run past the policy's k, up to the budget it was granted.
+
+The rule is the policy's own objective, tokens per second of the decodes, re-evaluated after each pass:
+stop after n passes if no number m >= 1 of further passes, each accepted with the policy's per-position
+estimate, would raise ``E(n + m) / D(n + m)`` above ``E(n) / D(n)``. D comes from the policy's step-time
+model, so the stop and the choice of k never disagree about costs. With a batch, c is the batch mean per
+pass (the ``Policy.stop_drafting`` contract); the product of means is AdaSpec's approximation as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class ConfidenceStop:
+    """One step's draft loop: ``after_pass`` says whether to stop after each pass."""
+
+    def __init__(self, num_running: int, decode_seconds: Sequence[float], alphas: Sequence[float],
+                 max_passes: int) -> None:
+        """``decode_seconds[n]``: the decodes' time with n passes, n = 0..max_passes at least;
+        ``alphas[j]``: the predicted conditional acceptance at position j, for positions not yet drafted."""
+        if not 1 <= max_passes < len(decode_seconds):
+            raise ValueError(f"max_passes={max_passes} needs decode_seconds for 0..{max_passes}")
+        self.num_running = num_running
+        self.decode_seconds = list(decode_seconds)
+        self.alphas = list(alphas)
+        self.max_passes = max_passes
+        self._emitted = float(num_running)  # one bonus or correction token per request
+        self._survive = 1.0
+
+    def after_pass(self, position: int, confidence: float) -> bool:
+        """Pass ``position`` (0-based) ran with batch-mean confidence ``confidence``: True stops the loop."""
+        self._survive *= confidence
+        self._emitted += self.num_running * self._survive
+        done = position + 1
+        if done >= self.max_passes:
+            return True
+        stop_rate = self._emitted / self.decode_seconds[done]
+        emitted, survive = self._emitted, self._survive
+        for passes in range(done + 1, self.max_passes + 1):
+            survive *= self.alphas[min(passes - 1, len(self.alphas) - 1)]
+            emitted += self.num_running * survive
+            if emitted / self.decode_seconds[passes] > stop_rate:
+                return False
+        return True

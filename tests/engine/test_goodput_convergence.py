@@ -22,7 +22,8 @@ def test_goodput_converges_to_k_max_with_a_perfect_draft(self_pair):
         steps = late_steps(engine)
         telemetry = engine.telemetry()
     assert telemetry.acceptance > 0.95
-    assert telemetry.k == 4
+    # The last step may be one of goodput's neighbour explorations at k - 1; the step counts say where it settled.
+    assert telemetry.k in (3, 4)
     assert steps[4] >= 0.9 * sum(steps), steps
 
 

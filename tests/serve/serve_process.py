@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -15,10 +16,22 @@ from pathlib import Path
 import psutil
 
 
+# Below Linux's ephemeral range (32768-60999), which Ray's own processes bind at random while a cluster starts,
+# and above Ray's worker ports (10002-19999): a port found free here is not taken before Serve binds it.
+_PORT_RANGE = (20000, 32000)
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.randrange(*_PORT_RANGE)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_PORT_RANGE} after 100 tries")
 
 
 class TrackedProcess:

@@ -132,7 +132,7 @@ class AdaptivePolicy(Policy):
         if k > 0:
             self.probe.speculating()
             k = self.explorer.neighbour(ctx.now_s, k, self.limit_k)
-            if self.traits.asks_stop_drafting:
+            if self.traits.asks_stop_drafting and k > 0:  # an exploration of k = 0 stays one
                 k = min(k + self.params.early_stop_extra, self.limit_k)
                 self._draft_loop = ConfidenceStop(ctx.num_running, seconds, self.acceptance.alphas(), k)
         else:

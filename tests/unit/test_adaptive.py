@@ -165,3 +165,10 @@ def test_predict_many_agrees_with_predict_and_refits_every_few_steps() -> None:
     assert model.coefficients() != before
     with pytest.raises(ValueError, match="refit_every=0"):
         HingeLatencyModel(refit_every=0)
+
+
+def test_an_exploration_down_to_zero_is_not_extended() -> None:
+    policy = trained_policy("adaptive:explore_interval_s=0.5,switch_margin=0.0,min_gain=0.0", alpha=0.3,
+                            max_k=4, asks_stop_drafting=True)
+    ks = [policy.choose(ctx(64, now_s=0.1 * step)).k for step in range(40)]
+    assert policy._k == 1 and 0 in ks, ks  # k = 1 settled, and one step explored k = 0 as it is

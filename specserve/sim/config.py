@@ -27,6 +27,11 @@ class EngineConfig(_Closed):
         True, description="k=0 still runs one draft pass to keep the draft KV in sync (vLLM as shipped)"
     )
     enable_chunked_prefill: bool = Field(True, description="split long prompts across steps (vLLM V1 default)")
+    scorer: Literal["single_pass", "batch_expansion"] = Field(
+        "single_pass", description="how the target verifies drafts: one pass over every request's k + 1 tokens (vLLM "
+        "V1, V0's MQA scorer), or vLLM V0's batch expansion, which scores position j of each request as its own "
+        "sequence with context + j cached tokens, so the target reads each request's KV k + 1 times (AdaSpec Eq. 4)"
+    )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of device memory vLLM may use")
     reserved_gib: float = Field(1.5, ge=0, description="activations, CUDA graphs and workspace per GPU")
     num_kv_blocks: int | None = Field(None, gt=0, description="override the KV capacity computed from memory")

@@ -282,7 +282,8 @@ class Replica:
             b.draft_lag += new_tokens
         num_context = int(b.num_computed[scheduled].sum())
         num_batched = int(grant.tokens.sum())
-        duration_s = self.timer.step_s(num_context, num_batched, draft_pass_tokens)
+        target_context = self._expanded_context(num_context, rows, drafts)
+        duration_s = self.timer.step_s(num_context, num_batched, draft_pass_tokens, target_context)
         sampled = scheduled & (b.num_computed + new_tokens == b.prompt + b.num_output)
         record = self._record(now_s, k, duration_s, scheduled, num_context, num_batched, num_passes,
                               int(sampled.sum() + accepted.sum()), rows, drafts)
@@ -292,6 +293,19 @@ class Replica:
         self.series_k.append(k)
         self.series_running.append(record.num_running)
         return _Pending(grant, accepted, sampled, record, num_preempted)
+
+    def _expanded_context(self, num_context: int, rows: np.ndarray, drafts: Drafts | None) -> int | None:
+        """The context the target reads under vLLM V0's batch expansion, None under a single-pass scorer.
+
+        Position j = 0..d of a request with d drafts and c cached tokens is scored as its own sequence of
+        c + j tokens, so the request adds d * c + d (d + 1) / 2 to a single pass's read (research/adaspec.md
+        §2.3, Eq. 4 and the authors' code).
+        """
+        if self.cfg.scorer == "single_pass" or drafts is None:
+            return None
+        d = drafts.drafted
+        extra = d * self.batch.num_computed[rows] + d * (d + 1) // 2
+        return num_context + int(extra.sum())
 
     @staticmethod
     def _further_pass_tokens(drafts: Drafts | None, num_passes: int) -> list[int]:

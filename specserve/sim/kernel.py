@@ -83,7 +83,7 @@ class Simulator:
         table = RequestTable(workload, acceptance.draw_alphas(workload.arrival_s, alpha_rng))
         signals = SignalModel(scenario.acceptance.signals) if scenario.acceptance.signals.enabled else None
         traits = EngineTraits(max_k=engine.max_k, k0_runs_draft_pass=engine.k0_runs_draft_pass,
-                              asks_stop_drafting=signals is not None)
+                              asks_stop_drafting=signals is not None, batch_expansion=engine.scorer == "batch_expansion")
         slo_tpot_s = scenario.slo.max_tpot_s if scenario.slo is not None else None
         replicas = []
         for i, (verdict_rng, signal_rng) in enumerate(zip(verdict_rngs, signal_rngs)):

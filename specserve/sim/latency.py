@@ -125,14 +125,17 @@ class StepTimer:
     # Scheduling, sampling and output processing per step, outside any forward pass.
     step_overhead_s: float
 
-    def step_s(self, num_context_tokens: int, num_batched_tokens: int, draft_pass_tokens: Sequence[int]) -> float:
+    def step_s(self, num_context_tokens: int, num_batched_tokens: int, draft_pass_tokens: Sequence[int],
+               target_context_tokens: float | None = None) -> float:
         """Seconds for one step; ``draft_pass_tokens`` holds the tokens of each draft pass, in order.
 
         The draft's first pass consumes the tokens new to it (prefill chunks, last step's bonus tokens,
         and any catch-up after steps it skipped); each further pass proposes one token per request still
-        drafting (drafting.py). The draft reads the same context the target does. Empty: no draft pass.
+        drafting (drafting.py). The draft reads the cached context once per pass; the target reads it once
+        unless ``target_context_tokens`` says otherwise (a batch-expansion scorer). Empty: no draft pass.
         """
-        total_s = self.step_overhead_s + self.target.forward_s(num_context_tokens, num_batched_tokens)
+        target_context = num_context_tokens if target_context_tokens is None else target_context_tokens
+        total_s = self.step_overhead_s + self.target.forward_s(target_context, num_batched_tokens)
         for num_tokens in draft_pass_tokens:
             total_s += self.draft.forward_s(num_context_tokens, num_tokens)
         return total_s

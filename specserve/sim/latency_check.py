@@ -118,17 +118,16 @@ def _step_parts(timer: StepTimer, point: PaperPoint, k: int, batch_expansion: bo
 
     ``batch_expansion``: a what-if for vLLM V0's batch-expansion scorer, which verifies position j of each
     request as its own sequence with context + j cached tokens, so the target reads every request's KV k + 1
-    times (research/adaspec.md §2.3, Eq. 4). The simulator's engine scores in one pass (V1, V0's MQA scorer).
+    times (research/adaspec.md §2.3, Eq. 4): the engine's ``scorer: batch_expansion`` (engine.py prices each
+    request's own context; here every request holds the point's context).
     """
     b = point.batch_size
     context = b * point.context_tokens
     # A speculative engine runs one draft pass even at k = 0 (EngineConfig.k0_runs_draft_pass default).
     num_passes = 0 if point.draft is None else max(k, 1)
     passes = [b] * num_passes
-    step_s = timer.step_s(context, b * (k + 1), passes)
-    if batch_expansion:
-        expanded = (k + 1) * context + b * k * (k + 1) / 2
-        step_s += timer.target.forward_s(expanded, b * (k + 1)) - timer.target.forward_s(context, b * (k + 1))
+    expanded = (k + 1) * context + b * k * (k + 1) / 2 if batch_expansion else None
+    step_s = timer.step_s(context, b * (k + 1), passes, expanded)
     draft_s = sum(timer.draft.forward_s(context, tokens) for tokens in passes)
     return step_s, draft_s
 

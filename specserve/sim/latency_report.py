@@ -179,11 +179,12 @@ def _discussion(rows: list[Row], cfg: LatencyConfig) -> list[str]:
         "target verifies by V0's batch expansion, re-reading each request's KV once per scored position. That "
         "scorer is the one AdaSpec's released vLLM 0.6.3 fork uses (research/adaspec.md §2.3). At a typical "
         "AdaSpec step (A100 40 GB, Vicuna-7B + 68M, 16 requests of 500 cached tokens, k = 3) it would add "
-        f"{_ms(ada_be - ada_plain)} ms to a {_ms(ada_plain)} ms step ({100 * (ada_be / ada_plain - 1):.0f}%), "
-        "a candidate for the AdaSpec scenario's 2.07x speedup over autoregressive (paper: 1.23-1.79x) that "
-        "these data support better than the draft's cost (k = 0 steps verify nothing and would not pay it). "
-        "Modelling it needs each request's context in the engine's pricing call (engine.py), so it stays a "
-        "what-if column here.",
+        f"{_ms(ada_be - ada_plain)} ms to a {_ms(ada_plain)} ms step ({100 * (ada_be / ada_plain - 1):.0f}%). "
+        "These data point to it, more than to the draft's cost (k = 0 steps verify nothing and do not pay it), as "
+        "the cause of the gap between the AdaSpec scenario's 2.07x speedup over autoregressive with a single-pass "
+        "verifier and the paper's 1.23-1.79x. The engine models it (`engine.scorer: batch_expansion`, priced per request in "
+        "engine.py); on it the AdaSpec scenario gives 1.36-1.63x (bench/results/adaspec.md). The other scenarios "
+        "keep vLLM V1's single-pass verifier, which our serving engine runs.",
         "",
         "**4. TurboSpec Fig. 2 depends on a context length the paper does not give.** At 50 requests the KV "
         "read is as large as the weights. The no-speculation point is "

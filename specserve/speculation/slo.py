@@ -22,6 +22,9 @@ Differences from the paper, each forced by where the decision is taken:
   just made. The draft loop re-estimates f for the whole batch with batch-mean confidences.
 - c-bar is the running mean of all raw confidences since start (the authors' code) but skips the pass
   at which ``stop_drafting`` saw f drop, as the code does.
+- On an engine that verifies by batch expansion (``EngineTraits.batch_expansion``, AdaSpec's vLLM 0.6.3 fork),
+  the fit's context feature is Eq. 4's ``(k + 1) * C + b * k (k + 1) / 2``, C the cached context, k the mean
+  drafts per speculating request of an observed step; on a single-pass verifier it is C, as in TurboSpec Eq. 3.
 - T(k) leaves out the step's prefill chunk, as ``goodput`` does. AdaSpec runs with chunked prefill off, so its
   speculative steps are decode-only (research/adaspec.md §2.9 step 1) and T is decode time. Under chunked
   prefill a chunk rides along whatever k is; charged to T it acts as a fixed cost that longer drafts seem
@@ -37,7 +40,7 @@ confidences c-bar stays at its 0.6 prior; without request ids nothing is trimmed
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specserve.speculation.latency import StepLatencyModel
 from specserve.speculation.policy import Policy, register
@@ -62,6 +65,9 @@ class SloParams:
     trim: bool = True
     # Latency fit half-life in steps, as in ``goodput`` (the paper profiles offline and never refits).
     latency_half_life_steps: float = 1000.0
+    # The SLO guard of §5.3 (a speculative step predicted longer than the TPOT SLO scores -1). The paper describes
+    # it; the authors' released code has it commented out (research/adaspec.md §2.6): false runs that code.
+    guard: bool = True
 
     def __post_init__(self) -> None:
         if self.k_max < 0:
@@ -132,9 +138,8 @@ class SloPolicy(Policy):
         if not ctx.draft_resident or ctx.num_running == 0:
             return Decision(k=0)
         step_seconds = self._step_seconds(ctx)
-        efficiencies = uniform_efficiencies(
-            ctx.num_running, self.mean_confidence, self.limit_k, step_seconds, ctx.slo_tpot_s
-        )
+        slo_tpot_s = ctx.slo_tpot_s if self.params.guard else None
+        efficiencies = uniform_efficiencies(ctx.num_running, self.mean_confidence, self.limit_k, step_seconds, slo_tpot_s)
         k = first_peak(efficiencies)
         if k < self.limit_k and efficiencies[k + 1] == SLO_VIOLATION:
             self.num_slo_bound += 1
@@ -147,7 +152,7 @@ class SloPolicy(Policy):
             k = max(lengths)
             caps = tuple((rid, n) for rid, n in zip(ctx.request_ids, lengths) if n < k)
         if k > 0:
-            self._loop = _DraftLoop(ctx.num_running, k, step_seconds, ctx.slo_tpot_s, efficiencies[0], ctx.num_running)
+            self._loop = _DraftLoop(ctx.num_running, k, step_seconds, slo_tpot_s, efficiencies[0], ctx.num_running)
         return Decision(k=k, max_k_per_request=caps)
 
     def stop_drafting(self, position: int, confidence: float) -> bool:
@@ -181,6 +186,10 @@ class SloPolicy(Policy):
         return self._loop.break_even_confidence() if self._loop is not None else None
 
     def observe(self, record: StepRecord) -> None:
+        if self.traits.batch_expansion and record.num_drafted_per_request:
+            mean_k = record.num_drafted / len(record.num_drafted_per_request)
+            context = self._target_context(record.num_context_tokens, len(record.num_drafted_per_request), mean_k)
+            record = replace(record, num_context_tokens=context)
         self.latency.observe(record)
         for i, values in enumerate(record.draft_confidence_per_request):
             kept = values if self._dropped_position is None else values[: self._dropped_position]
@@ -203,6 +212,12 @@ class SloPolicy(Policy):
         total, count = self._request_confidence.get(request_id, (0.0, 0))
         return total / count if count else self.mean_confidence
 
+    def _target_context(self, num_context_tokens: float, num_running: int, k: float) -> float:
+        """The context the target reads with k drafts per request: Eq. 4 under batch expansion, else the cache."""
+        if not self.traits.batch_expansion:
+            return num_context_tokens
+        return (k + 1) * num_context_tokens + num_running * k * (k + 1) / 2
+
     def _forget_finished(self, request_ids: tuple[str, ...]) -> None:
         if request_ids and len(self._request_confidence) > len(request_ids):
             running = set(request_ids)
@@ -213,7 +228,7 @@ class SloPolicy(Policy):
 
         def step_seconds(num_draft_passes: int, num_verified: int) -> float:
             return self.latency.predict(
-                num_context_tokens=ctx.num_context_tokens,
+                num_context_tokens=self._target_context(ctx.num_context_tokens, ctx.num_running, num_draft_passes),
                 num_batched_tokens=num_verified,  # no prefill chunk: it runs whatever k is (module docstring)
                 num_draft_passes=num_draft_passes if num_draft_passes > 0 else k0_passes,
                 num_running=ctx.num_running,

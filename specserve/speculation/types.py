@@ -22,6 +22,10 @@ class EngineTraits:
     # The draft loop asks ``Policy.stop_drafting`` after every pass, with the pass's draft confidence (the
     # simulator with draft signals on). The vLLM engine cannot stop its draft loop early yet.
     asks_stop_drafting: bool = False
+    # The target verifies by vLLM V0's batch expansion: position j of each request is scored as its own sequence,
+    # so a step with k drafts reads every request's KV k + 1 times (research/adaspec.md §2.3, Eq. 4). vLLM V1
+    # scores all positions in one pass.
+    batch_expansion: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -193,3 +193,21 @@ def test_step_context_counts_only_the_prefill_that_can_run(monkeypatch: pytest.M
     for ctx, (record, _) in zip(contexts, steps):
         assert ctx.num_prefill_tokens <= record.num_batched_tokens
     assert any(ctx.num_prefill_tokens > 0 for ctx in contexts)
+
+
+def test_batch_expansion_rereads_the_kv_once_per_scored_position() -> None:
+    # Same seed, same drafts and verdicts: only the price of verification differs (research/adaspec.md Eq. 4).
+    plain = run_logged(small_scenario(), "fixed:k=3")[1]
+    expanded = run_logged(small_scenario(engine={"scorer": "batch_expansion"}), "fixed:k=3")[1]
+    compared = 0
+    for (a, _), (b, _) in zip(plain, expanded):
+        if (a.num_drafted_per_request, a.num_context_tokens) != (b.num_drafted_per_request, b.num_context_tokens):
+            break  # slower steps let later arrivals join other steps: the runs part ways here
+        compared += 1
+        if a.num_drafted:
+            assert b.duration_s > a.duration_s
+        else:
+            assert b.duration_s == a.duration_s
+    assert compared > 50
+    k0 = [run_logged(small_scenario(engine={"scorer": s}), "fixed:k=0")[1] for s in ("single_pass", "batch_expansion")]
+    assert [r.duration_s for r, _ in k0[0]] == [r.duration_s for r, _ in k0[1]]

@@ -87,6 +87,8 @@ def test_slo_none_is_plain_goodput_and_tight_slo_binds() -> None:
     # At B = 1, k = 2 takes 6 + 0.18 + 0.61 = 6.79 ms and k = 3 takes 7.155 ms: a 7 ms SLO allows 2.
     assert policy.choose(context(1, slo_tpot_s=0.007)).k == 2
     assert policy.num_slo_bound == 1
+    # The authors' released code, guard commented out: the SLO changes nothing.
+    assert slo_policy("slo:guard=false").choose(context(1, slo_tpot_s=0.007)).k == 4
 
 
 def test_prefill_chunk_is_not_charged_to_k() -> None:
@@ -190,3 +192,13 @@ def test_spec_round_trips(spec: str) -> None:
 def test_bad_params(spec: str, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         make_policy(spec, EngineTraits(max_k=8))
+
+
+def test_on_a_batch_expansion_engine_the_fit_sees_eq4_context() -> None:
+    from specserve.speculation import EngineTraits, make_policy
+
+    plain = make_policy("slo", EngineTraits(max_k=4))
+    expanded = make_policy("slo", EngineTraits(max_k=4, batch_expansion=True))
+    # Eq. 4: (k + 1) * C + b * k (k + 1) / 2 with C = 1000 cached tokens over b = 2 requests, k = 3.
+    assert expanded._target_context(1000, 2, 3) == 4 * 1000 + 2 * 3 * 4 / 2
+    assert plain._target_context(1000, 2, 3) == 1000

@@ -63,7 +63,10 @@ class AdaptiveParams:
     explore_backoff_max: float = 8.0
     # Samples each (batch bucket, k) residual average remembers (bucket_correction.py).
     correction_memory: float = 20.0
-    # Drafts granted beyond k when the engine lets confidences stop the loop (module docstring, 5).
+    # Let draft confidences end the draft loop where the engine asks (module docstring, 5); false prices k as on an
+    # engine that cannot stop early (vLLM today), for comparing like with like.
+    confidence_stop: bool = True
+    # Drafts granted beyond k when confidences may stop the loop.
     early_stop_extra: int = 2
 
     def __post_init__(self) -> None:
@@ -132,7 +135,7 @@ class AdaptivePolicy(Policy):
         if k > 0:
             self.probe.speculating()
             k = self.explorer.neighbour(ctx.now_s, k, self.limit_k)
-            if self.traits.asks_stop_drafting and k > 0:  # an exploration of k = 0 stays one
+            if self.params.confidence_stop and self.traits.asks_stop_drafting and k > 0:  # explored 0 stays 0
                 k = min(k + self.params.early_stop_extra, self.limit_k)
                 self._draft_loop = ConfidenceStop(ctx.num_running, seconds, self.acceptance.alphas(), k)
         else:

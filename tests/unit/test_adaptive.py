@@ -147,6 +147,8 @@ def test_confidences_stop_the_draft_loop_only_where_the_engine_asks() -> None:
     assert asked.choose(ctx(32)).k == budget
     assert [asked.stop_drafting(pos, 0.99) for pos in range(budget)] == [False] * (budget - 1) + [True]
     assert asked.describe()["num_early_stops"] == 1.0
+    off = trained_policy(spec + ",confidence_stop=false", max_k=8, asks_stop_drafting=True)
+    assert off.choose(ctx(32)).k == chosen and not off.stop_drafting(0, 0.01)
 
 
 def test_predict_many_agrees_with_predict_and_refits_every_few_steps() -> None:

@@ -162,12 +162,10 @@ class AdaptivePolicy(Policy):
 
     def observe(self, record: StepRecord) -> None:
         # The residual is taken before the fit sees the step: out of sample, like the predictions it corrects.
-        predicted_s = self.latency.predict(record.num_context_tokens, record.num_batched_tokens,
-                                           record.num_draft_passes, record.num_running)
+        predicted_s = self.latency.observe(record)
         # Keyed by the drafts the step ran, which an early stop makes fewer than its k.
         k_run = max(record.num_drafted_per_request, default=0) or record.k
         self.correction.observe(record.num_running, k_run, record.duration_s - predicted_s)
-        self.latency.observe(record)
         if record.num_drafted > 0:
             self.acceptance.observe(record)
             self.probe.verdict()
@@ -179,7 +177,7 @@ class AdaptivePolicy(Policy):
         ks = np.arange(self.limit_k + 1)
         passes = np.where(ks > 0, ks, int(self.traits.k0_runs_draft_pass))
         step_s = self.latency.predict_many(ctx.num_context_tokens, prefill + batch * (ks + 1), passes, batch)
-        prefill_s = self.latency.predict(0, prefill, 0, 0) - self.latency.predict(0, 0, 0, 0) if prefill else 0.0
+        prefill_s = self.latency.batched_token_seconds(prefill) if prefill else 0.0
         return step_s - prefill_s + np.array(self.correction.corrections_s(batch, self.limit_k + 1))
 
     def decode_seconds(self, ctx: StepContext, k: int) -> float:

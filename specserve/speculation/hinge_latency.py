@@ -66,7 +66,7 @@ _REQUEST_SPLINE = slice(4 + _NUM_TOKEN, 5 + _NUM_TOKEN + _NUM_REQUEST)
 class HingeLatencyModel:
     """Predicts a step's seconds from its shape; learns from every ``StepRecord``."""
 
-    def __init__(self, half_life_steps: float = 1000.0, prior_weight: float = 1.0, refit_every: int = 4) -> None:
+    def __init__(self, half_life_steps: float = 1000.0, prior_weight: float = 1.0, refit_every: int = 8) -> None:
         if not half_life_steps > 0:
             raise ValueError(f"half_life_steps={half_life_steps} must be positive")
         if not prior_weight > 0:
@@ -74,9 +74,11 @@ class HingeLatencyModel:
         if refit_every < 1:
             raise ValueError(f"refit_every={refit_every} must be at least 1")
         # The solve is most of the model's cost per step. With a half-life of hundreds of steps, coefficients a
-        # few steps old predict as well; the first steps after a cold start are refitted every time.
+        # few steps old predict as well; the first steps after a cold start are refitted every time. Steps seen
+        # since the last solve wait in _pending and join the sums in one product when the next solve needs them.
         self._refit_every = refit_every
         self._stale = 0
+        self._pending: list[tuple[np.ndarray, float]] = []
         self._decay = math.pow(0.5, 1.0 / half_life_steps)
         self._prior_weight = prior_weight
         n = len(_PRIOR)
@@ -85,17 +87,17 @@ class HingeLatencyModel:
         self._num_samples = 0.0
         self._coefficients: np.ndarray | None = None
 
-    def observe(self, record: StepRecord) -> None:
-        x = np.array(features(record.num_context_tokens, record.num_batched_tokens, record.num_draft_passes,
-                              record.num_running)) / _SCALES
-        self._gram *= self._decay
-        self._gram += np.outer(x, x)
-        self._moment *= self._decay
-        self._moment += x * record.duration_s
+    def observe(self, record: StepRecord) -> float:
+        """Learn from one step. Returns the seconds the model predicted for it before learning from it."""
+        raw = np.array(features(record.num_context_tokens, record.num_batched_tokens, record.num_draft_passes,
+                                record.num_running))
+        predicted_s = float(raw @ self._current())
+        self._pending.append((raw, record.duration_s))
         self._num_samples = self._decay * self._num_samples + 1.0
         self._stale += 1
         if self._stale >= self._refit_every or self._num_samples < 8 * self._refit_every:
             self._coefficients = None
+        return predicted_s
 
     def predict(self, num_context_tokens: float, num_batched_tokens: float, num_draft_passes: float,
                 num_running: float) -> float:
@@ -104,19 +106,24 @@ class HingeLatencyModel:
 
     def predict_many(self, num_context_tokens: float, num_batched_tokens: np.ndarray, num_draft_passes: np.ndarray,
                      num_running: float) -> np.ndarray:
-        """``predict`` for several shapes at once that share the context and the batch (one row per k)."""
+        """``predict`` for several shapes at once that share the context and the batch (one row per k).
+
+        The same linear form, grouped: fixed cost and context once, the token spline per row, and one draft pass
+        at this batch size times each row's passes.
+        """
+        phi = self._current()
         n = np.asarray(num_batched_tokens, dtype=np.float64)
-        passes = np.asarray(num_draft_passes, dtype=np.float64)
         b = float(num_running)
-        x = np.empty((len(n), len(_PRIOR)))
-        x[:, 0] = 1.0
-        x[:, 1] = float(num_context_tokens)
-        x[:, 2] = n
-        x[:, 3:3 + _NUM_TOKEN] = np.maximum(n[:, None] - _TOKEN_KNOTS, 0.0)
-        x[:, 3 + _NUM_TOKEN] = passes
-        x[:, 4 + _NUM_TOKEN] = passes * b
-        x[:, 5 + _NUM_TOKEN:] = passes[:, None] * np.maximum(b - _REQUEST_KNOTS, 0.0)
-        return x @ self._current()
+        per_pass_s = phi[3 + _NUM_TOKEN] + phi[4 + _NUM_TOKEN] * b + float(
+            phi[5 + _NUM_TOKEN:] @ np.maximum(b - _REQUEST_KNOTS, 0.0))
+        tokens_s = phi[2] * n + np.maximum(n[:, None] - _TOKEN_KNOTS, 0.0) @ phi[3:3 + _NUM_TOKEN]
+        return phi[0] + phi[1] * float(num_context_tokens) + tokens_s + per_pass_s * np.asarray(num_draft_passes)
+
+    def batched_token_seconds(self, num_batched_tokens: float) -> float:
+        """What ``num_batched_tokens`` add to a step on their own: the token spline, without the fixed cost."""
+        n = float(num_batched_tokens)
+        spline = self._current()[_TOKEN_SPLINE]
+        return float(spline[0] * n + np.dot(spline[1:], np.maximum(n - _TOKEN_KNOTS, 0.0)))
 
     def coefficients(self) -> dict[str, float]:
         """Coefficients by name; the spline increments are named by their knot."""
@@ -134,7 +141,21 @@ class HingeLatencyModel:
             self._stale = 0
         return self._coefficients
 
+    def _fold_pending(self) -> None:
+        """Decay the sums once per pending step and add the steps, the oldest decayed most."""
+        m = len(self._pending)
+        if not m:
+            return
+        x = np.array([raw for raw, _ in self._pending]) / _SCALES
+        y = np.array([duration for _, duration in self._pending])
+        weighted = x * (self._decay ** np.arange(m - 1, -1, -1))[:, None]
+        keep = self._decay ** m
+        self._gram = keep * self._gram + weighted.T @ x
+        self._moment = keep * self._moment + weighted.T @ y
+        self._pending.clear()
+
     def _solve(self) -> np.ndarray:
+        self._fold_pending()
         w = self._prior_weight
         prior_scaled = _PRIOR * _SCALES
         phi = np.linalg.solve(self._gram + w * np.eye(len(_PRIOR)), self._moment + w * prior_scaled) / _SCALES

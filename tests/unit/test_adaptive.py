@@ -159,6 +159,7 @@ def test_predict_many_agrees_with_predict_and_refits_every_few_steps() -> None:
     ks = [0, 1, 2, 3, 4]
     many = model.predict_many(700, [300 + 40 * (k + 1) for k in ks], [max(k, 1) for k in ks], 40)
     assert many.tolist() == pytest.approx([model.predict(700, 300 + 40 * (k + 1), max(k, 1), 40) for k in ks])
+    assert model.batched_token_seconds(3000) == pytest.approx(model.predict(0, 3000, 0, 0) - model.predict(0, 0, 0, 0))
     before = model.coefficients()
     model.observe(steps[0])
     assert model.coefficients() == before  # one step more: the last solve still stands
@@ -174,3 +175,10 @@ def test_an_exploration_down_to_zero_is_not_extended() -> None:
                             max_k=4, asks_stop_drafting=True)
     ks = [policy.choose(ctx(64, now_s=0.1 * step)).k for step in range(40)]
     assert policy._k == 1 and 0 in ks, ks  # k = 1 settled, and one step explored k = 0 as it is
+
+
+def test_steps_folded_in_at_refit_give_the_fit_of_steps_added_one_by_one() -> None:
+    every, batched = HingeLatencyModel(refit_every=1), HingeLatencyModel(refit_every=8)
+    for step in kinked_steps(203):
+        assert every.observe(step) > 0 and batched.observe(step) > 0
+    assert batched._solve() == pytest.approx(every._solve(), rel=1e-9, abs=1e-15)

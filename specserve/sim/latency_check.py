@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from specserve.sim.config import LatencyConfig
 from specserve.sim.latency import StepTimer, roofline_timer
 from specserve.sim.profiles import PROFILE_DIR, lookup
+from specserve.speculation.slo_estimator import batch_expansion_context
 
 DATA_FILE = PROFILE_DIR / "paper_step_times.yaml"
 # The model before the per-layer cost: same defaults otherwise.
@@ -126,7 +127,7 @@ def _step_parts(timer: StepTimer, point: PaperPoint, k: int, batch_expansion: bo
     # A speculative engine runs one draft pass even at k = 0 (EngineConfig.k0_runs_draft_pass default).
     num_passes = 0 if point.draft is None else max(k, 1)
     passes = [b] * num_passes
-    expanded = (k + 1) * context + b * k * (k + 1) / 2 if batch_expansion else None
+    expanded = batch_expansion_context(context, b, k) if batch_expansion else None
     step_s = timer.step_s(context, b * (k + 1), passes, expanded)
     draft_s = sum(timer.draft.forward_s(context, tokens) for tokens in passes)
     return step_s, draft_s

@@ -20,12 +20,7 @@ def expected_tokens(alphas: Sequence[float], k: int) -> float:
     alpha equal to a this is TurboSpec Eq. 4, (1 - a^(k+1)) / (1 - a), without its a -> 1 singularity.
     Positions past the end of ``alphas`` reuse its last value (1.0 assumed when it is empty).
     """
-    total, survive = 1.0, 1.0
-    for pos in range(k):
-        alpha = alphas[min(pos, len(alphas) - 1)] if alphas else 1.0
-        survive *= alpha
-        total += survive
-    return total
+    return expected_tokens_upto(alphas, k)[k]
 
 
 def expected_tokens_upto(alphas: Sequence[float], max_k: int) -> list[float]:

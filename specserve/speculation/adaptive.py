@@ -183,10 +183,6 @@ class AdaptivePolicy(Policy):
     def decode_seconds(self, ctx: StepContext, k: int) -> float:
         return float(self.decode_seconds_all(ctx)[k])
 
-    def predict_goodput(self, ctx: StepContext, k: int) -> float:
-        """Expected emitted tokens per second of the batch's decodes if this step speculates k."""
-        return ctx.num_running * self.acceptance.expected_tokens(k) / max(self.decode_seconds(ctx, k), 1e-9)
-
     def describe(self) -> dict[str, float]:
         out = describe_estimates(self)
         out["num_early_stops"] = float(self.num_early_stops)

@@ -37,12 +37,7 @@ class BucketCorrection:
 
     def correction_s(self, num_running: int, k: int) -> float:
         """Seconds to add to the model's prediction for a step at ``k`` with ``num_running`` requests."""
-        bucket = bucket_of(num_running)
-        cell = self._cells.get((bucket, k))
-        if cell is not None:
-            return cell[0]
-        fallback = max((c for (b, _), c in self._cells.items() if b == bucket), key=lambda c: c[1], default=None)
-        return fallback[0] if fallback is not None else 0.0
+        return self.corrections_s(num_running, k + 1)[k]
 
     def corrections_s(self, num_running: int, num_k: int) -> list[float]:
         """``correction_s`` for k = 0 .. num_k - 1, the bucket's fallback found once."""

@@ -47,6 +47,7 @@ from specserve.speculation.policy import Policy, register
 from specserve.speculation.slo_estimator import (
     SLO_VIOLATION,
     StepSeconds,
+    batch_expansion_context,
     eliminate_drafts,
     first_peak,
     slo_efficiency,
@@ -216,7 +217,7 @@ class SloPolicy(Policy):
         """The context the target reads with k drafts per request: Eq. 4 under batch expansion, else the cache."""
         if not self.traits.batch_expansion:
             return num_context_tokens
-        return (k + 1) * num_context_tokens + num_running * k * (k + 1) / 2
+        return batch_expansion_context(num_context_tokens, num_running, k)
 
     def _forget_finished(self, request_ids: tuple[str, ...]) -> None:
         if request_ids and len(self._request_confidence) > len(request_ids):

@@ -22,6 +22,12 @@ StepSeconds = Callable[[int, int], float]
 SLO_VIOLATION = -1.0
 
 
+def batch_expansion_context(num_context_tokens: float, num_requests: float, k: float) -> float:
+    """Tokens the target reads when batch expansion scores k drafts per request (Eq. 4, the authors' code):
+    position j of each request is its own sequence with j more tokens, ``(k + 1) C + b k (k + 1) / 2``."""
+    return (k + 1) * num_context_tokens + num_requests * k * (k + 1) / 2
+
+
 def slo_efficiency(num_emitted: float, step_s: float, slo_tpot_s: float | None, speculating: bool) -> float:
     """Algorithm 3's return value: tokens per second, or -1 if a speculative step would break the SLO."""
     if speculating and slo_tpot_s is not None and step_s > slo_tpot_s:

@@ -30,7 +30,9 @@ from specserve.replicas.engine_args import (
     EngineControlConfig,
 )
 from specserve.replicas.telemetry import EngineTelemetry, StepCounters
+from specserve.speculation.context import build_step_context
 from specserve.speculation import (
+    Decision,
     EngineTraits,
     Policy,
     PositionAcceptance,
@@ -69,12 +71,13 @@ class AdaptiveKScheduler(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         self._step_started_s = time.monotonic()
         ctx = self._context(self._step_started_s)
-        k = max(0, min(self.policy.choose(ctx).k, self.num_spec_tokens)) if self.num_spec_tokens else 0
+        k = self._batch_k(self.policy.choose(ctx))
         self._truncate_drafts(k)
         output = super().schedule(*args, **kwargs)
         if output.num_scheduled_tokens:
             output.num_spec_tokens_to_schedule = k
             self.k, self._step_ctx = k, ctx
+            self.counters.num_prefill_tokens_announced += ctx.num_prefill_tokens
         else:
             self._step_ctx = None
         return output
@@ -93,17 +96,32 @@ class AdaptiveKScheduler(Scheduler):
 
     def _context(self, now_s: float) -> StepContext:
         pool = self.kv_cache_manager.block_pool
-        pending_prompt = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in self.running)
-        pending_prompt += sum(r.num_prompt_tokens for r in self.waiting)
-        return StepContext(
+        return build_step_context(
             now_s=now_s,
             num_running=len(self.running),
-            num_waiting=len(self.waiting),
             num_context_tokens=sum(r.num_computed_tokens for r in self.running),
-            num_prefill_tokens=min(pending_prompt, self.max_num_scheduled_tokens),
+            # A decoding request has exactly one token to compute; more means a prefill (or a recompute) runs.
+            running_prefill_tokens=sum(n for n in (r.num_tokens - r.num_computed_tokens for r in self.running) if n > 1),
+            num_waiting=len(self.waiting),
+            # A preempted request recomputes its outputs too, so it asks for all its tokens.
+            waiting_tokens=(r.num_tokens - r.num_computed_tokens for r in self.waiting),
+            max_num_seqs=self.max_num_active_reqs,
+            token_budget=self.max_num_scheduled_tokens,
             num_kv_blocks_free=pool.get_num_free_blocks(),
             num_kv_blocks_total=pool.num_gpu_blocks,
+            request_ids=tuple(r.request_id for r in self.running),
         )
+
+    def _batch_k(self, decision: Decision) -> int:
+        """The decision's k within the engine's buffers. vLLM 0.32 schedules one k for the whole batch, so
+        per-request caps (kld, slo) are not applied here yet: counted in telemetry and logged once, never
+        dropped silently."""
+        if decision.max_k_per_request:
+            self.counters.num_steps_caps_ignored += 1
+            if self.counters.num_steps_caps_ignored == 1:
+                logger.warning("specserve: policy %s asks for per-request caps; this engine applies only "
+                               "the batch-wide k", self.policy.spec)
+        return max(0, min(decision.k, self.num_spec_tokens))
 
     def _truncate_drafts(self, k: int) -> None:
         # Drafts proposed last step were sized by last step's k; verifying only k of them makes a
@@ -169,6 +187,8 @@ class AdaptiveKScheduler(Scheduler):
             acceptance_ema_per_pos=tuple(self.acceptance.alphas())[: self.num_spec_tokens],
             step_durations_s=tuple(c.drain_durations()),
             policy_info=self.policy.describe(),
+            num_prefill_tokens_announced=c.num_prefill_tokens_announced,
+            num_steps_caps_ignored=c.num_steps_caps_ignored,
         )
 
 

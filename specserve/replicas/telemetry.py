@@ -29,6 +29,10 @@ class StepCounters:
     num_drafted_per_pos: list[int] = field(default_factory=list)
     num_reached_per_pos: list[int] = field(default_factory=list)
     num_accepted_per_pos: list[int] = field(default_factory=list)
+    # Sum over steps of the prefill tokens the step's context announced to the policy.
+    num_prefill_tokens_announced: int = 0
+    # Steps whose decision carried per-request caps that the engine did not apply.
+    num_steps_caps_ignored: int = 0
     pending_durations_s: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -82,6 +86,11 @@ class EngineTelemetry:
     step_durations_s: tuple[float, ...]
     # Whatever the policy reports about itself (estimates, fitted model).
     policy_info: dict[str, float]
+    # Prefill tokens the step contexts announced to the policy, summed over steps: a check that the
+    # policy sees the load the scheduler will really run.
+    num_prefill_tokens_announced: int = 0
+    # Steps whose policy asked for per-request caps the engine does not apply yet (batch-wide k only).
+    num_steps_caps_ignored: int = 0
 
     @property
     def acceptance(self) -> float | None:

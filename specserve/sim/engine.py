@@ -17,7 +17,6 @@ so drafts an early stop never made keep their slots too; rejected slots stay all
 from __future__ import annotations
 
 from collections import deque
-from itertools import islice
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from specserve.sim.config import EngineConfig
 from specserve.sim.drafting import Drafter, Drafts, ragged
 from specserve.sim.latency import StepTimer
 from specserve.speculation import Decision, Policy, StepContext, StepRecord
+from specserve.speculation.context import build_step_context
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,34 +158,24 @@ class Replica:
     # -- pieces --------------------------------------------------------------------------------------
 
     def _context(self, now_s: float) -> StepContext:
-        b = self.batch
+        b, table = self.batch, self.table
         remaining = b.prompt + b.num_output - b.num_computed
-        pending_prefill = int(remaining[remaining > 1].sum()) + self._admissible_waiting_tokens()
-        return StepContext(
+        # A preempted request recomputes its outputs too, so it asks for more than its prompt.
+        waiting_tokens = (int(table.prompt_tokens[r] + table.num_output[r]) for r in self.waiting)
+        return build_step_context(
             now_s=now_s,
             num_running=len(b),
-            num_waiting=len(self.waiting),
             num_context_tokens=int(b.num_computed.sum()),
-            num_prefill_tokens=min(pending_prefill, self.cfg.max_num_batched_tokens),
+            running_prefill_tokens=int(remaining[remaining > 1].sum()),
+            num_waiting=len(self.waiting),
+            waiting_tokens=waiting_tokens,
+            max_num_seqs=self.cfg.max_num_seqs,
+            token_budget=self.cfg.max_num_batched_tokens,
             num_kv_blocks_free=self.num_kv_blocks_free,
             num_kv_blocks_total=self.num_kv_blocks_total,
-            request_ids=tuple(self.table.request_ids[b.ids]),
+            request_ids=tuple(table.request_ids[b.ids]),
             slo_tpot_s=self.slo_tpot_s,
         )
-
-    def _admissible_waiting_tokens(self) -> int:
-        """Prompt tokens of the waiting requests that free seats could admit this step, up to the token budget.
-
-        Only those can join the step's prefill: counting the whole queue told policies that an offline batch
-        at ``max_num_seqs`` prefilled a full budget every step while it prefilled nothing.
-        """
-        seats = self.cfg.max_num_seqs - len(self.batch)
-        total = 0
-        for request in islice(self.waiting, max(seats, 0)):
-            if total >= self.cfg.max_num_batched_tokens:
-                break
-            total += int(self.table.prompt_tokens[request] + self.table.num_output[request])
-        return total
 
     def _caps(self, decision: Decision, request_ids: tuple[str, ...]) -> np.ndarray | None:
         """Drafts allowed per running row (aligned with ``request_ids``), or None when no request is capped.

@@ -1,0 +1,68 @@
+"""The one place a ``StepContext`` is built, from plain numbers that the vLLM scheduler and the simulator
+both know before a step is scheduled.
+
+Both engines must announce the same load for the same state, or a policy tuned in the simulator meets
+different numbers in production. The subtle number is the step's prefill: only waiting requests that free
+seats can admit join this step, up to the token budget. Counting the whole queue tells a policy that an
+offline batch at ``max_num_seqs`` prefills a full budget every step while it prefills nothing, and a policy
+that prices prefill at the margin (``adaptive``) then finds drafts compute-bound and speculates too little.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from itertools import islice
+
+from specserve.speculation.types import StepContext
+
+
+def admissible_prefill_tokens(waiting_tokens: Iterable[int], num_free_seats: int, token_budget: int) -> int:
+    """Tokens of the waiting requests, in queue order, that free seats could admit this step.
+
+    ``waiting_tokens`` are the tokens each waiting request must compute on admission (its prompt, plus its
+    outputs after a preemption that recomputes them); it is read lazily, so a long queue costs nothing.
+    The sum stops growing once the budget is reached; the caller caps it at the budget.
+    """
+    total = 0
+    for num_tokens in islice(waiting_tokens, max(num_free_seats, 0)):
+        if total >= token_budget:
+            break
+        total += num_tokens
+    return total
+
+
+def build_step_context(
+    *,
+    now_s: float,
+    num_running: int,
+    num_context_tokens: int,
+    running_prefill_tokens: int,
+    num_waiting: int,
+    waiting_tokens: Iterable[int],
+    max_num_seqs: int,
+    token_budget: int,
+    num_kv_blocks_free: int,
+    num_kv_blocks_total: int,
+    draft_resident: bool = True,
+    request_ids: tuple[str, ...] = (),
+    slo_tpot_s: float | None = None,
+) -> StepContext:
+    """The context for the next step.
+
+    ``running_prefill_tokens``: prompt tokens the running requests have yet to compute (chunked prefill
+    in progress). ``waiting_tokens``: per waiting request in admission order (``admissible_prefill_tokens``).
+    ``token_budget``: tokens one step may schedule (vLLM's ``max_num_batched_tokens``).
+    """
+    admissible = admissible_prefill_tokens(waiting_tokens, max_num_seqs - num_running, token_budget)
+    return StepContext(
+        now_s=now_s,
+        num_running=num_running,
+        num_waiting=num_waiting,
+        num_context_tokens=num_context_tokens,
+        num_prefill_tokens=min(running_prefill_tokens + admissible, token_budget),
+        num_kv_blocks_free=num_kv_blocks_free,
+        num_kv_blocks_total=num_kv_blocks_total,
+        draft_resident=draft_resident,
+        request_ids=request_ids,
+        slo_tpot_s=slo_tpot_s,
+    )

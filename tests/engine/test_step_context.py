@@ -1,0 +1,24 @@
+"""The real engine announces prefill as the simulator does (both call speculation.context)."""
+
+from __future__ import annotations
+
+from engine_helpers import PROMPTS, running_engine
+
+
+def test_an_offline_batch_at_max_num_seqs_announces_each_prompt_once(trained_pair):
+    # Eight requests for two seats, all submitted at once. While both seats decode, the queue's prompts
+    # cannot join a step, so the contexts announce them only on the steps that admit them: over the run the
+    # announced prefill adds up to the prompts. Counting the whole queue announced it on every step.
+    from vllm import SamplingParams
+
+    prompts = [PROMPTS[i % len(PROMPTS)] + f"x{i} = " for i in range(8)]
+    with running_engine(trained_pair, policy="fixed:k=0", max_num_seqs=2) as engine:
+        before = engine.telemetry()
+        params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+        outputs = engine.llm.generate(prompts, params, use_tqdm=False)
+        after = engine.telemetry()
+    prompt_tokens = sum(len(output.prompt_token_ids) for output in outputs)
+    announced = after.num_prefill_tokens_announced - before.num_prefill_tokens_announced
+    steps = after.num_steps - before.num_steps
+    assert steps >= 4 * 24, "two seats at a time: at least four rounds of 24 decode steps"
+    assert announced == prompt_tokens

@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.specserve-installed
 EXTRA  := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 PYTEST_ARGS ?=
 
-.PHONY: install serve test test-slow bench-serve bench-sim clean
+.PHONY: install serve test test-slow lint format bench-serve bench-sim clean
 
 install: $(STAMP)
 
@@ -18,6 +18,16 @@ $(STAMP): pyproject.toml scripts/install.sh
 
 serve: $(STAMP)
 	$(BIN)/specserve serve $(SERVE_ARGS)
+
+# ruff (lint and format) over the whole tree, mypy over the package; CI runs it before the tests.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)

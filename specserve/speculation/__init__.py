@@ -5,22 +5,21 @@ project's default (adaptive.py: TurboSpec's goodput argmax with a piecewise-line
 at the margin, and hysteresis).
 """
 
-# Importing a policy module registers its policy by name.
-from specserve.speculation.acceptance import PositionAcceptance, expected_tokens
-from specserve.speculation.adaptive import AdaptiveParams, AdaptivePolicy
-from specserve.speculation.bandit import BanditParams, BanditPolicy
-from specserve.speculation.cycle import CycleParams, CyclePolicy
-from specserve.speculation.fixed import FixedParams, FixedPolicy
-from specserve.speculation.goodput import GoodputParams, GoodputPolicy
-from specserve.speculation.kld import KldParams, KldPolicy
-from specserve.speculation.mlp import MlpParams, MlpPolicy
-from specserve.speculation.mlp_fit import train_mlp
+from specserve.speculation.estimators.acceptance import PositionAcceptance, expected_tokens
+from specserve.speculation.policies.adaptive import AdaptiveParams, AdaptivePolicy
+from specserve.speculation.policies.bandit import BanditParams, BanditPolicy
+from specserve.speculation.policies.cycle import CycleParams, CyclePolicy
+from specserve.speculation.policies.fixed import FixedParams, FixedPolicy
+from specserve.speculation.policies.goodput import GoodputParams, GoodputPolicy
+from specserve.speculation.policies.kld import KldParams, KldPolicy
+from specserve.speculation.policies.mlp import MlpParams, MlpPolicy
+from specserve.speculation.policies.parts.switching import SwitchCostTable
+from specserve.speculation.policies.slo import SloParams, SloPolicy
+from specserve.speculation.policies.static_table import StaticTableParams, StaticTablePolicy
+from specserve.speculation.policies.ucb import UcbParams, UcbPolicy
 from specserve.speculation.policy import Policy, alias, make_policy, parse_spec, policy_names, register
-from specserve.speculation.slo import SloParams, SloPolicy
-from specserve.speculation.static_table import StaticTableParams, StaticTablePolicy
-from specserve.speculation.switching import SwitchCostTable
+from specserve.speculation.speckv.training import train_mlp
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
-from specserve.speculation.ucb import UcbParams, UcbPolicy
 
 __all__ = [
     "AdaptiveParams",

@@ -16,10 +16,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from specserve.speculation.mlp_fit import Sample, mean_squared_error, train_mlp
-from specserve.speculation.mlp_model import MlpWeights, weights_to_json
-from specserve.speculation.mlp_samples import read_samples
-from specserve.speculation.mlp_synthetic import synthetic_samples
+from specserve.speculation.speckv.training import Sample, mean_squared_error, train_mlp
+from specserve.speculation.speckv.model import MlpWeights, weights_to_json
+from specserve.speculation.speckv.samples import read_samples
+from specserve.speculation.speckv.synthetic import synthetic_samples
 
 # Settings the packaged default weights were trained with.
 DEFAULT_SYNTHETIC_SEED = 42

@@ -7,9 +7,9 @@ import random
 import pytest
 
 from specserve.speculation import EngineTraits, StepContext, StepRecord, make_policy
-from specserve.speculation.adaptive import AdaptivePolicy
-from specserve.speculation.bucket_correction import BucketCorrection, bucket_of
-from specserve.speculation.hinge_latency import HingeLatencyModel
+from specserve.speculation.policies.adaptive import AdaptivePolicy
+from specserve.speculation.estimators.bucket_correction import BucketCorrection, bucket_of
+from specserve.speculation.estimators.step_latency import HingeLatencyModel
 from specserve.speculation.latency import StepLatencyModel
 
 

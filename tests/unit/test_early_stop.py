@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.speculation.early_stop import ConfidenceStop
+from specserve.speculation.policies.parts.early_stop import ConfidenceStop
 
 
 def test_a_sure_draft_goes_on_and_an_unsure_one_stops() -> None:

@@ -7,7 +7,7 @@ import random
 import pytest
 from speculation_synthetic import draw_accepted
 
-from specserve.speculation.acceptance import PositionAcceptance, expected_tokens
+from specserve.speculation.estimators.acceptance import PositionAcceptance, expected_tokens
 from specserve.speculation.types import StepRecord
 
 # turbospec.md §2.4: l(a, k) for k = 0..8, two decimals.

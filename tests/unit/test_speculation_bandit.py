@@ -16,9 +16,9 @@ import pytest
 from speculation_synthetic import make_record
 
 from specserve.speculation import BanditPolicy, EngineTraits, StepContext, StepRecord, SwitchCostTable, make_policy
-from specserve.speculation.bandit import bucket_of, exploit_k
-from specserve.speculation.bingreedy import bin_rounds, block_rounds, explore_probability, num_bins
-from specserve.speculation.switching import DEFAULT_SWITCH_COST_TABLE
+from specserve.speculation.policies.bandit import bucket_of, exploit_k
+from specserve.speculation.policies.parts.bingreedy import bin_rounds, block_rounds, explore_probability, num_bins
+from specserve.speculation.policies.parts.switching import DEFAULT_SWITCH_COST_TABLE
 
 TRUE = (6e-3, 0.05e-6, 60e-6, 1e-3, 20e-6)
 OVERHEAD = (20e-3, 0.01e-6, 1e-6, 0.1e-3, 1e-6)

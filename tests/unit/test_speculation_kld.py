@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specserve.speculation import EngineTraits, KldPolicy, StepContext, StepRecord, make_policy
-from specserve.speculation.kld_signals import (
+from specserve.speculation.policies.parts.kld_signals import (
     batch_cap,
     calibrated_max_length,
     predicted_length,

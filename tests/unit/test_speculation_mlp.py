@@ -13,18 +13,18 @@ import math
 import pytest
 
 from specserve.speculation import EngineTraits, MlpPolicy, StepContext, StepRecord, make_policy, train_mlp
-from specserve.speculation.goodput import best_k
+from specserve.speculation.policies.goodput import best_k
 from specserve.speculation.latency import StepLatencyModel
-from specserve.speculation.mlp_fit import mean_squared_error
-from specserve.speculation.mlp_model import (
+from specserve.speculation.speckv.training import mean_squared_error
+from specserve.speculation.speckv.model import (
     FEATURE_NAMES,
     load_weights,
     predict_acceptance,
     step_features,
     weights_from_json,
 )
-from specserve.speculation.mlp_samples import parse_sample, record_samples
-from specserve.speculation.mlp_synthetic import token_entropy_bits, synthetic_samples
+from specserve.speculation.speckv.samples import parse_sample, record_samples
+from specserve.speculation.speckv.synthetic import token_entropy_bits, synthetic_samples
 from specserve.speculation.mlp_train import main
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from specserve.speculation import EngineTraits, SloPolicy, StepContext, StepRecord, make_policy
 from specserve.speculation.latency import StepLatencyModel
-from specserve.speculation.slo_estimator import (
+from specserve.speculation.estimators.slo_efficiency import (
     SLO_VIOLATION,
     eliminate_drafts,
     first_peak,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from specserve.speculation import EngineTraits, StaticTablePolicy, StepContext, make_policy
-from specserve.speculation.static_table import DEFAULT_TABLE, parse_table
+from specserve.speculation.policies.static_table import DEFAULT_TABLE, parse_table
 
 
 def context(num_running: int, draft_resident: bool = True) -> StepContext:

@@ -15,7 +15,7 @@ import pytest
 from speculation_synthetic import make_record
 
 from specserve.speculation import EngineTraits, StepContext, StepRecord, UcbPolicy, make_policy
-from specserve.speculation.ucb import step_reward, ucb_pick
+from specserve.speculation.policies.ucb import step_reward, ucb_pick
 
 TRUE = (6e-3, 0.05e-6, 60e-6, 1e-3, 20e-6)
 # 20 ms fixed cost per step and almost nothing per token or draft pass: longer drafts are nearly free.

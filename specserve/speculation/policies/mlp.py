@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specserve.speculation.goodput import GoodputParams, GoodputPolicy, best_k
+from specserve.speculation.policies.goodput import GoodputParams, GoodputPolicy, best_k
 from specserve.speculation.latency import StepLatencyModel
-from specserve.speculation.mlp_model import (
+from specserve.speculation.speckv.model import (
     COMPRESSION_CODES,
     MlpWeights,
     load_weights,

@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specserve.speculation.mlp_fit import Sample
-from specserve.speculation.mlp_model import COMPRESSION_CODES, FEATURE_NAMES, step_features
+from specserve.speculation.speckv.training import Sample
+from specserve.speculation.speckv.model import COMPRESSION_CODES, FEATURE_NAMES, step_features
 from specserve.speculation.types import StepRecord
 
 

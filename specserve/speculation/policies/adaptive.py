@@ -33,14 +33,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specserve.speculation.acceptance import PositionAcceptance
-from specserve.speculation.bucket_correction import BucketCorrection
-from specserve.speculation.early_stop import ConfidenceStop
-from specserve.speculation.goodput import describe_estimates
-from specserve.speculation.hinge_latency import HingeLatencyModel
+from specserve.speculation.estimators.acceptance import PositionAcceptance
+from specserve.speculation.estimators.bucket_correction import BucketCorrection
+from specserve.speculation.policies.parts.early_stop import ConfidenceStop
+from specserve.speculation.policies.goodput import describe_estimates
+from specserve.speculation.estimators.step_latency import HingeLatencyModel
 from specserve.speculation.policy import Policy, register
-from specserve.speculation.probe import NeighbourExplorer, ZeroProbe
-from specserve.speculation.ties import argmax_smallest
+from specserve.speculation.policies.parts.probe import NeighbourExplorer, ZeroProbe
+from specserve.speculation.policies.parts.ties import argmax_smallest
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
 

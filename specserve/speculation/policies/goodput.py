@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specserve.speculation.acceptance import PositionAcceptance
+from specserve.speculation.estimators.acceptance import PositionAcceptance
 from specserve.speculation.latency import StepLatencyModel
 from specserve.speculation.policy import Policy, register
-from specserve.speculation.probe import NeighbourExplorer, ZeroProbe
-from specserve.speculation.ties import argmax_smallest as best_k
+from specserve.speculation.policies.parts.probe import NeighbourExplorer, ZeroProbe
+from specserve.speculation.policies.parts.ties import argmax_smallest as best_k
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
 

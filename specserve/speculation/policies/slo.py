@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 
 from specserve.speculation.latency import StepLatencyModel
 from specserve.speculation.policy import Policy, register
-from specserve.speculation.slo_estimator import (
+from specserve.speculation.estimators.slo_efficiency import (
     SLO_VIOLATION,
     StepSeconds,
     batch_expansion_context,

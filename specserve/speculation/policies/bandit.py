@@ -35,10 +35,10 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specserve.speculation.bingreedy import EXPLORE_SCHEDULES, BinSchedule, explore_probability
+from specserve.speculation.policies.parts.bingreedy import EXPLORE_SCHEDULES, BinSchedule, explore_probability
 from specserve.speculation.policy import Policy, register
-from specserve.speculation.switching import DEFAULT_SWITCH_COST_TABLE, SwitchCostTable
-from specserve.speculation.ties import argmin_smallest
+from specserve.speculation.policies.parts.switching import DEFAULT_SWITCH_COST_TABLE, SwitchCostTable
+from specserve.speculation.policies.parts.ties import argmin_smallest
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
 BUCKETINGS = ("log2", "exact")

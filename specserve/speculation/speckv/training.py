@@ -13,7 +13,7 @@ import math
 import random
 from collections.abc import Sequence
 
-from specserve.speculation.mlp_model import FEATURE_NAMES, MlpWeights, predict_acceptance
+from specserve.speculation.speckv.model import FEATURE_NAMES, MlpWeights, predict_acceptance
 
 # One training example: the six features in FEATURE_NAMES order and the step's acceptance rate in [0, 1].
 Sample = tuple[Sequence[float], float]

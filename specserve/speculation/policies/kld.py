@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from specserve.speculation.goodput import GoodputParams, GoodputPolicy
-from specserve.speculation.kld_signals import (
+from specserve.speculation.policies.goodput import GoodputParams, GoodputPolicy
+from specserve.speculation.policies.parts.kld_signals import (
     SequenceKld,
     batch_cap,
     predicted_length,

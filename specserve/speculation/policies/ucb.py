@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specserve.speculation.policy import Policy, register
-from specserve.speculation.ties import argmax_smallest
+from specserve.speculation.policies.parts.ties import argmax_smallest
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
 

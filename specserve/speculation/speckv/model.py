@@ -30,7 +30,7 @@ FEATURE_NAMES = (
 # comp_enc of the target's weight quantization (speckv.md §2.3): an ordinal, not one-hot.
 COMPRESSION_CODES = {"fp16": 0, "int8": 1, "nf4": 2}
 WEIGHTS_FORMAT = "specserve-mlp-acceptance/1"
-DEFAULT_WEIGHTS_FILE = "mlp_default_weights.json"
+DEFAULT_WEIGHTS_FILE = "default_weights.json"
 _LN2 = math.log(2.0)
 
 
@@ -129,4 +129,4 @@ def load_weights(path: str = "") -> MlpWeights:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise ValueError(f"weights={path!r} is not an mlp weights file ({detail})") from None
-    return weights_from_json(resources.files("specserve.speculation").joinpath(DEFAULT_WEIGHTS_FILE).read_text())
+    return weights_from_json(resources.files("specserve.speculation.speckv").joinpath(DEFAULT_WEIGHTS_FILE).read_text())

@@ -9,7 +9,8 @@ import pytest
 from specserve.speculation import EngineTraits, StepContext, StepRecord, make_policy
 from specserve.speculation.policies.adaptive import AdaptivePolicy
 from specserve.speculation.estimators.bucket_correction import BucketCorrection, bucket_of
-from specserve.speculation.estimators.step_latency import HingeLatencyModel
+from specserve.speculation.estimators.step_latency import HINGED
+from specserve.speculation.estimators.step_latency import StepLatencyModel as Unified
 from specserve.speculation.latency import StepLatencyModel
 
 
@@ -35,7 +36,7 @@ def kinked_steps(n: int = 3000, seed: int = 0) -> list[StepRecord]:
 
 
 def test_hinge_fit_follows_a_kinked_step_cost_where_a_line_cannot() -> None:
-    hinge, line = HingeLatencyModel(half_life_steps=1e6), StepLatencyModel(half_life_steps=1e6)
+    hinge, line = Unified(HINGED, half_life_steps=1e6, refit_every=8), StepLatencyModel(half_life_steps=1e6)
     for step in kinked_steps():
         hinge.observe(step)
         line.observe(step)
@@ -49,7 +50,7 @@ def test_hinge_fit_follows_a_kinked_step_cost_where_a_line_cannot() -> None:
 
 
 def test_hinge_predictions_never_fall_with_more_tokens() -> None:
-    model = HingeLatencyModel()
+    model = Unified(HINGED, refit_every=8)
     rng = random.Random(1)
     for _ in range(500):  # noisy data that, unclipped, would fit negative slopes somewhere
         model.observe(record(rng.randint(1, 3000), 1, 8, duration_s=rng.uniform(0.01, 0.03)))
@@ -152,7 +153,7 @@ def test_confidences_stop_the_draft_loop_only_where_the_engine_asks() -> None:
 
 
 def test_predict_many_agrees_with_predict_and_refits_every_few_steps() -> None:
-    model = HingeLatencyModel(refit_every=4)
+    model = Unified(HINGED, refit_every=4)
     steps = kinked_steps(200)
     for step in steps:
         model.observe(step)
@@ -167,7 +168,7 @@ def test_predict_many_agrees_with_predict_and_refits_every_few_steps() -> None:
         model.observe(step)
     assert model.coefficients() != before
     with pytest.raises(ValueError, match="refit_every=0"):
-        HingeLatencyModel(refit_every=0)
+        Unified(HINGED, refit_every=0)
 
 
 def test_an_exploration_down_to_zero_is_not_extended() -> None:
@@ -178,7 +179,7 @@ def test_an_exploration_down_to_zero_is_not_extended() -> None:
 
 
 def test_steps_folded_in_at_refit_give_the_fit_of_steps_added_one_by_one() -> None:
-    every, batched = HingeLatencyModel(refit_every=1), HingeLatencyModel(refit_every=8)
+    every, batched = Unified(HINGED, refit_every=1), Unified(HINGED, refit_every=8)
     for step in kinked_steps(203):
         assert every.observe(step) > 0 and batched.observe(step) > 0
     assert batched._solve() == pytest.approx(every._solve(), rel=1e-9, abs=1e-15)

@@ -66,3 +66,22 @@ def test_coefficients_are_clipped_non_negative() -> None:
 
 def test_solve_linear() -> None:
     assert solve_linear([[0.0, 2.0], [3.0, 1.0]], [4.0, 5.0]) == pytest.approx([1.0, 2.0])
+
+
+def test_the_unified_model_without_knots_predicts_what_the_linear_model_did() -> None:
+    """Old (pure-Python Gaussian elimination) against new (numpy, no knots) on random steps: equal to rounding."""
+    from specserve.speculation.estimators.step_latency import LINEAR
+    from specserve.speculation.estimators.step_latency import StepLatencyModel as Unified
+
+    old, new = StepLatencyModel(), Unified(LINEAR)
+    rng = random.Random(7)
+    worst = 0.0
+    for record in varied_records(seed=5, coefficients=TRUE, alpha=0.6, max_k=6, num_steps=1500):
+        shape = (rng.randint(0, 50_000), rng.randint(1, 4096), rng.randint(0, 8), rng.randint(1, 256))
+        a, b = old.predict(*shape), new.predict(*shape)
+        worst = max(worst, abs(a - b) / a)
+        old.observe(record)
+        new.observe(record)
+        assert list(new.coefficients()) == list(old.coefficients())
+    assert worst < 1e-12, worst
+    print("worst relative difference", worst)

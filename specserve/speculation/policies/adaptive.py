@@ -37,7 +37,7 @@ from specserve.speculation.estimators.acceptance import PositionAcceptance
 from specserve.speculation.estimators.bucket_correction import BucketCorrection
 from specserve.speculation.policies.parts.early_stop import ConfidenceStop
 from specserve.speculation.policies.goodput import describe_estimates
-from specserve.speculation.estimators.step_latency import HingeLatencyModel
+from specserve.speculation.estimators.step_latency import HINGED, StepLatencyModel
 from specserve.speculation.policy import Policy, register
 from specserve.speculation.policies.parts.probe import NeighbourExplorer, ZeroProbe
 from specserve.speculation.policies.parts.ties import argmax_smallest
@@ -102,7 +102,7 @@ class AdaptivePolicy(Policy):
         self.acceptance = PositionAcceptance(
             max_k=max(1, self.limit_k), half_life_steps=params.ema_half_life_steps, prior_alpha=params.prior_alpha
         )
-        self.latency = HingeLatencyModel(half_life_steps=params.latency_half_life_steps)
+        self.latency = StepLatencyModel(HINGED, half_life_steps=params.latency_half_life_steps, refit_every=8)
         self.correction = BucketCorrection(params.correction_memory)
         self.probe = ZeroProbe(params.probe_interval_s)
         self.explorer = NeighbourExplorer(params.explore_interval_s)

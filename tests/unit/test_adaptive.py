@@ -5,57 +5,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from speculation_synthetic import kinked_steps
 
 from specserve.speculation import EngineTraits, StepContext, StepRecord, make_policy
 from specserve.speculation.policies.adaptive import AdaptivePolicy
 from specserve.speculation.estimators.bucket_correction import BucketCorrection, bucket_of
-from specserve.speculation.estimators.step_latency import HINGED
-from specserve.speculation.estimators.step_latency import StepLatencyModel as Unified
-from specserve.speculation.latency import StepLatencyModel
-
-
-def roofline_s(num_batched: int, num_passes: int, num_running: int) -> float:
-    """A GPU-like step: memory-bound (20 ms) up to 200 tokens, then 100 us per token; 0.5 ms per draft pass."""
-    return 0.002 + max(0.020, 1e-4 * num_batched) + num_passes * (5e-4 + 1e-6 * num_running)
-
-
-def record(num_batched: int, num_passes: int, num_running: int, k: int = 0, duration_s: float | None = None) -> StepRecord:
-    duration = roofline_s(num_batched, num_passes, num_running) if duration_s is None else duration_s
-    return StepRecord(now_s=0.0, k=k, duration_s=duration, num_running=num_running, num_context_tokens=0,
-                      num_batched_tokens=num_batched, num_draft_passes=num_passes, num_emitted_tokens=num_running)
-
-
-def kinked_steps(n: int = 3000, seed: int = 0) -> list[StepRecord]:
-    rng = random.Random(seed)
-    steps = []
-    for _ in range(n):
-        batch, k = rng.randint(1, 256), rng.randint(0, 4)
-        prefill = rng.choice([0, 0, 0, rng.randint(1, 4096)])
-        steps.append(record(prefill + batch * (k + 1), max(k, 1), batch, k))
-    return steps
-
-
-def test_hinge_fit_follows_a_kinked_step_cost_where_a_line_cannot() -> None:
-    hinge, line = Unified(HINGED, half_life_steps=1e6, refit_every=8), StepLatencyModel(half_life_steps=1e6)
-    for step in kinked_steps():
-        hinge.observe(step)
-        line.observe(step)
-    for batched in (40, 120, 600, 3000):
-        truth = roofline_s(batched, 1, 16)
-        assert hinge.predict(0, batched, 1, 16) == pytest.approx(truth, rel=0.08)
-    # The straight line misprices the flat region's marginal token badly: what k costs at small batches.
-    flat_slope_hinge = hinge.predict(0, 150, 1, 16) - hinge.predict(0, 50, 1, 16)
-    flat_slope_line = line.predict(0, 150, 1, 16) - line.predict(0, 50, 1, 16)
-    assert abs(flat_slope_hinge) < 0.5 * abs(flat_slope_line)
-
-
-def test_hinge_predictions_never_fall_with_more_tokens() -> None:
-    model = Unified(HINGED, refit_every=8)
-    rng = random.Random(1)
-    for _ in range(500):  # noisy data that, unclipped, would fit negative slopes somewhere
-        model.observe(record(rng.randint(1, 3000), 1, 8, duration_s=rng.uniform(0.01, 0.03)))
-    predictions = [model.predict(0, n, 1, 8) for n in range(0, 5000, 50)]
-    assert all(b >= a - 1e-12 for a, b in zip(predictions, predictions[1:]))
 
 
 def test_buckets_are_powers_of_two() -> None:
@@ -152,25 +106,6 @@ def test_confidences_stop_the_draft_loop_only_where_the_engine_asks() -> None:
     assert off.choose(ctx(32)).k == chosen and not off.stop_drafting(0, 0.01)
 
 
-def test_predict_many_agrees_with_predict_and_refits_every_few_steps() -> None:
-    model = Unified(HINGED, refit_every=4)
-    steps = kinked_steps(200)
-    for step in steps:
-        model.observe(step)
-    ks = [0, 1, 2, 3, 4]
-    many = model.predict_many(700, [300 + 40 * (k + 1) for k in ks], [max(k, 1) for k in ks], 40)
-    assert many.tolist() == pytest.approx([model.predict(700, 300 + 40 * (k + 1), max(k, 1), 40) for k in ks])
-    assert model.batched_token_seconds(3000) == pytest.approx(model.predict(0, 3000, 0, 0) - model.predict(0, 0, 0, 0))
-    before = model.coefficients()
-    model.observe(steps[0])
-    assert model.coefficients() == before  # one step more: the last solve still stands
-    for step in steps[1:4]:
-        model.observe(step)
-    assert model.coefficients() != before
-    with pytest.raises(ValueError, match="refit_every=0"):
-        Unified(HINGED, refit_every=0)
-
-
 def test_an_exploration_down_to_zero_is_not_extended() -> None:
     policy = trained_policy("adaptive:explore_interval_s=0.5,switch_margin=0.0,min_gain=0.0", alpha=0.3,
                             max_k=4, asks_stop_drafting=True)
@@ -178,8 +113,3 @@ def test_an_exploration_down_to_zero_is_not_extended() -> None:
     assert policy._k == 1 and 0 in ks, ks  # k = 1 settled, and one step explored k = 0 as it is
 
 
-def test_steps_folded_in_at_refit_give_the_fit_of_steps_added_one_by_one() -> None:
-    every, batched = Unified(HINGED, refit_every=1), Unified(HINGED, refit_every=8)
-    for step in kinked_steps(203):
-        assert every.observe(step) > 0 and batched.observe(step) > 0
-    assert batched._solve() == pytest.approx(every._solve(), rel=1e-9, abs=1e-15)

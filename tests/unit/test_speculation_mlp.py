@@ -14,7 +14,7 @@ import pytest
 
 from specserve.speculation import EngineTraits, MlpPolicy, StepContext, StepRecord, make_policy, train_mlp
 from specserve.speculation.policies.goodput import best_k
-from specserve.speculation.latency import StepLatencyModel
+from specserve.speculation.estimators.step_latency import StepLatencyModel
 from specserve.speculation.speckv.training import mean_squared_error
 from specserve.speculation.speckv.model import (
     FEATURE_NAMES,

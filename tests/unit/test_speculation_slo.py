@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from specserve.speculation import EngineTraits, SloPolicy, StepContext, StepRecord, make_policy
-from specserve.speculation.latency import StepLatencyModel
+from specserve.speculation.estimators.step_latency import StepLatencyModel
 from specserve.speculation.estimators.slo_efficiency import (
     SLO_VIOLATION,
     eliminate_drafts,

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specserve.speculation.estimators.acceptance import PositionAcceptance
-from specserve.speculation.latency import StepLatencyModel
+from specserve.speculation.estimators.step_latency import StepLatencyModel
 from specserve.speculation.policy import Policy, register
 from specserve.speculation.policies.parts.probe import NeighbourExplorer, ZeroProbe
 from specserve.speculation.policies.parts.ties import argmax_smallest as best_k

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specserve.speculation.policies.goodput import GoodputParams, GoodputPolicy, best_k
-from specserve.speculation.latency import StepLatencyModel
+from specserve.speculation.estimators.step_latency import StepLatencyModel
 from specserve.speculation.speckv.model import (
     COMPRESSION_CODES,
     MlpWeights,

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from specserve.speculation.latency import StepLatencyModel
+from specserve.speculation.estimators.step_latency import StepLatencyModel
 from specserve.speculation.policy import Policy, register
 from specserve.speculation.estimators.slo_efficiency import (
     SLO_VIOLATION,

@@ -233,7 +233,7 @@ def test_same_seed_same_sequence() -> None:
 
 def test_zero_without_draft_or_batch() -> None:
     policy = make_policy("bandit:k_max=4", EngineTraits(max_k=2))
-    assert policy.limit_k == 2
+    assert policy.max_k == 2
     assert all(policy.choose(context(8, draft_resident=False)).k == 0 for _ in range(20))
     assert policy.choose(context(0)).k == 0
 

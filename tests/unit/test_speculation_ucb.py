@@ -84,7 +84,7 @@ def test_identical_arms_tie_to_the_smaller_k() -> None:
 
 def test_arms_capped_by_engine_and_zero_without_draft() -> None:
     policy = make_policy("ucb:k_max=6", EngineTraits(max_k=2))
-    assert policy.limit_k == 2
+    assert policy.max_k == 2
     assert policy.choose(context(draft_resident=False)).k == 0
     assert policy.choose(context(num_running=0)).k == 0
 

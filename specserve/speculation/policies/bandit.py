@@ -109,7 +109,7 @@ class BanditPolicy(Policy):
 
     def __init__(self, params: BanditParams, traits: EngineTraits) -> None:
         super().__init__(params, traits)
-        self.limit_k = min(params.k_max, traits.max_k)
+        self.max_k = min(params.k_max, traits.max_k)
         self.switch_costs = SwitchCostTable.parse(params.switch_cost_table)
         self._rng = random.Random(params.seed)
         self._schedules: dict[int, BinSchedule] = {}
@@ -118,7 +118,7 @@ class BanditPolicy(Policy):
         self._means_s: dict[int, list[float]] = {}
         # Engine-wide, not per context: the draft's lag belongs to the engine (§2.2), and k_prev is the k of
         # the last observed step. Algorithm 1 starts with speculation on: the first bins pay no switch.
-        self._k_prev = self.limit_k
+        self._k_prev = self.max_k
         self._lag_tokens = 0
         self._draft_offloaded = False
         self._last_bucket = 0
@@ -149,7 +149,7 @@ class BanditPolicy(Policy):
         return Decision(k=k)
 
     def _start_bin(self, schedule: BinSchedule, ctx: StepContext) -> None:
-        available_k = self.limit_k if ctx.draft_resident else 0
+        available_k = self.max_k if ctx.draft_resident else 0
         schedule.explore = self._rng.random() < explore_probability(schedule.bin, self.params.explore_schedule)
         if schedule.explore:
             self.num_explore_bins += 1
@@ -179,13 +179,13 @@ class BanditPolicy(Policy):
                 self.num_reenables += 1
             self._k_prev = record.k
         if (record.num_running <= 0 or record.duration_s <= 0 or record.num_emitted_tokens <= 0
-                or record.k > self.limit_k):
+                or record.k > self.max_k):
             return  # no decode, nothing measured, or another policy's arm
         # Latency per token per request, tau * B / m (the authors' reward inverted, §2.2).
         latency_s = record.duration_s * record.num_running / record.num_emitted_tokens
         bucket = self.bucket(record.num_running)
-        counts = self._counts.setdefault(bucket, [0] * (self.limit_k + 1))
-        means = self._means_s.setdefault(bucket, [0.0] * (self.limit_k + 1))
+        counts = self._counts.setdefault(bucket, [0] * (self.max_k + 1))
+        means = self._means_s.setdefault(bucket, [0.0] * (self.max_k + 1))
         counts[record.k] += 1
         means[record.k] += (latency_s - means[record.k]) / counts[record.k]
 
@@ -202,8 +202,8 @@ class BanditPolicy(Policy):
 
     def mean_latencies_s(self, bucket: int) -> list[float]:
         """lbar per arm for a context; ``inf`` for arms never played there."""
-        counts = self._counts.get(bucket, [0] * (self.limit_k + 1))
-        means = self._means_s.get(bucket, [0.0] * (self.limit_k + 1))
+        counts = self._counts.get(bucket, [0] * (self.max_k + 1))
+        means = self._means_s.get(bucket, [0.0] * (self.max_k + 1))
         return [mean if count else float("inf") for mean, count in zip(means, counts)]
 
     def describe(self) -> dict[str, float]:

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specserve.speculation.policies.goodput import GoodputParams, GoodputPolicy, best_k
+from specserve.speculation.policies.goodput import GoodputParams, GoodputPolicy
+from specserve.speculation.policies.parts.ties import argmax_smallest
 from specserve.speculation.estimators.step_latency import StepLatencyModel
 from specserve.speculation.speckv.model import (
     COMPRESSION_CODES,
@@ -113,7 +114,7 @@ class MlpPolicy(Policy):
         if not ctx.draft_resident or ctx.num_running == 0:
             return Decision(k=0)
         self._last_scores = [self.score(ctx, gamma) for gamma in self.gammas]
-        return Decision(k=self.gammas[best_k(self._last_scores)])
+        return Decision(k=self.gammas[argmax_smallest(self._last_scores)])
 
     def observe(self, record: StepRecord) -> None:
         # The fallback shares the latency model, so its observe also fits it: one fit, fed once.

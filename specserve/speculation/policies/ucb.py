@@ -65,9 +65,9 @@ class UcbPolicy(Policy):
 
     def __init__(self, params: UcbParams, traits: EngineTraits) -> None:
         super().__init__(params, traits)
-        self.limit_k = min(params.k_max, traits.max_k)
-        self._counts = [0] * (self.limit_k + 1)
-        self._means = [0.0] * (self.limit_k + 1)
+        self.max_k = min(params.k_max, traits.max_k)
+        self._counts = [0] * (self.max_k + 1)
+        self._means = [0.0] * (self.max_k + 1)
         self._max_reward = 0.0
 
     def choose(self, ctx: StepContext) -> Decision:
@@ -77,7 +77,7 @@ class UcbPolicy(Policy):
 
     def observe(self, record: StepRecord) -> None:
         # Idle or unmeasured steps carry no reward; a k past the arms (another policy's step) is ignored.
-        if record.num_running <= 0 or record.duration_s <= 0 or record.k > self.limit_k:
+        if record.num_running <= 0 or record.duration_s <= 0 or record.k > self.max_k:
             return
         reward = step_reward(record)
         self._counts[record.k] += 1

@@ -31,6 +31,8 @@ FEATURE_NAMES = (
 COMPRESSION_CODES = {"fp16": 0, "int8": 1, "nf4": 2}
 WEIGHTS_FORMAT = "specserve-mlp-acceptance/1"
 DEFAULT_WEIGHTS_FILE = "default_weights.json"
+# One training example: the six features in FEATURE_NAMES order and the step's acceptance rate in [0, 1].
+Sample = tuple[Sequence[float], float]
 _LN2 = math.log(2.0)
 
 

@@ -19,8 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specserve.speculation.speckv.training import Sample
-from specserve.speculation.speckv.model import COMPRESSION_CODES, FEATURE_NAMES, step_features
+from specserve.speculation.speckv.model import COMPRESSION_CODES, FEATURE_NAMES, Sample, step_features
 from specserve.speculation.types import StepRecord
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import random
 
-from specserve.speculation.speckv.training import Sample
+from specserve.speculation.speckv.model import Sample
 
 # (intercept, per unit of confidence, per bit of entropy) of the per-token acceptance logit.
 ACCEPT_LOGIT = (-3.0, 7.0, -0.25)

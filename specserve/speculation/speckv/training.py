@@ -1,10 +1,13 @@
 """Training SpecKV's predictor in pure Python: Adam on squared error plus L2, deterministic for a seed.
 
-research/speckv.md §2.5 gives scikit-learn's MLPRegressor(hidden_layer_sizes=(16,)) defaults: Glorot-uniform
-initialisation, Adam (lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8), L2 alpha 1e-4, mini-batches of
-min(200, n), shuffled every epoch, loss 1/2 MSE + alpha / (2 n_batch) * ||W||^2. We follow those, minus
-sklearn's early-stopping tolerance (a fixed epoch count keeps runs reproducible), and we standardise the
-inputs (see ``mlp_model``).
+SpecKV (§4.3) picks an MLP with 16 hidden units; the authors' released code fits it with scikit-learn's
+MLPRegressor(hidden_layer_sizes=(16,)) and its defaults: Glorot-uniform initialisation, Adam (lr 1e-3, beta1
+0.9, beta2 0.999, eps 1e-8), L2 alpha 1e-4, mini-batches of min(200, n), shuffled every epoch, loss 1/2 MSE +
+alpha / (2 n_batch) * ||W||^2. We follow those, minus sklearn's early-stopping tolerance (a fixed epoch count
+keeps runs reproducible), and we standardise the inputs (see ``speckv.model``).
+
+``specserve sim train-mlp`` trains on a samples file (``train_file``; the format is ``speckv.samples``'s). The
+packaged ``default_weights.json`` is ``train_synthetic()`` written with ``weights_to_json``.
 """
 
 from __future__ import annotations
@@ -12,11 +15,17 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from pathlib import Path
 
-from specserve.speculation.speckv.model import FEATURE_NAMES, MlpWeights, predict_acceptance
+from specserve.speculation.speckv.model import FEATURE_NAMES, MlpWeights, Sample, predict_acceptance
+from specserve.speculation.speckv.samples import read_samples
+from specserve.speculation.speckv.synthetic import synthetic_samples
 
-# One training example: the six features in FEATURE_NAMES order and the step's acceptance rate in [0, 1].
-Sample = tuple[Sequence[float], float]
+# Settings the packaged default weights were trained with, and the trainer's defaults.
+DEFAULT_SEED = 42
+DEFAULT_EPOCHS = 100
+DEFAULT_LEARNING_RATE = 3e-3
+DEFAULT_SYNTHETIC_SAMPLES = 4000
 
 
 def mean_squared_error(weights: MlpWeights, samples: Sequence[Sample]) -> float:
@@ -106,3 +115,23 @@ def train_mlp(
         output_bias=params[ob],
         provenance=provenance,
     )
+
+
+def train_file(path: Path, *, epochs: int = DEFAULT_EPOCHS, learning_rate: float = DEFAULT_LEARNING_RATE,
+               seed: int = DEFAULT_SEED) -> tuple[MlpWeights, list[Sample]]:
+    """Weights trained on a samples file, and the samples; a bad line or an empty file raises ValueError."""
+    samples = read_samples(path)
+    if not samples:
+        raise ValueError("the file holds no samples")
+    provenance = f"trained on {path.name} ({len(samples)} samples), epochs={epochs}"
+    weights = train_mlp(samples, epochs=epochs, learning_rate=learning_rate, seed=seed, provenance=provenance)
+    return weights, samples
+
+
+def train_synthetic(num_samples: int = DEFAULT_SYNTHETIC_SAMPLES, *, epochs: int = DEFAULT_EPOCHS,
+                    learning_rate: float = DEFAULT_LEARNING_RATE, seed: int = DEFAULT_SEED) -> MlpWeights:
+    """Weights trained on ``speckv.synthetic`` samples; with the defaults, the packaged default weights."""
+    samples = synthetic_samples(num_samples, seed=seed)
+    provenance = (f"synthetic: speckv.synthetic.synthetic_samples({num_samples}, seed={seed}), epochs={epochs}, "
+                  f"learning_rate={learning_rate}; not trained on real logs")
+    return train_mlp(samples, epochs=epochs, learning_rate=learning_rate, seed=seed, provenance=provenance)

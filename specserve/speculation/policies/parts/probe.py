@@ -70,7 +70,7 @@ class NeighbourExplorer:
     Like ``ZeroProbe`` it runs on the caller's clock: one step per ``interval_s`` during which the policy's
     own choice stayed at the same k with no gap longer than ``interval_s`` between steps (an idle engine is
     not asked, and a policy whose k moves on its own varies the data already). Directions alternate, down
-    first; at ``limit_k`` only down.
+    first; at ``max_k`` only down.
     """
 
     def __init__(self, interval_s: float) -> None:
@@ -89,8 +89,8 @@ class NeighbourExplorer:
         """The policy chose k = 0: the clock stops (at k = 0 only ``ZeroProbe`` runs)."""
         self._k = None
 
-    def neighbour(self, now_s: float, k: int, limit_k: int) -> int:
-        """The k to run this step: ``k`` itself, or a neighbour once per interval. Needs 0 < k <= limit_k."""
+    def neighbour(self, now_s: float, k: int, max_k: int) -> int:
+        """The k to run this step: ``k`` itself, or a neighbour once per interval. Needs 0 < k <= max_k."""
         settled = k == self._k and now_s - self._last_s <= self.interval_s
         self._last_s = now_s
         if not settled:
@@ -99,7 +99,7 @@ class NeighbourExplorer:
         if now_s - self._since_s < self.interval_s:
             return k
         self._since_s = now_s
-        up = self._next_up and k < limit_k
+        up = self._next_up and k < max_k
         self._next_up = not up
         self.num_explorations += 1
         return k + 1 if up else k - 1

@@ -1,6 +1,6 @@
-"""GoodputPolicy: research/turbospec.md §2.5 ArgMaxGoodput, learning from synthetic records.
+"""GoodputPolicy: TurboSpec's ArgMaxGoodput (§4.2, Listing 2), learning from synthetic records.
 
-Worked example of the objective (§2.2, Fig. 2): a step of 12.6 ms at k = 2 and alpha = 0.7 emits 2.19
+Worked example of the objective (TurboSpec §3, Fig. 2): a step of 12.6 ms at k = 2 and alpha = 0.7 emits 2.19
 tokens per request, 5.75 ms per token against 7.4 ms without speculation, so k = 2 beats k = 0 there.
 """
 

@@ -1,4 +1,4 @@
-"""KldPolicy: DSDE (research/dsde.md) — the §2.8 worked example, per-sequence lengths, the batch cap, fallback."""
+"""KldPolicy: DSDE — a worked example of Eqs. 1-11, per-sequence lengths, the batch cap, fallback."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from specserve.speculation.policies.parts.kld_signals import (
     wvir,
 )
 
-# dsde.md §2.8: per-step mean KLD, most recent first.
+# A worked example (our arithmetic on DSDE Eqs. 1-11): per-step mean KLD, most recent first.
 HISTORY = [0.30, 0.25, 0.40, 0.35, 0.20, 0.30, 0.28, 0.33, 0.27, 0.31] + [
     0.10, 0.12, 0.09, 0.11, 0.10, 0.13, 0.08, 0.12, 0.10, 0.11,
 ] * 2
@@ -32,7 +32,7 @@ def test_wvir_worked_example() -> None:
     assert weighted_variance(HISTORY[:10], 0.85) == pytest.approx(0.003140, abs=1e-6)
     assert weighted_variance(HISTORY, 0.85) == pytest.approx(0.008454, abs=1e-6)
     assert wvir(HISTORY, 0.85, 10, 30) == pytest.approx(0.3713, abs=1e-4)
-    assert wvir([0.3], 0.85, 10, 30) == 1.0 and wvir([0.2] * 12, 0.85, 10, 30) == 1.0  # digest defaults
+    assert wvir([0.3], 0.85, 10, 30) == 1.0 and wvir([0.2] * 12, 0.85, 10, 30) == 1.0  # our defaults where DSDE is silent
 
 
 @pytest.mark.parametrize(("mu", "sf", "penalty", "length"), [

@@ -1,4 +1,4 @@
-"""StaticTablePolicy: vLLM's Dynamic SD batch-size -> k table (research/anchors.md §1.3).
+"""StaticTablePolicy: vLLM's Dynamic SD batch-size -> k table (vLLM PR #32374).
 
 Worked example: vLLM's docs table [[1,16,5],[17,32,4],[33,64,3],[65,128,1],[129,512,0]] (our default)
 gives batch 16 -> 5, 17 -> 4, 64 -> 3, 65 -> 1, 129 -> 0; TensorRT-LLM's {4:4, 8:2, 32:1} gives 33+ -> 0.

@@ -1,4 +1,4 @@
-"""UcbPolicy: context-free UCB1 over k, the BanditSpec baseline (research/nightjar.md §4.2).
+"""UcbPolicy: context-free UCB1 over k, the BanditSpec baseline that Nightjar compares against (§8).
 
 Worked example of the score (UCB1, exploration 2): means 100 and 200 tokens/s after 1 and 20 plays,
 r_max = 200: arm 0 scores 0.5 + sqrt(2 ln 21 / 1) = 2.968, arm 1 scores 1 + sqrt(2 ln 21 / 20) = 1.552,

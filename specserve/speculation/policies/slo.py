@@ -18,8 +18,8 @@ The estimator is in ``estimators.slo_efficiency``, the searches in ``parts.slo_s
 Differences from the paper, each forced by where the decision is taken:
 - The latency model is TurboSpec's online fit (``StepLatencyModel``, ``LINEAR``) instead of an offline-profiled
   table; a profiled prior can be injected. It has no CUDA-graph padding, so trimming pays less often than in
-  the paper (whose verifier gains mostly from dropping a step to a smaller padded batch, §5.2 with the
-  authors' code).
+  the paper, whose released verifier trims at padding-bucket granularity: its gain comes mostly from dropping
+  a step to a smaller padded batch.
 - Trimming happens before drafting, from each request's past confidences (lagged), not from the drafts
   just made. The draft loop re-estimates f for the whole batch with batch-mean confidences.
 - c-bar is the running mean of all raw confidences since start (the authors' code) but skips the pass
@@ -27,9 +27,10 @@ Differences from the paper, each forced by where the decision is taken:
 - On an engine that verifies by batch expansion (``EngineTraits.batch_expansion``, AdaSpec's vLLM 0.6.3 fork),
   the fit's context feature is Eq. 4's ``(k + 1) * C + b * k (k + 1) / 2``, C the cached context, k the mean
   drafts per speculating request of an observed step; on a single-pass verifier it is C, as in TurboSpec Eq. 3.
-- T(k) leaves out the step's prefill chunk, as ``goodput`` does. AdaSpec runs with chunked prefill off (§6), so
-  its speculative steps are decode-only and T is decode time. Under chunked prefill a chunk rides along whatever
-  k is; charged to T it acts as a fixed cost that longer drafts seem to amortise, and on a saturated 7B/4090 run
+- T(k) leaves out the step's prefill chunk, as ``goodput`` does. AdaSpec extends vLLM's speculative decoding
+  (§6; the authors' release forks vLLM 0.6.3), which runs with chunked prefill off, so its speculative steps are
+  decode-only and T is decode time. Under chunked prefill a chunk rides along whatever k is; charged to T it acts
+  as a fixed cost that longer drafts seem to amortise, and on a saturated 7B/4090 run
   (bench/scenarios/nightjar-4090-7b-sharegpt-30qps.yaml) the first peak ran to k = 4 with 15% less throughput
   than k = 0. The SLO guard therefore also checks the decode part of the step: the chunk's time is not something
   k can give back.

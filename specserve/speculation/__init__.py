@@ -1,10 +1,20 @@
 """Speculation-length policies: pure Python over typed records, no ray, vllm, torch or prometheus_client.
 
-``make_policy("goodput:k_max=4", EngineTraits(max_k=4))`` builds one by name; ``adaptive`` is the
-project's default (adaptive.py: TurboSpec's goodput argmax with a piecewise-linear step cost, prefill priced
-at the margin, and hysteresis).
+- ``types``: the messages across the policy boundary (``EngineTraits``, ``StepContext``, ``Decision`` with its
+  optional ``DraftStop``, ``StepRecord``).
+- ``policy``: the ``Policy`` interface, the registry by name and ``NAME[:key=value,...]`` specs.
+- ``policies``: one module per policy (fixed, cycle, static-table, goodput, adaptive, bandit, ucb, slo, kld,
+  mlp); ``policies.parts`` holds the pieces only policies use.
+- ``estimators``: what policies learn online: acceptance per draft position, step latency, the per-bucket
+  correction of step latency, AdaSpec's SLO-aware efficiency.
+- ``speckv``: SpecKV's acceptance predictor (the MLP, its training, samples, synthetic data, default weights).
+
+``make_policy("goodput:k_max=4", EngineTraits(max_k=4))`` builds one by name; ``adaptive`` is the project's
+default (TurboSpec's goodput argmax with a piecewise-linear step cost, prefill priced at the margin, and
+hysteresis).
 """
 
+# Importing the policy modules registers every policy by name.
 from specserve.speculation.estimators.acceptance import PositionAcceptance, expected_tokens
 from specserve.speculation.policies.adaptive import AdaptiveParams, AdaptivePolicy
 from specserve.speculation.policies.bandit import BanditParams, BanditPolicy
@@ -19,7 +29,7 @@ from specserve.speculation.policies.static_table import StaticTableParams, Stati
 from specserve.speculation.policies.ucb import UcbParams, UcbPolicy
 from specserve.speculation.policy import Policy, alias, make_policy, parse_spec, policy_names, register
 from specserve.speculation.speckv.training import train_mlp
-from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
+from specserve.speculation.types import Decision, DraftStop, EngineTraits, StepContext, StepRecord
 
 __all__ = [
     "AdaptiveParams",
@@ -31,6 +41,7 @@ __all__ = [
     "PositionAcceptance",
     "expected_tokens",
     "Decision",
+    "DraftStop",
     "EngineTraits",
     "FixedParams",
     "FixedPolicy",

@@ -7,7 +7,6 @@ so the rarely played arm is tried again although its mean is half.
 
 from __future__ import annotations
 
-import math
 import random
 from collections import Counter
 
@@ -39,7 +38,7 @@ def closed_loop(policy: UcbPolicy, coefficients, alpha: float, num_steps: int, s
 
 
 def test_score_worked_example() -> None:
-    assert 0.5 + math.sqrt(2 * math.log(21)) == pytest.approx(2.968, abs=1e-3)
+    # The module docstring's example; with 20 plays each, the better arm goes next.
     assert ucb_pick([100.0, 200.0], [1, 20], exploration=2.0, max_reward=200.0) == 0
     assert ucb_pick([100.0, 200.0], [20, 20], exploration=2.0, max_reward=200.0) == 1
     assert ucb_pick([100.0, 200.0], [1, 20], exploration=0.0, max_reward=200.0) == 1  # greedy

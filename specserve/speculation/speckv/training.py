@@ -88,24 +88,8 @@ def train_mlp(
     for _ in range(epochs):
         rng.shuffle(order)
         for start in range(0, len(order), size):
-            batch = order[start:start + size]
-            grads = [0.0] * len(params)
-            for index in batch:
-                z, y = data[index]
-                pre = [params[hb + j] + sum(params[j * n_in + f] * z[f] for f in range(n_in)) for j in range(hidden)]
-                out = params[ob] + sum(params[ow + j] * p for j, p in enumerate(pre) if p > 0.0)
-                d_out = (out - y) / len(batch)
-                grads[ob] += d_out
-                for j, p in enumerate(pre):
-                    if p > 0.0:
-                        grads[ow + j] += d_out * p
-                        d_hidden = d_out * params[ow + j]
-                        grads[hb + j] += d_hidden
-                        for f in range(n_in):
-                            grads[j * n_in + f] += d_hidden * z[f]
-            for i in list(range(hb)) + list(range(ow, ob)):  # L2 on weights, not biases (sklearn)
-                grads[i] += l2 * params[i] / len(batch)
-            adam.step(params, grads)
+            batch = [data[index] for index in order[start:start + size]]
+            adam.step(params, _gradients(params, batch, hidden, l2))
     return MlpWeights(
         input_mean=means,
         input_scale=scales,
@@ -115,6 +99,29 @@ def train_mlp(
         output_bias=params[ob],
         provenance=provenance,
     )
+
+
+def _gradients(params: list[float], batch: list[tuple[list[float], float]], hidden: int, l2: float) -> list[float]:
+    """Gradient of the batch's loss over the flat parameters (hidden weights, hidden biases, output weights,
+    output bias), by backpropagation through the one ReLU layer."""
+    n_in = len(FEATURE_NAMES)
+    hb, ow, ob = hidden * n_in, hidden * n_in + hidden, hidden * n_in + 2 * hidden
+    grads = [0.0] * len(params)
+    for z, y in batch:
+        pre = [params[hb + j] + sum(params[j * n_in + f] * z[f] for f in range(n_in)) for j in range(hidden)]
+        out = params[ob] + sum(params[ow + j] * p for j, p in enumerate(pre) if p > 0.0)
+        d_out = (out - y) / len(batch)
+        grads[ob] += d_out
+        for j, p in enumerate(pre):
+            if p > 0.0:
+                grads[ow + j] += d_out * p
+                d_hidden = d_out * params[ow + j]
+                grads[hb + j] += d_hidden
+                for f in range(n_in):
+                    grads[j * n_in + f] += d_hidden * z[f]
+    for i in list(range(hb)) + list(range(ow, ob)):  # L2 on weights, not biases (sklearn)
+        grads[i] += l2 * params[i] / len(batch)
+    return grads
 
 
 def train_file(path: Path, *, epochs: int = DEFAULT_EPOCHS, learning_rate: float = DEFAULT_LEARNING_RATE,

@@ -31,7 +31,8 @@ def test_wvir_worked_example() -> None:
     assert weighted_variance(HISTORY[:10], 0.85) == pytest.approx(0.003140, abs=1e-6)
     assert weighted_variance(HISTORY, 0.85) == pytest.approx(0.008454, abs=1e-6)
     assert wvir(HISTORY, 0.85, 10, 30) == pytest.approx(0.3713, abs=1e-4)
-    assert wvir([0.3], 0.85, 10, 30) == 1.0 and wvir([0.2] * 12, 0.85, 10, 30) == 1.0  # our defaults where DSDE is silent
+    # Our defaults where DSDE is silent: too short a history, or a constant one, is neither growing nor settling.
+    assert wvir([0.3], 0.85, 10, 30) == 1.0 and wvir([0.2] * 12, 0.85, 10, 30) == 1.0
 
 
 @pytest.mark.parametrize(("mu", "sf", "penalty", "length"), [

@@ -31,7 +31,7 @@ def first_peak(efficiencies: Sequence[float]) -> int:
     return best
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # a rule is one step's object: compared and hashed by identity
 class SloDraftStop:
     """Algorithm 1's predict-execute-correct for one step's draft loop (a ``DraftStop``).
 

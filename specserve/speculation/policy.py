@@ -113,7 +113,8 @@ def _convert(policy: str, key: str, text: str, kind: Any) -> Any:
             raise ValueError(text)
         return kind(text)
     except (TypeError, ValueError):
-        raise ValueError(f"policy {policy!r}: {key}={text!r} is not a valid {getattr(kind, '__name__', kind)}") from None
+        kind_name = getattr(kind, "__name__", kind)
+        raise ValueError(f"policy {policy!r}: {key}={text!r} is not a valid {kind_name}") from None
 
 
 def format_spec(name: str, params: Any) -> str:

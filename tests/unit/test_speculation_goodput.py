@@ -12,8 +12,8 @@ import pytest
 from speculation_synthetic import make_record, true_step_s, varied_records
 
 from specserve.speculation import EngineTraits, GoodputPolicy, StepContext, make_policy
-from specserve.speculation.policies.parts.ties import argmax_smallest as best_k
 from specserve.speculation.policies.parts.probe import NeighbourExplorer
+from specserve.speculation.policies.parts.ties import argmax_smallest as best_k
 
 # Ground truth: 6 ms fixed, 0.05 us per context token, 60 us per batched token, 1 ms and 20 us per
 # request for each draft pass. At alpha = 0.7 its optimum falls from k = 3 at B = 1 to k = 1 at B = 256.

@@ -13,9 +13,8 @@ import math
 import pytest
 
 from specserve.speculation import EngineTraits, MlpPolicy, StepContext, StepRecord, make_policy, train_mlp
-from specserve.speculation.policies.parts.ties import argmax_smallest
 from specserve.speculation.estimators.step_latency import StepLatencyModel
-from specserve.speculation.speckv.training import mean_squared_error, train_file, train_synthetic
+from specserve.speculation.policies.parts.ties import argmax_smallest
 from specserve.speculation.speckv.model import (
     FEATURE_NAMES,
     load_weights,
@@ -25,7 +24,8 @@ from specserve.speculation.speckv.model import (
     weights_to_json,
 )
 from specserve.speculation.speckv.samples import parse_sample, record_samples
-from specserve.speculation.speckv.synthetic import token_entropy_bits, synthetic_samples
+from specserve.speculation.speckv.synthetic import synthetic_samples, token_entropy_bits
+from specserve.speculation.speckv.training import mean_squared_error, train_file, train_synthetic
 
 
 def test_tokens_objective_worked_example() -> None:
@@ -182,7 +182,7 @@ def test_record_samples_round_trip_through_the_jsonl_parser() -> None:
 
 @pytest.mark.parametrize(("content", "message"), [
     (None, "cannot read it"), ("not json", "not an mlp weights file"), ("[1]", "not an mlp weights file"),
-    ('{"format": "specserve-mlp-acceptance/1", "feature_names": %s}' % json.dumps(list(FEATURE_NAMES)),
+    (json.dumps({"format": "specserve-mlp-acceptance/1", "feature_names": list(FEATURE_NAMES)}),
      "missing field 'input_mean'"),
 ])
 def test_weights_param_errors_name_the_file(tmp_path, content, message) -> None:

@@ -43,12 +43,12 @@ class BucketCorrection:
     def corrections_s(self, num_running: int, num_k: int) -> list[float]:
         """``correction_s`` for k = 0 .. num_k - 1, the bucket's fallback found once."""
         bucket = bucket_of(num_running)
-        cells = [self._cells.get((bucket, k)) for k in range(num_k)]
-        if None in cells:
+        found = [self._cells.get((bucket, k)) for k in range(num_k)]
+        fallback = [0.0, 0.0]
+        if None in found:
             fallback = max((c for (b, _), c in self._cells.items() if b == bucket), key=lambda c: c[1],
-                           default=[0.0, 0.0])
-            cells = [fallback if cell is None else cell for cell in cells]
-        return [cell[0] for cell in cells]
+                           default=fallback)
+        return [(fallback if cell is None else cell)[0] for cell in found]
 
     def num_samples(self, num_running: int, k: int) -> float:
         cell = self._cells.get((bucket_of(num_running), k))

@@ -129,10 +129,15 @@ class StepLatencyModel:
 
     def observe(self, record: StepRecord) -> float:
         """Learn from one step. Returns the seconds the model predicted for it before learning from it."""
-        raw = np.array(self.features.row(record.num_context_tokens, record.num_batched_tokens,
-                                         record.num_draft_passes, record.num_running))
+        return self.observe_shape(record.num_context_tokens, record.num_batched_tokens, record.num_draft_passes,
+                                  record.num_running, record.duration_s)
+
+    def observe_shape(self, num_context_tokens: float, num_batched_tokens: float, num_draft_passes: float,
+                      num_running: float, duration_s: float) -> float:
+        """``observe`` for a step given by its shape, for a caller that measures a feature its own way."""
+        raw = np.array(self.features.row(num_context_tokens, num_batched_tokens, num_draft_passes, num_running))
         predicted_s = float(raw @ self._current())
-        self._pending.append((raw, record.duration_s))
+        self._pending.append((raw, duration_s))
         self._num_samples = self._decay * self._num_samples + 1.0
         self._stale += 1
         if self._stale >= self._refit_every or self._num_samples < 8 * self._refit_every:

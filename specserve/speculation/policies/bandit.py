@@ -37,9 +37,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specserve.speculation.policies.parts.bingreedy import EXPLORE_SCHEDULES, BinSchedule, explore_probability
-from specserve.speculation.policy import Policy, register
 from specserve.speculation.policies.parts.switching import DEFAULT_SWITCH_COST_TABLE, SwitchCostTable
 from specserve.speculation.policies.parts.ties import argmin_smallest
+from specserve.speculation.policy import Policy, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
 BUCKETINGS = ("log2", "exact")

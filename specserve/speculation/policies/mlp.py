@@ -33,9 +33,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specserve.speculation.estimators.step_latency import StepLatencyModel
 from specserve.speculation.policies.goodput import GoodputParams, GoodputPolicy
 from specserve.speculation.policies.parts.ties import argmax_smallest
-from specserve.speculation.estimators.step_latency import StepLatencyModel
+from specserve.speculation.policy import Policy, register
 from specserve.speculation.speckv.model import (
     COMPRESSION_CODES,
     MlpWeights,
@@ -43,7 +44,6 @@ from specserve.speculation.speckv.model import (
     predict_acceptance,
     step_features,
 )
-from specserve.speculation.policy import Policy, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
 OBJECTIVES = ("cost", "tokens")

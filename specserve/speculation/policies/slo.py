@@ -43,7 +43,7 @@ confidences c-bar stays at its 0.6 prior; without request ids nothing is trimmed
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from specserve.speculation.estimators.slo_efficiency import (
     SLO_VIOLATION,
@@ -135,11 +135,12 @@ class SloPolicy(Policy):
         return Decision(k=k, max_k_per_request=caps, draft_stop=self._draft_stop)
 
     def observe(self, record: StepRecord) -> None:
+        context: float = record.num_context_tokens
         if self.traits.batch_expansion and record.num_drafted_per_request:
             mean_k = record.num_drafted / len(record.num_drafted_per_request)
-            context = batch_expansion_context(record.num_context_tokens, len(record.num_drafted_per_request), mean_k)
-            record = replace(record, num_context_tokens=context)
-        self.latency.observe(record)
+            context = batch_expansion_context(context, len(record.num_drafted_per_request), mean_k)
+        self.latency.observe_shape(context, record.num_batched_tokens, record.num_draft_passes, record.num_running,
+                                   record.duration_s)
         dropped = self._draft_stop.dropped_position if self._draft_stop is not None else None
         for i, values in enumerate(record.draft_confidence_per_request):
             kept = values if dropped is None else values[:dropped]
@@ -172,7 +173,7 @@ class SloPolicy(Policy):
         expansion = self.traits.batch_expansion
 
         def step_seconds(num_draft_passes: int, num_verified: int) -> float:
-            context = ctx.num_context_tokens
+            context: float = ctx.num_context_tokens
             if expansion:  # the target reads what batch expansion scores (module docstring)
                 context = batch_expansion_context(context, ctx.num_running, num_draft_passes)
             return self.latency.predict(

@@ -20,10 +20,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specserve.speculation.policy import Policy, register
 from specserve.speculation.policies.parts.ties import argmax_smallest
+from specserve.speculation.policy import Policy, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
-
 
 
 @dataclass(frozen=True, slots=True)

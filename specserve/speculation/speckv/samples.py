@@ -31,7 +31,7 @@ def record_samples(record: StepRecord, compression: str = "fp16") -> list[dict[s
     """
     if compression not in COMPRESSION_CODES:
         raise ValueError(f"compression={compression!r} must be one of {', '.join(COMPRESSION_CODES)}")
-    samples = []
+    samples: list[dict[str, float | int | str]] = []
     for num_drafted, num_accepted, confidences, entropies in zip(
         record.num_drafted_per_request, record.num_accepted_per_request,
         record.draft_confidence_per_request, record.draft_entropy_per_request,

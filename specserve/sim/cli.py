@@ -26,9 +26,8 @@ from specserve.sim.reproduce import PAPERS, reproduce
 from specserve.sim.runner import simulate
 from specserve.sim.scenario import ScenarioError, builtin_scenarios, load_scenario, resolve
 from specserve.speculation import EngineTraits, make_policy
-from specserve.speculation.mlp_fit import mean_squared_error
-from specserve.speculation.mlp_model import COMPRESSION_CODES, weights_to_json
-from specserve.speculation.mlp_train import DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE, train_file
+from specserve.speculation.speckv.model import COMPRESSION_CODES, weights_to_json
+from specserve.speculation.speckv.training import DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE, mean_squared_error, train_file
 
 DEFAULT_POLICIES = "fixed:k=0,fixed:k=3,adaptive"
 # Columns of the compare table, in JSON key order.

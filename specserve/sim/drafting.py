@@ -5,10 +5,10 @@ request's cap from ``Decision.max_k_per_request`` or by the token budget. Then, 
 
 1. verdicts for every planned position, from the replica's acceptance stream (acceptance.py);
 2. signals given those verdicts, from the replica's signal stream (signals.py), unless turned off;
-3. the draft loop: after pass j (0-based) the policy's ``stop_drafting(j, c_j)`` is asked, with c_j the
-   mean confidence over the requests that drafted at j (the Policy contract: one call per pass with the
-   batch mean). True keeps the drafts so far and runs no further pass for any request. The hook is
-   only called for policies that override it, and only with signals on (no confidence, no early stop).
+3. the draft loop: after pass j (0-based) the step's ``Decision.draft_stop.after_pass(j, c_j)`` is asked, with
+   c_j the mean confidence over the requests that drafted at j (the DraftStop contract: one call per pass with
+   the batch mean). True keeps the drafts so far and runs no further pass for any request. It is only asked
+   when the decision carries a rule, and only with signals on (no confidence, no early stop).
 
 Cost model (latency.StepTimer): a draft pass is one batched forward; the step runs max_i d_i passes, d_i
 the drafts request i proposed after its cap and any early stop, and pass j >= 2 carries one token per
@@ -26,7 +26,7 @@ import numpy as np
 from specserve.sim.acceptance import AcceptanceModel, accepted_prefix
 from specserve.sim.signals import DraftSignals, SignalModel
 
-# Policy.stop_drafting(position, confidence) -> stop now?
+# DraftStop.after_pass(position, confidence) -> stop now?
 StopHook = Callable[[int, float], bool]
 
 

@@ -114,6 +114,7 @@ class Replica:
             return None  # an idle engine runs no step, so its policy is not asked
         ctx = self._context(now_s)
         decision = self.policy.choose(ctx)
+        self.drafter.stop = decision.draft_stop.after_pass if decision.draft_stop and self.drafter.signals else None
         k = decision.k
         if not 0 <= k <= self.cfg.max_k:
             raise ValueError(f"policy {self.policy.spec!r} chose k={k} outside 0..{self.cfg.max_k}")

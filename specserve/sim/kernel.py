@@ -24,7 +24,7 @@ from specserve.sim.events import EventQueue, Phase
 from specserve.sim.scenario import ResolvedScenario, ScenarioError
 from specserve.sim.signals import SignalModel
 from specserve.sim.workload import Workload, build_workload
-from specserve.speculation import EngineTraits, Policy, make_policy
+from specserve.speculation import EngineTraits, make_policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +88,7 @@ class Simulator:
         replicas = []
         for i, (verdict_rng, signal_rng) in enumerate(zip(verdict_rngs, signal_rngs)):
             policy = make_policy(self.policy_spec, traits)
-            # Only a policy that overrides the hook is asked within the draft loop (chosen once, here).
-            stop = policy.stop_drafting if type(policy).stop_drafting is not Policy.stop_drafting else None
-            drafter = Drafter(acceptance, signals, verdict_rng, signal_rng, stop)
+            drafter = Drafter(acceptance, signals, verdict_rng, signal_rng, None)  # each step's Decision.draft_stop
             replicas.append(Replica(i, engine, self.resolved.num_kv_blocks, self.resolved.timer, policy, drafter,
                                     table, slo_tpot_s, self.on_step))
         trace: list[TraceEntry] = []

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from specserve.sim.config import LatencyConfig
 from specserve.sim.latency import StepTimer, roofline_timer
 from specserve.sim.profiles import PROFILE_DIR, lookup
-from specserve.speculation.slo_estimator import batch_expansion_context
+from specserve.speculation.estimators.slo_efficiency import batch_expansion_context
 
 DATA_FILE = PROFILE_DIR / "paper_step_times.yaml"
 # The model before the per-layer cost: same defaults otherwise.

@@ -19,7 +19,7 @@ from pathlib import Path
 from specserve.sim.config import Scenario
 from specserve.sim.engine import StepStats
 from specserve.sim.runner import simulate
-from specserve.speculation.mlp_samples import record_samples
+from specserve.speculation.speckv.samples import record_samples
 from specserve.speculation.types import StepRecord
 
 PAPER_GAMMAS = (2, 4, 6, 8)

@@ -1,26 +1,35 @@
 """Speculation-length policies: pure Python over typed records, no ray, vllm, torch or prometheus_client.
 
-``make_policy("goodput:k_max=4", EngineTraits(max_k=4))`` builds one by name; ``adaptive`` is the
-project's default (adaptive.py: TurboSpec's goodput argmax with a piecewise-linear step cost, prefill priced
-at the margin, and hysteresis).
+- ``types``: the messages across the policy boundary (``EngineTraits``, ``StepContext``, ``Decision`` with its
+  optional ``DraftStop``, ``StepRecord``).
+- ``policy``: the ``Policy`` interface, the registry by name and ``NAME[:key=value,...]`` specs.
+- ``policies``: one module per policy (fixed, cycle, static-table, goodput, adaptive, bandit, ucb, slo, kld,
+  mlp); ``policies.parts`` holds the pieces only policies use.
+- ``estimators``: what policies learn online: acceptance per draft position, step latency, the per-bucket
+  correction of step latency, AdaSpec's SLO-aware efficiency.
+- ``speckv``: SpecKV's acceptance predictor (the MLP, its training, samples, synthetic data, default weights).
+
+``make_policy("goodput:k_max=4", EngineTraits(max_k=4))`` builds one by name; ``adaptive`` is the project's
+default (TurboSpec's goodput argmax with a piecewise-linear step cost, prefill priced at the margin, and
+hysteresis).
 """
 
-# Importing a policy module registers its policy by name.
-from specserve.speculation.acceptance import PositionAcceptance, expected_tokens
-from specserve.speculation.adaptive import AdaptiveParams, AdaptivePolicy
-from specserve.speculation.bandit import BanditParams, BanditPolicy
-from specserve.speculation.cycle import CycleParams, CyclePolicy
-from specserve.speculation.fixed import FixedParams, FixedPolicy
-from specserve.speculation.goodput import GoodputParams, GoodputPolicy
-from specserve.speculation.kld import KldParams, KldPolicy
-from specserve.speculation.mlp import MlpParams, MlpPolicy
-from specserve.speculation.mlp_fit import train_mlp
+# Importing the policy modules registers every policy by name.
+from specserve.speculation.estimators.acceptance import PositionAcceptance, expected_tokens
+from specserve.speculation.policies.adaptive import AdaptiveParams, AdaptivePolicy
+from specserve.speculation.policies.bandit import BanditParams, BanditPolicy
+from specserve.speculation.policies.cycle import CycleParams, CyclePolicy
+from specserve.speculation.policies.fixed import FixedParams, FixedPolicy
+from specserve.speculation.policies.goodput import GoodputParams, GoodputPolicy
+from specserve.speculation.policies.kld import KldParams, KldPolicy
+from specserve.speculation.policies.mlp import MlpParams, MlpPolicy
+from specserve.speculation.policies.parts.switching import SwitchCostTable
+from specserve.speculation.policies.slo import SloParams, SloPolicy
+from specserve.speculation.policies.static_table import StaticTableParams, StaticTablePolicy
+from specserve.speculation.policies.ucb import UcbParams, UcbPolicy
 from specserve.speculation.policy import Policy, alias, make_policy, parse_spec, policy_names, register
-from specserve.speculation.slo import SloParams, SloPolicy
-from specserve.speculation.static_table import StaticTableParams, StaticTablePolicy
-from specserve.speculation.switching import SwitchCostTable
-from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
-from specserve.speculation.ucb import UcbParams, UcbPolicy
+from specserve.speculation.speckv.training import train_mlp
+from specserve.speculation.types import Decision, DraftStop, EngineTraits, StepContext, StepRecord
 
 __all__ = [
     "AdaptiveParams",
@@ -32,6 +41,7 @@ __all__ = [
     "PositionAcceptance",
     "expected_tokens",
     "Decision",
+    "DraftStop",
     "EngineTraits",
     "FixedParams",
     "FixedPolicy",

@@ -2,7 +2,9 @@
 
 Contract: the engine calls ``choose(ctx)`` once per scheduler step, before the step runs, then
 ``observe(record)`` once the step's output is known. Both run on the engine's hot path, so they
-must be cheap (microseconds) and must never block. A policy keeps its own explicit state.
+must be cheap (microseconds) and must never block. A policy keeps its own explicit state. Where the
+engine can end its draft loop early, the ``Decision`` may carry a ``DraftStop`` rule that the engine asks
+after each draft pass; the rule holds that step's state, not the policy.
 """
 
 from __future__ import annotations
@@ -31,15 +33,6 @@ class Policy(ABC):
 
     def observe(self, record: StepRecord) -> None:  # noqa: B027 - stateless policies need nothing
         """Learn from a finished step. The default keeps no state."""
-
-    def stop_drafting(self, position: int, confidence: float) -> bool:
-        """Within a step, after the draft pass at 0-based ``position`` ran: stop drafting now?
-
-        ``confidence`` is the batch mean of the draft's probability of the token it drafted at that
-        position. True keeps the drafts made so far and runs no further pass. Only the simulator calls
-        this; the vLLM engine cannot stop its draft loop early yet. The default never stops early.
-        """
-        return False
 
     def describe(self) -> dict[str, float]:
         """Numbers worth showing an operator (estimates, model fit); empty by default."""
@@ -120,7 +113,8 @@ def _convert(policy: str, key: str, text: str, kind: Any) -> Any:
             raise ValueError(text)
         return kind(text)
     except (TypeError, ValueError):
-        raise ValueError(f"policy {policy!r}: {key}={text!r} is not a valid {getattr(kind, '__name__', kind)}") from None
+        kind_name = getattr(kind, "__name__", kind)
+        raise ValueError(f"policy {policy!r}: {key}={text!r} is not a valid {kind_name}") from None
 
 
 def format_spec(name: str, params: Any) -> str:

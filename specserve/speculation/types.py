@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,12 +22,12 @@ class EngineTraits:
     # vLLM's k=0 still runs one draft forward pass per step to keep the draft's KV cache in sync, so
     # "speculation off" is not free there. A policy's cost model must charge that pass.
     k0_runs_draft_pass: bool = True
-    # The draft loop asks ``Policy.stop_drafting`` after every pass, with the pass's draft confidence (the
-    # simulator with draft signals on). The vLLM engine cannot stop its draft loop early yet.
+    # The draft loop asks the step's ``Decision.draft_stop`` after every pass, with the pass's draft confidence
+    # (the simulator with draft signals on). The vLLM engine cannot stop its draft loop early yet.
     asks_stop_drafting: bool = False
     # The target verifies by vLLM V0's batch expansion: position j of each request is scored as its own sequence,
-    # so a step with k drafts reads every request's KV k + 1 times (research/adaspec.md §2.3, Eq. 4). vLLM V1
-    # scores all positions in one pass.
+    # so a step with k drafts reads every request's KV k + 1 times (AdaSpec §4.1, Eq. 4). vLLM V1 scores all
+    # positions in one pass.
     batch_expansion: bool = False
 
 
@@ -55,6 +56,18 @@ class StepContext:
     slo_tpot_s: float | None = None
 
 
+class DraftStop(Protocol):
+    """One step's rule for ending its draft loop early; a policy hands it out with the step's ``Decision``."""
+
+    def after_pass(self, position: int, confidence: float) -> bool:
+        """The draft pass at 0-based ``position`` ran: stop drafting now?
+
+        ``confidence`` is the batch mean of the draft's probability of the token it drafted at that position.
+        True keeps the drafts made so far and runs no further pass. The engine calls it once per pass, in order.
+        """
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """A policy's answer for one step."""
@@ -64,6 +77,10 @@ class Decision:
     # Optional per-request caps below k (request id -> max drafts), for per-sequence policies. The
     # simulator honours them; the vLLM engine applies only the batch-wide k so far.
     max_k_per_request: tuple[tuple[str, int], ...] = ()
+    # This step's early-stop rule, asked after every draft pass where the engine can stop its loop
+    # (``EngineTraits.asks_stop_drafting``); None drafts all k. It carries whatever state the rule needs, so
+    # the policy keeps none between ``choose`` and the draft loop.
+    draft_stop: DraftStop | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +131,7 @@ class StepRecord:
 
         ``reached[j]`` counts drafts at position j whose whole prefix was accepted: the only ones whose
         verdict says anything about position j, so ``accepted[j] / reached[j]`` is the conditional
-        acceptance rate at j (research/turbospec.md §2.4: prefix-accepted / proposed under-estimates it).
+        acceptance rate at j that TurboSpec's Eq. 4 needs (prefix-accepted / proposed under-estimates it).
         """
         # A request counts at every position below its number: drafts made, drafts up to and including the first
         # rejected one (min(d, a + 1)), drafts accepted. Counting each number once is O(B + k), not O(B k).

@@ -11,7 +11,7 @@ from sim_helpers import SMALL_YAML, sim_cli
 
 from specserve.sim.mlp_dump import collect_samples, default_policy
 from specserve.sim.scenario import parse_scenario
-from specserve.speculation.mlp_model import FEATURE_NAMES, weights_from_json
+from specserve.speculation.speckv.model import FEATURE_NAMES, weights_from_json
 
 SMALL = SMALL_YAML
 sim = sim_cli

@@ -49,9 +49,9 @@ class StopAfterTwoPolicy(Policy):
 
     def choose(self, ctx: StepContext) -> Decision:
         self.calls = []
-        return Decision(k=4)
+        return Decision(k=4, draft_stop=self)
 
-    def stop_drafting(self, position: int, confidence: float) -> bool:
+    def after_pass(self, position: int, confidence: float) -> bool:
         self.calls.append((position, confidence))
         return position >= 1
 

@@ -1,4 +1,5 @@
-"""Synthetic step records for the policy tests: a known linear step latency and i.i.d. acceptance."""
+"""Synthetic step records for the policy tests: a known linear step latency and i.i.d. acceptance, or a
+GPU-like step cost that bends at the ridge point."""
 
 from __future__ import annotations
 
@@ -60,3 +61,26 @@ def varied_records(
             num_prefill_tokens=rng.choice((0, 0, 0, 128, 512)),
         ))
     return records
+
+
+def roofline_s(num_batched: int, num_passes: int, num_running: int) -> float:
+    """A GPU-like step: memory-bound (20 ms) up to 200 tokens, then 100 us per token; 0.5 ms per draft pass."""
+    return 0.002 + max(0.020, 1e-4 * num_batched) + num_passes * (5e-4 + 1e-6 * num_running)
+
+
+def roofline_record(num_batched: int, num_passes: int, num_running: int, k: int = 0,
+                    duration_s: float | None = None) -> StepRecord:
+    duration = roofline_s(num_batched, num_passes, num_running) if duration_s is None else duration_s
+    return StepRecord(now_s=0.0, k=k, duration_s=duration, num_running=num_running, num_context_tokens=0,
+                      num_batched_tokens=num_batched, num_draft_passes=num_passes, num_emitted_tokens=num_running)
+
+
+def kinked_steps(n: int = 3000, seed: int = 0) -> list[StepRecord]:
+    """Steps of random batch, k and prefill chunk, timed by ``roofline_s``."""
+    rng = random.Random(seed)
+    steps = []
+    for _ in range(n):
+        batch, k = rng.randint(1, 256), rng.randint(0, 4)
+        prefill = rng.choice([0, 0, 0, rng.randint(1, 4096)])
+        steps.append(roofline_record(prefill + batch * (k + 1), max(k, 1), batch, k))
+    return steps

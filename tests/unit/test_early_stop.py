@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.speculation.early_stop import ConfidenceStop
+from specserve.speculation.policies.parts.early_stop import ConfidenceStop, StopCounter
 
 
 def test_a_sure_draft_goes_on_and_an_unsure_one_stops() -> None:
@@ -27,3 +27,12 @@ def test_the_budget_ends_the_loop_and_must_be_priced() -> None:
     assert [loop.after_pass(0, 0.99), loop.after_pass(1, 0.99)] == [False, True]
     with pytest.raises(ValueError, match="max_passes=3"):
         ConfidenceStop(8, [1.0, 1.1, 1.2], [0.8], max_passes=3)
+
+
+def test_a_shared_counter_counts_early_stops_not_the_budget() -> None:
+    counter = StopCounter()
+    seconds = [1.0, 1.1, 1.2, 1.3]
+    ConfidenceStop(1, seconds, [0.8] * 3, max_passes=3, counter=counter).after_pass(0, 0.05)  # early
+    budget = ConfidenceStop(1, seconds, [0.8] * 3, max_passes=3, counter=counter)
+    assert [budget.after_pass(p, 0.99) for p in range(3)] == [False, False, True]  # ran out, not early
+    assert counter.count == 1

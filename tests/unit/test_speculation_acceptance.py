@@ -1,4 +1,4 @@
-"""PositionAcceptance and expected_tokens: research/turbospec.md §2.4 (Eq. 4 and its estimator pitfall)."""
+"""PositionAcceptance and expected_tokens: TurboSpec Eq. 4 and the per-position estimate it needs."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import random
 import pytest
 from speculation_synthetic import draw_accepted
 
-from specserve.speculation.acceptance import PositionAcceptance, expected_tokens
+from specserve.speculation.estimators.acceptance import PositionAcceptance, expected_tokens
 from specserve.speculation.types import StepRecord
 
-# turbospec.md §2.4: l(a, k) for k = 0..8, two decimals.
+# TurboSpec Eq. 4, l(a, k) = (1 - a^(k+1)) / (1 - a), for k = 0..8, two decimals, worked out by hand.
 EQ4_TABLE = {
     0.3: (1.00, 1.30, 1.39, 1.42, 1.43, 1.43, 1.43, 1.43, 1.43),
     0.5: (1.00, 1.50, 1.75, 1.88, 1.94, 1.97, 1.98, 1.99, 2.00),
@@ -63,7 +63,7 @@ def test_estimator_on_hand_made_record() -> None:
     estimator = PositionAcceptance(max_k=4, prior_weight=0.0)
     estimator.observe(record_of([(4, 4), (4, 2), (4, 0), (2, 1), (1, 1)], k=4))
     assert estimator.alphas() == pytest.approx([4 / 5, 2 / 3, 1 / 2, 1 / 1])
-    # Pooled: A = 8 accepted, F = 3 requests that hit a rejection -> A / (A + F) (§2.4 estimator b).
+    # Pooled: A = 8 accepted, F = 3 requests that hit a rejection -> A / (A + F), the truncated-geometric MLE.
     assert estimator.mean_alpha() == pytest.approx(8 / 11)
 
 

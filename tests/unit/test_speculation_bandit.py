@@ -1,8 +1,8 @@
-"""BanditPolicy: Nightjar's per-batch-size ADA-BINGREEDY with a switching cost (research/nightjar.md §2).
+"""BanditPolicy: Nightjar's per-batch-size ADA-BINGREEDY with a switching cost (Nightjar §5).
 
-Worked examples from the digest: log2 buckets 3-4 -> 2, 5-8 -> 3, 9-16 -> 4, capped at 11 (§2.4); Table 3's
-C_sw (17.87 ms at L=128, B=32 ... 102.03 ms at L=512, B=64, §2.3); bin lengths 1, 1, 2, 2, 4, 5, 8, 11,
-16, 22, 32 per block with the first bin of every block exploring (§2.5, §6 "schedule unit test").
+Worked examples: log2 buckets 3-4 -> 2, 5-8 -> 3, 9-16 -> 4, capped at 11 (the authors' released planner);
+Table 3's C_sw (17.87 ms at L=128, B=32 ... 102.03 ms at L=512, B=64, §5.2); bin lengths 1, 1, 2, 2, 4, 5, 8,
+11, 16, 22, 32 per block with the first bin of every block exploring (§5.2, Algorithm 1).
 Eq. (4) by hand, lbar = 10, 8, 7, 7.5 ms for k = 0..3 and C_sw = 12 ms with speculation off:
 10, 8 + 12, 7 + 6, 7.5 + 4 -> k = 0 stays; with speculation on k = 2 wins.
 """
@@ -16,9 +16,9 @@ import pytest
 from speculation_synthetic import make_record
 
 from specserve.speculation import BanditPolicy, EngineTraits, StepContext, StepRecord, SwitchCostTable, make_policy
-from specserve.speculation.bandit import bucket_of, exploit_k
-from specserve.speculation.bingreedy import bin_rounds, block_rounds, explore_probability, num_bins
-from specserve.speculation.switching import DEFAULT_SWITCH_COST_TABLE
+from specserve.speculation.policies.bandit import bucket_of, exploit_k
+from specserve.speculation.policies.parts.bingreedy import bin_rounds, block_rounds, explore_probability, num_bins
+from specserve.speculation.policies.parts.switching import DEFAULT_SWITCH_COST_TABLE
 
 TRUE = (6e-3, 0.05e-6, 60e-6, 1e-3, 20e-6)
 OVERHEAD = (20e-3, 0.01e-6, 1e-6, 0.1e-3, 1e-6)
@@ -52,7 +52,7 @@ def record(k: int, latency_per_token_s: float, num_running: int = 32, draft_pass
                       num_draft_passes=k if k else int(draft_pass), num_emitted_tokens=emitted)
 
 
-# --- §2.4 bucketing ---------------------------------------------------------------------------------
+# --- bucketing -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("batch", "bucket"), [
     (1, 0), (2, 1), (3, 2), (4, 2), (5, 3), (8, 3), (9, 4), (16, 4), (17, 5), (512, 9), (513, 10),
@@ -78,7 +78,7 @@ def test_contexts_advance_only_on_their_own_steps() -> None:
     assert (policy.schedule(4).block, policy.schedule(4).bin) == (2, 1)  # B = 16: one round
 
 
-# --- §2.3 switching cost --------------------------------------------------------------------------------
+# --- switching cost (Table 3) --------------------------------------------------------------------------------
 
 TABLE = SwitchCostTable.parse(DEFAULT_SWITCH_COST_TABLE)
 
@@ -131,7 +131,7 @@ def test_offloaded_draft_must_rebuild_the_whole_context() -> None:
     assert policy.switch_cost_s(context(64, context_per_request=512)) == 0.0
 
 
-# --- §2.2 Eq. (4) ---------------------------------------------------------------------------------------
+# --- Eq. (4) -------------------------------------------------------------------------------------------
 
 def test_exploit_rule_worked_example() -> None:
     latencies = [10e-3, 8e-3, 7e-3, 7.5e-3]
@@ -160,7 +160,7 @@ def test_switching_cost_holds_speculation_off() -> None:
     assert policy.describe()["num_reenables"] == 1
 
 
-# --- §2.5 schedule --------------------------------------------------------------------------------------
+# --- schedule ------------------------------------------------------------------------------------------
 
 def test_block_and_bin_lengths() -> None:
     assert [block_rounds(j) for j in range(1, 8)] == [1, 2, 4, 8, 16, 32, 64]
@@ -233,7 +233,7 @@ def test_same_seed_same_sequence() -> None:
 
 def test_zero_without_draft_or_batch() -> None:
     policy = make_policy("bandit:k_max=4", EngineTraits(max_k=2))
-    assert policy.limit_k == 2
+    assert policy.max_k == 2
     assert all(policy.choose(context(8, draft_resident=False)).k == 0 for _ in range(20))
     assert policy.choose(context(0)).k == 0
 

@@ -1,6 +1,6 @@
-"""GoodputPolicy: research/turbospec.md §2.5 ArgMaxGoodput, learning from synthetic records.
+"""GoodputPolicy: TurboSpec's ArgMaxGoodput (§4.2, Listing 2), learning from synthetic records.
 
-Worked example of the objective (§2.2, Fig. 2): a step of 12.6 ms at k = 2 and alpha = 0.7 emits 2.19
+Worked example of the objective (TurboSpec §3, Fig. 2): a step of 12.6 ms at k = 2 and alpha = 0.7 emits 2.19
 tokens per request, 5.75 ms per token against 7.4 ms without speculation, so k = 2 beats k = 0 there.
 """
 
@@ -12,8 +12,8 @@ import pytest
 from speculation_synthetic import make_record, true_step_s, varied_records
 
 from specserve.speculation import EngineTraits, GoodputPolicy, StepContext, make_policy
-from specserve.speculation.goodput import best_k
-from specserve.speculation.probe import NeighbourExplorer
+from specserve.speculation.policies.parts.probe import NeighbourExplorer
+from specserve.speculation.policies.parts.ties import argmax_smallest as best_k
 
 # Ground truth: 6 ms fixed, 0.05 us per context token, 60 us per batched token, 1 ms and 20 us per
 # request for each draft pass. At alpha = 0.7 its optimum falls from k = 3 at B = 1 to k = 1 at B = 256.
@@ -224,13 +224,13 @@ def test_settled_policy_explores_one_neighbour_per_interval() -> None:
 
 def test_explorer_alternates_and_restarts_after_gaps_or_moves() -> None:
     explorer = NeighbourExplorer(interval_s=1.0)
-    assert [explorer.neighbour(t, 2, limit_k=4) for t in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)] == [2, 2, 1, 2, 3, 1]
-    assert explorer.neighbour(3.5, 4, limit_k=4) == 4  # the policy moved: the clock restarts
-    assert explorer.neighbour(4.5, 4, limit_k=4) == 3  # at limit_k only down, whatever the turn
-    assert explorer.neighbour(6.0, 4, limit_k=4) == 4  # 1.5 s since the last step (an idle engine): restart
-    assert explorer.neighbour(6.5, 4, limit_k=4) == 4
+    assert [explorer.neighbour(t, 2, max_k=4) for t in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)] == [2, 2, 1, 2, 3, 1]
+    assert explorer.neighbour(3.5, 4, max_k=4) == 4  # the policy moved: the clock restarts
+    assert explorer.neighbour(4.5, 4, max_k=4) == 3  # at max_k only down, whatever the turn
+    assert explorer.neighbour(6.0, 4, max_k=4) == 4  # 1.5 s since the last step (an idle engine): restart
+    assert explorer.neighbour(6.5, 4, max_k=4) == 4
     explorer.stopped()  # k = 0: the probe's turn
-    assert explorer.neighbour(7.0, 4, limit_k=4) == 4
+    assert explorer.neighbour(7.0, 4, max_k=4) == 4
     assert explorer.num_explorations == 4
 
 

@@ -1,7 +1,7 @@
-"""MlpPolicy: SpecKV (research/speckv.md) — the 6-16-1 predictor, its training, and the two objectives.
+"""MlpPolicy: SpecKV — the 6-16-1 predictor, its training, and the two objectives.
 
-Worked example of Eq. 1 (tokens objective): a-hat = 0.813 / 0.712 / 0.633 / 0.566 at gamma = 2 / 4 / 6 / 8 (the
-paper's FP16 mean acceptance by gamma, speckv.md §5.2) gives 2.63 / 3.85 / 4.80 / 5.53 tokens per step, so
+Worked example of Eq. 1 (tokens objective): a-hat = 0.813 / 0.712 / 0.633 / 0.566 at gamma = 2 / 4 / 6 / 8 (FP16
+mean acceptance by gamma in the authors' released step records) gives 2.63 / 3.85 / 4.80 / 5.53 tokens per step, so
 gamma = 8 wins — the paper's +56%-over-gamma-4 result in one line.
 """
 
@@ -13,26 +13,26 @@ import math
 import pytest
 
 from specserve.speculation import EngineTraits, MlpPolicy, StepContext, StepRecord, make_policy, train_mlp
-from specserve.speculation.goodput import best_k
-from specserve.speculation.latency import StepLatencyModel
-from specserve.speculation.mlp_fit import mean_squared_error
-from specserve.speculation.mlp_model import (
+from specserve.speculation.estimators.step_latency import StepLatencyModel
+from specserve.speculation.policies.parts.ties import argmax_smallest
+from specserve.speculation.speckv.model import (
     FEATURE_NAMES,
     load_weights,
     predict_acceptance,
     step_features,
     weights_from_json,
+    weights_to_json,
 )
-from specserve.speculation.mlp_samples import parse_sample, record_samples
-from specserve.speculation.mlp_synthetic import token_entropy_bits, synthetic_samples
-from specserve.speculation.mlp_train import main
+from specserve.speculation.speckv.samples import parse_sample, record_samples
+from specserve.speculation.speckv.synthetic import synthetic_samples, token_entropy_bits
+from specserve.speculation.speckv.training import mean_squared_error, train_file, train_synthetic
 
 
 def test_tokens_objective_worked_example() -> None:
     rates = {2: 0.813, 4: 0.712, 6: 0.633, 8: 0.566}
     tokens = [rates[g] * g + 1 for g in (2, 4, 6, 8)]
     assert tokens == pytest.approx([2.626, 3.848, 4.798, 5.528])
-    assert best_k(tokens) == 3
+    assert argmax_smallest(tokens) == 3
 
 
 def test_step_features_convert_nats_to_bits() -> None:
@@ -65,7 +65,7 @@ def test_training_reduces_loss_and_is_deterministic() -> None:
     assert train_mlp(samples, epochs=2, seed=5) == train_mlp(samples, epochs=2, seed=5)
 
 
-def test_train_main_writes_weights_from_jsonl(tmp_path) -> None:
+def test_train_file_trains_on_jsonl_samples(tmp_path) -> None:
     lines = []
     for features, rate in synthetic_samples(60, seed=9):
         entry = dict(zip(("mean_draft_entropy", "mean_draft_confidence", "max_draft_entropy",
@@ -73,13 +73,18 @@ def test_train_main_writes_weights_from_jsonl(tmp_path) -> None:
         entry["compression"] = ("fp16", "int8", "nf4")[int(features[4])]
         lines.append(json.dumps({**entry, "acceptance_rate": rate}))
     lines.append(json.dumps({**entry, "accepted": True}))  # a flag is a 0/1 target
-    source, out = tmp_path / "samples.jsonl", tmp_path / "weights.json"
+    source = tmp_path / "samples.jsonl"
     source.write_text("\n".join(lines) + "\n")
-    assert main([str(source), "--out", str(out), "--epochs", "2"]) == 0
-    assert weights_from_json(out.read_text()).provenance.startswith("trained on samples.jsonl")
+    weights, samples = train_file(source, epochs=2)
+    assert len(samples) == 61 and samples[-1][1] == 1.0
+    assert weights_from_json(weights_to_json(weights)) == weights
+    assert weights.provenance.startswith("trained on samples.jsonl (61 samples)")
     source.write_text('{"gamma": 4}\n')
     with pytest.raises(ValueError, match="line 1"):
-        main([str(source), "--out", str(out)])
+        train_file(source)
+    source.write_text("\n")
+    with pytest.raises(ValueError, match="no samples"):
+        train_file(source)
 
 
 def signal_record(confidence: float, num_running: int = 4, k: int = 4) -> StepRecord:
@@ -177,7 +182,7 @@ def test_record_samples_round_trip_through_the_jsonl_parser() -> None:
 
 @pytest.mark.parametrize(("content", "message"), [
     (None, "cannot read it"), ("not json", "not an mlp weights file"), ("[1]", "not an mlp weights file"),
-    ('{"format": "specserve-mlp-acceptance/1", "feature_names": %s}' % json.dumps(list(FEATURE_NAMES)),
+    (json.dumps({"format": "specserve-mlp-acceptance/1", "feature_names": list(FEATURE_NAMES)}),
      "missing field 'input_mean'"),
 ])
 def test_weights_param_errors_name_the_file(tmp_path, content, message) -> None:
@@ -187,3 +192,7 @@ def test_weights_param_errors_name_the_file(tmp_path, content, message) -> None:
     with pytest.raises(ValueError, match=message) as caught:
         make_policy(f"mlp:weights={path}", EngineTraits(max_k=8))
     assert str(path) in str(caught.value)
+
+
+def test_the_packaged_default_weights_are_train_synthetic_with_its_defaults() -> None:
+    assert train_synthetic() == load_weights()

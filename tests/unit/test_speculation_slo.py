@@ -1,6 +1,6 @@
-"""SloPolicy: AdaSpec (research/adaspec.md) — first-peak k, the TPOT SLO guard, trimming, early stop.
+"""SloPolicy: AdaSpec — first-peak k, the TPOT SLO guard, trimming, early stop.
 
-Worked example of the estimator (Eqs. 6-7, Algorithm 3): b = 2, c-bar = 0.6, k = 2 emits 2 * (1 + 0.6 + 0.36)
+Worked example of the estimator (AdaSpec Eqs. 6-7, Algorithm 3): b = 2, c-bar = 0.6, k = 2 emits 2 * (1 + 0.6 + 0.36)
 = 3.92 tokens; in a 10 ms step that is 392 tokens/s, and -1 if the TPOT SLO is 8 ms.
 """
 
@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 
 from specserve.speculation import EngineTraits, SloPolicy, StepContext, StepRecord, make_policy
-from specserve.speculation.latency import StepLatencyModel
-from specserve.speculation.slo_estimator import (
+from specserve.speculation.estimators.slo_efficiency import (
     SLO_VIOLATION,
-    eliminate_drafts,
-    first_peak,
+    batch_expansion_context,
     slo_efficiency,
     uniform_efficiencies,
 )
+from specserve.speculation.estimators.step_latency import StepLatencyModel
+from specserve.speculation.policies.parts.slo_search import eliminate_drafts, first_peak
 
 # A fixed latency model: 6 ms + 60 us per verified token + 0.3 ms and 5 us per request per draft pass.
 TRUE = (6e-3, 0.0, 60e-6, 0.3e-3, 5e-6)
@@ -27,10 +27,9 @@ def fixed_latency(coefficients=TRUE) -> StepLatencyModel:
     return StepLatencyModel(prior=coefficients, prior_weight=1e12)
 
 
-def slo_policy(spec: str = "slo", max_k: int = 8, coefficients=TRUE) -> SloPolicy:
-    policy = make_policy(spec, EngineTraits(max_k=max_k))
-    policy.latency = fixed_latency(coefficients)
-    return policy
+def slo_policy(spec: str = "slo", max_k: int = 8, coefficients=TRUE, **traits) -> SloPolicy:
+    engine = EngineTraits(max_k=max_k, **traits)
+    return SloPolicy(make_policy(spec, engine).params, engine, latency=fixed_latency(coefficients))
 
 
 def context(num_running: int = 4, slo_tpot_s: float | None = None, request_ids: tuple[str, ...] = ()) -> StepContext:
@@ -112,35 +111,44 @@ def test_prefill_chunk_is_not_charged_to_k() -> None:
 
 
 def test_early_stop_fires_below_the_break_even_confidence() -> None:
-    policy = slo_policy("slo:trim=false")
-    assert policy.choose(context(4)).k > 2
-    threshold = policy.stop_threshold()
+    policy = slo_policy("slo:trim=false", asks_stop_drafting=True)
+    decision = policy.choose(context(4))
+    assert decision.k > 2
+    stop = decision.draft_stop
+    threshold = stop.break_even_confidence()
     assert 0.0 < threshold < 1.0
-    assert policy.stop_drafting(0, threshold - 0.01) is True  # corrected f dropped below f(0)
+    assert stop.after_pass(0, threshold - 0.01) is True  # corrected f dropped below f(0)
     # Just above it the correction keeps f, but one more pass at c-bar is predicted not to pay: the predict
     # half stops. A confident pass continues.
-    policy.choose(context(4))
-    assert policy.stop_drafting(0, threshold + 0.01) is True and policy.mean_confidence == 0.6
-    policy.choose(context(4))
-    assert policy.stop_drafting(0, 0.9) is False
-    assert policy.stop_drafting(1, 0.9) is False
-    # Without a speculative choose() there is no loop: the base-class behaviour, never stop.
-    assert make_policy("slo", EngineTraits(max_k=8)).stop_drafting(0, 0.0) is False
+    assert policy.choose(context(4)).draft_stop.after_pass(0, threshold + 0.01) is True
+    assert policy.mean_confidence == 0.6
+    stop = policy.choose(context(4)).draft_stop
+    assert stop.after_pass(0, 0.9) is False
+    assert stop.after_pass(1, 0.9) is False
+
+
+def test_a_rule_only_where_the_engine_asks_and_only_for_a_speculative_step() -> None:
+    assert slo_policy("slo:trim=false").choose(context(4)).draft_stop is None
+    asked = slo_policy("slo:trim=false", asks_stop_drafting=True)
+    assert asked.choose(context(4)).draft_stop is not None
+    assert asked.choose(context(0)).k == 0 and asked.choose(context(0)).draft_stop is None
 
 
 def test_early_stop_at_the_chosen_k_and_dropped_pass_stays_out_of_mean_confidence() -> None:
-    policy = slo_policy("slo:trim=false")
-    k = policy.choose(context(4)).k
-    assert [policy.stop_drafting(j, 0.99) for j in range(k)][-1] is True
-    policy.choose(context(4))
-    assert policy.stop_drafting(0, 0.9) is False
-    assert policy.stop_drafting(1, 0.01) is True  # f dropped at position 1
+    policy = slo_policy("slo:trim=false", asks_stop_drafting=True)
+    decision = policy.choose(context(4))
+    assert [decision.draft_stop.after_pass(j, 0.99) for j in range(decision.k)][-1] is True
+    stop = policy.choose(context(4)).draft_stop
+    assert stop.after_pass(0, 0.9) is False
+    assert stop.after_pass(1, 0.01) is True  # f dropped at position 1
     record = StepRecord(now_s=0.0, k=2, duration_s=0.01, num_running=1, num_context_tokens=1000,
                         num_batched_tokens=3, num_draft_passes=2, num_emitted_tokens=2,
                         num_drafted_per_request=(2,), num_accepted_per_request=(1,), request_ids=("a",),
                         draft_confidence_per_request=((0.9, 0.01),))
     policy.observe(record)
     assert policy.mean_confidence == pytest.approx(0.9)  # the 0.01 of the dropped pass is excluded
+    policy.observe(record)  # the next step had no rule that saw a drop: every confidence counts
+    assert policy.mean_confidence == pytest.approx((0.9 + 0.9 + 0.01) / 3)
 
 
 def test_elimination_drops_only_unlikely_drafts() -> None:
@@ -171,7 +179,7 @@ def test_trimming_caps_low_confidence_requests() -> None:
 
 def test_no_draft_or_no_requests_means_zero_and_engine_caps_k() -> None:
     policy = slo_policy(max_k=2)
-    assert policy.limit_k == 2 and policy.choose(context(1)).k == 2
+    assert policy.max_k == 2 and policy.choose(context(1)).k == 2
     absent = StepContext(now_s=0.0, num_running=4, num_waiting=0, num_context_tokens=4000, draft_resident=False)
     assert policy.choose(absent).k == 0 and policy.choose(context(0)).k == 0
 
@@ -194,11 +202,37 @@ def test_bad_params(spec: str, named: str) -> None:
         make_policy(spec, EngineTraits(max_k=8))
 
 
-def test_on_a_batch_expansion_engine_the_fit_sees_eq4_context() -> None:
-    from specserve.speculation import EngineTraits, make_policy
+def test_batch_expansion_context_is_eq4() -> None:
+    # (k + 1) * C + b * k (k + 1) / 2 with C = 1000 cached tokens over b = 2 requests, k = 3.
+    assert batch_expansion_context(1000, 2, 3) == 4 * 1000 + 2 * 3 * 4 / 2
+    assert batch_expansion_context(1000, 2, 0) == 1000
 
-    plain = make_policy("slo", EngineTraits(max_k=4))
-    expanded = make_policy("slo", EngineTraits(max_k=4, batch_expansion=True))
-    # Eq. 4: (k + 1) * C + b * k (k + 1) / 2 with C = 1000 cached tokens over b = 2 requests, k = 3.
-    assert expanded._target_context(1000, 2, 3) == 4 * 1000 + 2 * 3 * 4 / 2
-    assert plain._target_context(1000, 2, 3) == 1000
+
+def test_on_a_batch_expansion_engine_context_prices_every_draft() -> None:
+    """Under batch expansion each draft re-reads the request's KV: with a context cost that dominates, k falls."""
+    kv_bound = (6e-3, 2e-6, 60e-6, 0.3e-3, 5e-6)
+    plain, expanded = slo_policy(coefficients=kv_bound), slo_policy(coefficients=kv_bound, batch_expansion=True)
+    k_plain, k_expanded = plain.choose(context(4)).k, expanded.choose(context(4)).k
+    assert k_expanded < k_plain
+    # f(k) under Eq. 4 at b = 4, C = 4000, c-bar = 0.6: the expanded policy's k is its first peak.
+    def f(k: int) -> float:
+        c0, c1, c2, c3, c4 = kv_bound
+        step_s = (c0 + c1 * batch_expansion_context(4000, 4, k) + c2 * 4 * (k + 1) + c3 * max(k, 1)
+                  + c4 * max(k, 1) * 4)
+        return 4 * sum(0.6**j for j in range(k + 1)) / step_s
+    assert k_expanded == first_peak([f(k) for k in range(9)])
+
+
+def test_on_a_batch_expansion_engine_the_fit_learns_from_eq4_context() -> None:
+    """Observed steps are fitted with the context batch expansion read, so the fit recovers the per-token cost."""
+    truth = (6e-3, 2e-6, 0.0, 0.0, 0.0)
+    policy = make_policy("slo", EngineTraits(max_k=4, batch_expansion=True))
+    for step in range(400):
+        b, k, cached = 1 + step % 7, step % 5, 500 * (1 + step % 11)
+        read = batch_expansion_context(cached, b, k) if k else cached
+        policy.observe(StepRecord(now_s=0.0, k=k, duration_s=truth[0] + truth[1] * read, num_running=b,
+                                  num_context_tokens=cached, num_batched_tokens=b * (k + 1),
+                                  num_draft_passes=max(k, 1), num_emitted_tokens=b,
+                                  num_drafted_per_request=(k,) * b if k else (),
+                                  num_accepted_per_request=(0,) * b if k else ()))
+    assert policy.describe()["latency_s_per_context_token"] == pytest.approx(truth[1], rel=0.02)

@@ -42,9 +42,10 @@ def test_goodput_spec_sets_params() -> None:
     assert policy.params.prior_alpha == 0.5  # untouched defaults stay
 
 
-def test_adaptive_is_its_own_policy() -> None:
-    assert "adaptive" in policy_names()
-    assert make_policy("adaptive", TRAITS).name == "adaptive"
+def test_every_policy_module_registers_its_policy() -> None:
+    names = {"fixed", "cycle", "static-table", "goodput", "adaptive", "bandit", "ucb", "slo", "kld", "mlp"}
+    assert names <= set(policy_names())
+    assert {make_policy(name, TRAITS).name for name in names} == names
 
 
 @pytest.mark.parametrize("spec", ["fixed", "fixed:k=2", "goodput", "goodput:k_max=3,prior_alpha=0.7", "adaptive"])

@@ -1,4 +1,4 @@
-"""StaticTablePolicy: vLLM's Dynamic SD batch-size -> k table (research/anchors.md §1.3).
+"""StaticTablePolicy: vLLM's Dynamic SD batch-size -> k table (vLLM PR #32374).
 
 Worked example: vLLM's docs table [[1,16,5],[17,32,4],[33,64,3],[65,128,1],[129,512,0]] (our default)
 gives batch 16 -> 5, 17 -> 4, 64 -> 3, 65 -> 1, 129 -> 0; TensorRT-LLM's {4:4, 8:2, 32:1} gives 33+ -> 0.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from specserve.speculation import EngineTraits, StaticTablePolicy, StepContext, make_policy
-from specserve.speculation.static_table import DEFAULT_TABLE, parse_table
+from specserve.speculation.policies.static_table import DEFAULT_TABLE, parse_table
 
 
 def context(num_running: int, draft_resident: bool = True) -> StepContext:
@@ -18,7 +18,6 @@ def context(num_running: int, draft_resident: bool = True) -> StepContext:
 
 
 def test_default_is_vllms_docs_example() -> None:
-    assert DEFAULT_TABLE == "1-16:5/17-32:4/33-64:3/65-128:1/129-512:0"
     assert [(r.first, r.last, r.k) for r in parse_table(DEFAULT_TABLE)] == [
         (1, 16, 5), (17, 32, 4), (33, 64, 3), (65, 128, 1), (129, 512, 0)]
 

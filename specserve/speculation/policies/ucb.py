@@ -1,17 +1,17 @@
 """Context-free UCB1 over k: the BanditSpec baseline that Nightjar compares against.
 
-research/anchors.md §4 (BanditSpec, arXiv 2505.15141, ICML 2025: UCBSpec) and research/nightjar.md §4.2:
-"BanditSpec: UCB over k, no batch-size context"; the Nightjar fork maps its ``ucb`` strategy to
-"BanditSpec-style" (§0, [code]) and rewards every bandit with ``(generated_tokens / B) / elapsed`` per
-step (§2.10). With arms k = 0..k_max, n_k plays of arm k, t plays in all and r_k the mean reward:
+BanditSpec (arXiv 2505.15141, ICML 2025: UCBSpec) picks k with a UCB bandit and no batch-size context; Nightjar's
+released code runs it as its ``ucb`` strategy ("BanditSpec-style") and rewards every bandit with
+``(generated_tokens / B) / elapsed`` per step. With arms k = 0..k_max, n_k plays of arm k, t plays in all and
+r_k the mean reward:
 
     score(k) = r_k / r_max + sqrt(exploration * ln(t) / n_k)
 
 UCB1 (Auer et al., 2002) assumes rewards in [0, 1]; tokens per second are not, so the mean is divided
 by the largest single-step reward seen so far (r_max), which keeps the confidence term in the same
 unit whatever the hardware. Unplayed arms go first, smallest k first; ties go to the smaller k.
-No batch-size context: that is what the baseline lacks (Nightjar §4.5: "not suitable for dynamic
-batch size"), and what ``bandit`` adds.
+No batch-size context: that is what the baseline lacks (Nightjar §9.1: "its static design ... is
+incompatible with the continuous batching of modern serving systems"), and what ``bandit`` adds.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specserve.speculation.policies.parts.ties import argmax_smallest
 from specserve.speculation.policy import Policy, register
-from specserve.speculation.ties import argmax_smallest
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +40,7 @@ class UcbParams:
 
 
 def step_reward(record: StepRecord) -> float:
-    """Tokens per second per request of one step (the Nightjar fork's bandit reward, nightjar.md §2.10)."""
+    """Tokens per second per request of one step (the bandit reward in Nightjar's released code)."""
     return record.num_emitted_tokens / record.num_running / record.duration_s
 
 
@@ -65,9 +64,9 @@ class UcbPolicy(Policy):
 
     def __init__(self, params: UcbParams, traits: EngineTraits) -> None:
         super().__init__(params, traits)
-        self.limit_k = min(params.k_max, traits.max_k)
-        self._counts = [0] * (self.limit_k + 1)
-        self._means = [0.0] * (self.limit_k + 1)
+        self.max_k = min(params.k_max, traits.max_k)
+        self._counts = [0] * (self.max_k + 1)
+        self._means = [0.0] * (self.max_k + 1)
         self._max_reward = 0.0
 
     def choose(self, ctx: StepContext) -> Decision:
@@ -77,7 +76,7 @@ class UcbPolicy(Policy):
 
     def observe(self, record: StepRecord) -> None:
         # Idle or unmeasured steps carry no reward; a k past the arms (another policy's step) is ignored.
-        if record.num_running <= 0 or record.duration_s <= 0 or record.k > self.limit_k:
+        if record.num_running <= 0 or record.duration_s <= 0 or record.k > self.max_k:
             return
         reward = step_reward(record)
         self._counts[record.k] += 1

@@ -1,12 +1,13 @@
 """Per batch-size bucket and k: how far the step-time model misses, learned from the steps themselves.
 
-A global latency fit (hinge_latency.py) has to share its coefficients across every batch size and k. Where
-the GPU's cost bends with the context as well as the tokens (the ridge point moves with the KV read) the fit
-is biased, and the bias differs by k: on nightjar-a100-13b-dynamic it priced each extra draft at ~1.6 ms
-per step at batch 32 where the true cost was ~0.5 ms, and settled one k short of the best.
+A global latency fit (``step_latency``, ``HINGED``) has to share its coefficients across every batch size and
+k. Where the GPU's cost bends with the context as well as the tokens (the ridge point moves with the KV read)
+the fit is biased, and the bias differs by k: on the simulator's nightjar-a100-13b-dynamic scenario it priced
+each extra draft at ~1.6 ms per step at batch 32 where the true cost was ~0.5 ms, and settled one k short of
+the best.
 
-Nightjar keeps its statistics per batch-size bucket for the same reason (research/nightjar.md §2.5: the
-best k depends on the batch size). We keep, per power-of-two bucket and per k, an average of the model's
+Nightjar keeps its statistics per batch size for the same reason (§5.2: the best k depends on the batch
+size). We keep, per power-of-two bucket and per k, an average of the model's
 out-of-sample residual (measured minus predicted seconds). The correction for a k never run in a bucket is
 that bucket's residual at the k run most there, so an unexplored k inherits the bucket's offset but not a
 slope correction; the policy's neighbour exploration supplies the neighbours.
@@ -42,12 +43,12 @@ class BucketCorrection:
     def corrections_s(self, num_running: int, num_k: int) -> list[float]:
         """``correction_s`` for k = 0 .. num_k - 1, the bucket's fallback found once."""
         bucket = bucket_of(num_running)
-        cells = [self._cells.get((bucket, k)) for k in range(num_k)]
-        if None in cells:
+        found = [self._cells.get((bucket, k)) for k in range(num_k)]
+        fallback = [0.0, 0.0]
+        if None in found:
             fallback = max((c for (b, _), c in self._cells.items() if b == bucket), key=lambda c: c[1],
-                           default=[0.0, 0.0])
-            cells = [fallback if cell is None else cell for cell in cells]
-        return [cell[0] for cell in cells]
+                           default=fallback)
+        return [(fallback if cell is None else cell)[0] for cell in found]
 
     def num_samples(self, num_running: int, k: int) -> float:
         cell = self._cells.get((bucket_of(num_running), k))

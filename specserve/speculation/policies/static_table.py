@@ -1,7 +1,7 @@
 """A static batch-size -> k schedule: vLLM's Dynamic SD and TensorRT-LLM's draft-length schedule.
 
-research/anchors.md §1.3: vLLM PR #32374 (merged) adds ``num_speculative_tokens_per_batch_size``, a
-table of ``[first, last, k]`` ranges fixed at startup; its docs' example is
+vLLM PR #32374 ("[V1][Spec Decode] Add Dynamic SD", merged) adds ``num_speculative_tokens_per_batch_size``, a
+table of ``[first, last, k]`` ranges fixed at startup; the example in vLLM's Dynamic SD docs is
 ``[[1,16,5],[17,32,4],[33,64,3],[65,128,1],[129,512,0]]``, our default. TensorRT-LLM PR #10860's
 ``draft_len_schedule = {4:4, 8:2, 32:1}`` is the same idea (batch 33+ gets 0). Neither ships a
 default table: the right one depends on the hardware and model, and is profiled offline.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from specserve.speculation.policy import Policy, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext
 
-# vLLM's docs example (research/anchors.md §1.3), in this module's syntax.
+# The example in vLLM's Dynamic SD docs, in this module's syntax.
 DEFAULT_TABLE = "1-16:5/17-32:4/33-64:3/65-128:1/129-512:0"
 
 

@@ -1,10 +1,10 @@
 """Periodic probing while speculation is off, so acceptance estimates cannot freeze.
 
-research/turbospec.md §2.4: "While speculation is off (k = 0) no samples arrive, so alpha_acc stays
-frozen." A pessimistic estimate then keeps k at 0 for good even after the workload turns draft-friendly.
-TurboSpec escapes a similar lock-in with periodic threshold resets (§2.8, RESETSTEPS); Nightjar with
-exploration bins that re-enable speculation at random (research/nightjar.md §2.5). We probe on a clock:
-after ``interval_s`` spent at k = 0, speculate until fresh verdicts arrive.
+An acceptance estimate learns only from speculative steps (TurboSpec's moving average, §4.1.3): while
+speculation is off (k = 0) no samples arrive and the estimate stays frozen. A pessimistic estimate then keeps k
+at 0 for good even after the workload turns draft-friendly. TurboSpec escapes a similar lock-in with periodic
+threshold resets (§4.2, Listing 1's RESETSTEPS); Nightjar with exploration bins that re-enable speculation at
+random (§5.2). We probe on a clock: after ``interval_s`` spent at k = 0, speculate until fresh verdicts arrive.
 
 A probe lasts until the first verdict, not one step: in vLLM the drafts proposed in step t are
 verified in step t+1, so a one-step probe would be cut back to k = 0 before anything is verified.
@@ -64,13 +64,13 @@ class NeighbourExplorer:
     k, the k-dependent features (batched tokens, draft passes, passes x requests) all move with the batch
     size and the context, so the fit cannot tell the cost of k from the cost of context and may keep the
     policy at a too-high k for good. One step at k - 1 or k + 1 now and then puts the k-direction back in
-    the data (persistent excitation, as in adaptive control; Nightjar's exploration bins, research/nightjar.md
-    §2.5, serve the same purpose) and shows the policy the cost of the smaller k it would move down to.
+    the data (persistent excitation, as in adaptive control; Nightjar's exploration bins, §5.2, serve the same
+    purpose) and shows the policy the cost of the smaller k it would move down to.
 
     Like ``ZeroProbe`` it runs on the caller's clock: one step per ``interval_s`` during which the policy's
     own choice stayed at the same k with no gap longer than ``interval_s`` between steps (an idle engine is
     not asked, and a policy whose k moves on its own varies the data already). Directions alternate, down
-    first; at ``limit_k`` only down.
+    first; at ``max_k`` only down.
     """
 
     def __init__(self, interval_s: float) -> None:
@@ -89,8 +89,8 @@ class NeighbourExplorer:
         """The policy chose k = 0: the clock stops (at k = 0 only ``ZeroProbe`` runs)."""
         self._k = None
 
-    def neighbour(self, now_s: float, k: int, limit_k: int) -> int:
-        """The k to run this step: ``k`` itself, or a neighbour once per interval. Needs 0 < k <= limit_k."""
+    def neighbour(self, now_s: float, k: int, max_k: int) -> int:
+        """The k to run this step: ``k`` itself, or a neighbour once per interval. Needs 0 < k <= max_k."""
         settled = k == self._k and now_s - self._last_s <= self.interval_s
         self._last_s = now_s
         if not settled:
@@ -99,7 +99,7 @@ class NeighbourExplorer:
         if now_s - self._since_s < self.interval_s:
             return k
         self._since_s = now_s
-        up = self._next_up and k < limit_k
+        up = self._next_up and k < max_k
         self._next_up = not up
         self.num_explorations += 1
         return k + 1 if up else k - 1

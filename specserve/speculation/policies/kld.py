@@ -1,6 +1,6 @@
 """DSDE (arXiv 2509.01083): per-sequence k from KL-divergence stability, with a batch cap on stragglers.
 
-research/dsde.md §2 (paper §III). Each sequence first runs ``calib_steps`` speculative steps at
+DSDE §III (§III-A: Eqs. 1-8; §III-C: Eqs. 9-11). Each sequence first runs ``calib_steps`` speculative steps at
 ``calib_k`` to calibrate its own SL_max (Eq. 1); afterwards, each step's SL-hat is
 
     SL-hat = (1 - SF * WVIR) * (SL_max - SL_min) + SL_min     (Eqs. 2, 8; SL_min once SF * WVIR > 1)
@@ -8,10 +8,10 @@ research/dsde.md §2 (paper §III). Each sequence first runs ``calib_steps`` spe
 with SF = exp(2 mu_last) - 1 from the last step's mean KLD (Eq. 3) and WVIR the short/long weighted
 variance ratio of the per-step KLD history (Eqs. 4-7). The batch cap SL_cap is the mean SL-hat over the
 running sequences (Eqs. 9-11), and each sequence gets clamp(round(min(SL-hat, SL_cap)), SL_min,
-floor(SL_max)) (digest §2.4 rounding). The batch-wide ``Decision.k`` is the largest per-sequence length
-(the draft depth, at most round(SL_cap)); lengths below it go out as ``Decision.max_k_per_request``.
-Sequences still calibrating count with SL-hat = calib_k in the cap (digest §2.4). Formulas live in
-``kld_signals``.
+floor(SL_max)) (the paper does not say how it rounds: we round to nearest after the min). The batch-wide
+``Decision.k`` is the largest per-sequence length (the draft depth, at most round(SL_cap)); lengths below it go
+out as ``Decision.max_k_per_request``. Sequences still calibrating count with SL-hat = calib_k in the cap (our
+choice; the paper does not say). Formulas live in ``parts.kld_signals``.
 
 **Fallback.** DSDE needs per-position KL(target || draft) for every drafted token, keyed by request id
 (``StepRecord.kl_per_request`` and ``request_ids``) and the running ids in ``StepContext.request_ids``. The
@@ -19,8 +19,8 @@ vLLM engine provides none of them yet. Until a step with KL values has been obse
 context carries no request ids, this policy behaves exactly like ``goodput`` with its default parameters
 (TurboSpec's ArgMaxGoodput, which it feeds every record), so on the vLLM engine ``kld`` is ``goodput``.
 
-Not modelled: the budget clamp to remaining max_tokens and context length (digest §2.5; the context does
-not carry them) and the entropy combination the paper mentions without a formula.
+Not modelled: the clamp "under budget constraints (remaining max_tokens and context capacity)" (§III-B; the
+context does not carry them) and the entropy combination the paper mentions without a formula.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from specserve.speculation.goodput import GoodputParams, GoodputPolicy
-from specserve.speculation.kld_signals import (
+from specserve.speculation.policies.goodput import GoodputParams, GoodputPolicy
+from specserve.speculation.policies.parts.kld_signals import (
     SequenceKld,
     batch_cap,
     predicted_length,
@@ -50,11 +50,12 @@ class KldParams:
     # Windows of Eq. 4 in verification steps (§IV-B: "lagging mean KLD over the previous 10 steps"; 30 long).
     short_window: int = 10
     long_window: int = 30
-    # Calibration steps per sequence before Eq. 1 (the paper: "a small, fixed number"; digest default 5).
+    # Calibration steps per sequence before Eq. 1 (the paper: "a small, fixed number"; 5 is our choice).
     calib_steps: int = 5
-    # Drafts per calibration step; bounds SL_max <= 2 * calib_k (digest §2.2 default 8). Capped by max_k.
+    # Drafts per calibration step; bounds SL_max <= 2 * calib_k (the paper gives none; 8 is our choice). Capped by
+    # the engine's max_k.
     calib_k: int = 8
-    # Apply SL_cap (Eqs. 9-11); false is the "Dynamic SL, no cap" ablation of Fig. 9.
+    # Apply SL_cap (Eqs. 9-11); false is the uncapped strategy of §IV-E, Fig. 9.
     cap: bool = True
 
     def __post_init__(self) -> None:
@@ -130,7 +131,8 @@ class KldPolicy(Policy):
     def _prediction(self, state: SequenceKld) -> float:
         history = list(state.history)
         ratio = wvir(history, self.params.decay, self.params.short_window, self.params.long_window)
-        max_length = max(state.max_length or 0.0, float(self.params.sl_min))  # acc_max = 0 edge (digest §2.6)
+        # A calibration that accepted nothing gives SL_max = 0 < SL_min; the paper is silent, we floor it at SL_min.
+        max_length = max(state.max_length or 0.0, float(self.params.sl_min))
         return predicted_length(scale_factor(history[0]), ratio, max_length, self.params.sl_min)
 
     def _predicted(self, request_id: str) -> float:

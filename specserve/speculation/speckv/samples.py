@@ -1,6 +1,6 @@
 """SpecKV's training samples: one JSONL line per request per speculative step, read and written here.
 
-One JSON object per line (speckv.md §2.4's step-record schema):
+One JSON object per line (the step-record fields of SpecKV's released profiling data, §4.1):
 
     {"mean_draft_entropy": 1.9, "mean_draft_confidence": 0.71, "max_draft_entropy": 3.2,
      "min_draft_confidence": 0.42, "compression": "fp16", "gamma": 4, "acceptance_rate": 0.75}
@@ -10,8 +10,8 @@ Entropies in bits; compression is fp16 / int8 / nf4 or its code 0 / 1 / 2; the t
 
 ``record_samples`` turns a ``StepRecord`` with draft signals into such lines, so the same file comes from the
 simulator (``specserve sim mlp-samples``) or from an engine's step log once it records signals. The features
-are those of the step's own drafts, as the paper's offline training uses them (speckv.md §2.2); the policy
-applies the predictor to the previous step's (lagged, mode a).
+are those of the step's own drafts, as the paper's offline training uses them (§4.2); the policy applies the
+predictor to the previous step's (lagged).
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specserve.speculation.mlp_fit import Sample
-from specserve.speculation.mlp_model import COMPRESSION_CODES, FEATURE_NAMES, step_features
+from specserve.speculation.speckv.model import COMPRESSION_CODES, FEATURE_NAMES, Sample, step_features
 from specserve.speculation.types import StepRecord
 
 
@@ -32,7 +31,7 @@ def record_samples(record: StepRecord, compression: str = "fp16") -> list[dict[s
     """
     if compression not in COMPRESSION_CODES:
         raise ValueError(f"compression={compression!r} must be one of {', '.join(COMPRESSION_CODES)}")
-    samples = []
+    samples: list[dict[str, float | int | str]] = []
     for num_drafted, num_accepted, confidences, entropies in zip(
         record.num_drafted_per_request, record.num_accepted_per_request,
         record.draft_confidence_per_request, record.draft_entropy_per_request,

@@ -1,23 +1,24 @@
 """Nightjar's planner: per batch-size context, ADA-BINGREEDY over k with a switching-cost term.
 
-Nightjar paper §5 and research/nightjar.md §2.2-2.7 (Algorithm 1 as reconstructed there; the paper's
-equations and algorithm body are blank, its prose is not). Each step with B running requests:
+Nightjar §5.1-5.2 (Eqs. 1 and 4, Algorithm 1, Table 3); where the paper's prose leaves a formula open we follow
+the authors' released planner. Each step with B running requests:
 
-1. b = bucket(B) (§2.4); only steps with batch context b advance b's block/bin/round counters.
-2. At the first round of a bin, draw its type: exploration with probability p_i (``bingreedy``).
+1. b = bucket(B) (below); only steps with batch context b advance b's block/bin/round counters (§5.2, Fig. 6).
+2. At the first round of a bin, draw its type: exploration with probability p_i (``parts.bingreedy``).
    Exploration locks k uniform over 0..k_max; exploitation locks Eq. (4),
 
        k = argmin_k  lbar[b, k] + 1[k_prev = 0 and k > 0] * C_sw(L_eff, B) / k,
 
    lbar being the running mean latency per token of arm k in context b, and C_sw the cost of the draft
-   re-prefilling the L_eff tokens it skipped while speculation was off (``switching``, Table 3).
-3. Every round of the bin plays the locked k (bin-level locking bounds the switches, §5.3).
+   re-prefilling the L_eff tokens it skipped while speculation was off (``parts.switching``, Table 3).
+3. Every round of the bin plays the locked k (bin-level locking bounds the switches, Nightjar §5.3).
 
 Choices where the paper is open, each documented at its use: the bucket (log2 by default, the
 authors' code; the paper's exact B is ``bucketing=exact``), p_i (i^-1/2), unvisited arms (never
-exploited, exploration fills them, §2.6), ties (smaller k), latency per token per request (the code's
-reward; it puts l and C_sw in the same unit, §2.2), k_prev (the engine-wide previous k, §2.2), L_eff
-(estimated from records, below), and no epoch restart (the paper describes no drift test, §2.7).
+exploited, exploration fills them), ties (smaller k), latency per token per request (the authors' code's
+reward; it puts l and C_sw in the same unit), k_prev (the engine-wide previous k: the draft's KV lag is the
+engine's, not a batch size's), L_eff (estimated from records, below), and no epoch restart (the paper
+describes no drift test).
 The re-enable step's own duration, catch-up prefill included, is kept in lbar as measured: the paper
 observes "the realized goodput", and records do not say how much of a step was catch-up.
 
@@ -35,10 +36,10 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specserve.speculation.bingreedy import EXPLORE_SCHEDULES, BinSchedule, explore_probability
+from specserve.speculation.policies.parts.bingreedy import EXPLORE_SCHEDULES, BinSchedule, explore_probability
+from specserve.speculation.policies.parts.switching import DEFAULT_SWITCH_COST_TABLE, SwitchCostTable
+from specserve.speculation.policies.parts.ties import argmin_smallest
 from specserve.speculation.policy import Policy, register
-from specserve.speculation.switching import DEFAULT_SWITCH_COST_TABLE, SwitchCostTable
-from specserve.speculation.ties import argmin_smallest
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
 BUCKETINGS = ("log2", "exact")
@@ -54,13 +55,13 @@ class BanditParams:
     # p_i: "inv_sqrt" = i^-1/2 (authors' code, Appendix A.4's reading) or "inv" = 1/i.
     explore_schedule: str = "inv_sqrt"
     # "log2": B=1 -> 0, B=2 -> 1, else ceil(log2 B), so 3-4 -> 2, 5-8 -> 3 (the authors' log2 revision);
-    # "exact": one context per batch size, as the paper states it (§5.2, "each batch size b").
+    # "exact": one context per batch size, as the paper states it (Nightjar §5.2: "each batch size b").
     bucketing: str = "log2"
     # Last log2 bucket; larger batches share it. 11 (B >= 1025) is the authors' code's cap.
     max_bucket: int = 11
     # C_sw grid, "LxB:ms" joined by "/"; default Nightjar Table 3 (RTX 4090, 7B + 0.5B draft).
     switch_cost_table: str = DEFAULT_SWITCH_COST_TABLE
-    # Multiplies C_sw: 1 is the table as profiled, 0 is plain ADA-BINGREEDY (the Fig. 13 ablation).
+    # Multiplies C_sw: 1 is the table as profiled, 0 is plain ADA-BINGREEDY (Nightjar §8.3.1, Fig. 13's baseline).
     switch_cost_scale: float = 1.0
 
     def __post_init__(self) -> None:
@@ -109,16 +110,16 @@ class BanditPolicy(Policy):
 
     def __init__(self, params: BanditParams, traits: EngineTraits) -> None:
         super().__init__(params, traits)
-        self.limit_k = min(params.k_max, traits.max_k)
+        self.max_k = min(params.k_max, traits.max_k)
         self.switch_costs = SwitchCostTable.parse(params.switch_cost_table)
         self._rng = random.Random(params.seed)
         self._schedules: dict[int, BinSchedule] = {}
         # Per context: plays and running mean latency per token (seconds) of each arm.
         self._counts: dict[int, list[int]] = {}
         self._means_s: dict[int, list[float]] = {}
-        # Engine-wide, not per context: the draft's lag belongs to the engine (§2.2), and k_prev is the k of
+        # Engine-wide, not per context: the draft's lag belongs to the engine, and k_prev is the k of
         # the last observed step. Algorithm 1 starts with speculation on: the first bins pay no switch.
-        self._k_prev = self.limit_k
+        self._k_prev = self.max_k
         self._lag_tokens = 0
         self._draft_offloaded = False
         self._last_bucket = 0
@@ -143,13 +144,14 @@ class BanditPolicy(Policy):
         schedule = self.schedule(bucket)
         if schedule.at_bin_start:
             self._start_bin(schedule, ctx)
-        # The draft cannot run while offloaded: k = 0, and the bin proceeds (§2.6, Algorithm 1 line 13).
+        # The draft cannot run while offloaded: k = 0, and the bin proceeds (Nightjar serves with speculation
+        # disabled until the draft is back, §8.3.6).
         k = schedule.k if ctx.draft_resident else 0
         schedule.advance()
         return Decision(k=k)
 
     def _start_bin(self, schedule: BinSchedule, ctx: StepContext) -> None:
-        available_k = self.limit_k if ctx.draft_resident else 0
+        available_k = self.max_k if ctx.draft_resident else 0
         schedule.explore = self._rng.random() < explore_probability(schedule.bin, self.params.explore_schedule)
         if schedule.explore:
             self.num_explore_bins += 1
@@ -174,18 +176,18 @@ class BanditPolicy(Policy):
     def observe(self, record: StepRecord) -> None:
         self._track_lag(record)
         if record.num_running > 0:
-            # k_{t-1} of Eq. (4) is the k the engine actually ran last, engine-wide (§2.2).
+            # k_{t-1} of Eq. (4) is the k the engine actually ran last, engine-wide (module docstring).
             if self._k_prev == 0 and record.k > 0:
                 self.num_reenables += 1
             self._k_prev = record.k
         if (record.num_running <= 0 or record.duration_s <= 0 or record.num_emitted_tokens <= 0
-                or record.k > self.limit_k):
+                or record.k > self.max_k):
             return  # no decode, nothing measured, or another policy's arm
-        # Latency per token per request, tau * B / m (the authors' reward inverted, §2.2).
+        # Latency per token per request, tau * B / m (the authors' code's reward inverted).
         latency_s = record.duration_s * record.num_running / record.num_emitted_tokens
         bucket = self.bucket(record.num_running)
-        counts = self._counts.setdefault(bucket, [0] * (self.limit_k + 1))
-        means = self._means_s.setdefault(bucket, [0.0] * (self.limit_k + 1))
+        counts = self._counts.setdefault(bucket, [0] * (self.max_k + 1))
+        means = self._means_s.setdefault(bucket, [0.0] * (self.max_k + 1))
         counts[record.k] += 1
         means[record.k] += (latency_s - means[record.k]) / counts[record.k]
 
@@ -202,8 +204,8 @@ class BanditPolicy(Policy):
 
     def mean_latencies_s(self, bucket: int) -> list[float]:
         """lbar per arm for a context; ``inf`` for arms never played there."""
-        counts = self._counts.get(bucket, [0] * (self.limit_k + 1))
-        means = self._means_s.get(bucket, [0.0] * (self.limit_k + 1))
+        counts = self._counts.get(bucket, [0] * (self.max_k + 1))
+        means = self._means_s.get(bucket, [0.0] * (self.max_k + 1))
         return [mean if count else float("inf") for mean, count in zip(means, counts)]
 
     def describe(self) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """Online estimate of per-position draft acceptance and the expected tokens per step.
 
-research/turbospec.md §2.4: Eq. 4, l(a, k) = (1 - a^(k+1)) / (1 - a), needs a *conditional* per-position
+TurboSpec's Eq. 4 (§4.1.3), l(a, k) = (1 - a^(k+1)) / (1 - a), needs a *conditional* per-position
 acceptance rate. Prefix-accepted / proposed is biased low (about 0.39 for a = 0.7, k = 5), so we count,
 per position j, only drafts whose whole prefix was accepted (``StepRecord.per_position``'s ``reached``).
 """
@@ -36,10 +36,10 @@ def expected_tokens_upto(alphas: Sequence[float], max_k: int) -> list[float]:
 class PositionAcceptance:
     """Exponentially forgotten per-position acceptance counts with a shrinkage prior.
 
-    Each observed step decays the sums once and adds its counts, so a step with many samples moves
-    the estimate more than a step with few (TurboSpec §2.11: "EWMA with half-life of tens of steps ...
-    add a prior for the cold start"). Position j is shrunk toward the estimate at j-1 (position 0 toward
-    ``prior_alpha``): deep positions are rarely reached, and with no samples there they inherit the last
+    Each observed step decays the sums once and adds its counts, so a step with many samples moves the estimate
+    more than a step with few: TurboSpec's "weighted average from these past rates" (§4.1.3), with a prior for
+    the cold start, which the paper leaves open. Position j is shrunk toward the estimate at j-1 (position 0
+    toward ``prior_alpha``): deep positions are rarely reached, and with no samples there they inherit the last
     well-observed value instead of snapping back to the prior.
     """
 
@@ -85,8 +85,9 @@ class PositionAcceptance:
     def mean_alpha(self) -> float:
         """One pooled rate: sum accepted / sum reached over positions, with the prior.
 
-        Pooled over positions this is the truncated-geometric MLE A / (A + F) of §2.4(b): every request
-        reaches its accepted positions plus the one it failed at, if any.
+        Pooled over positions this is the truncated-geometric maximum-likelihood estimate A / (A + F), A the
+        accepted drafts and F the requests that hit a rejection: every request reaches its accepted positions
+        plus the one it failed at, if any.
         """
         accepted, reached = sum(self._accepted), sum(self._reached)
         denominator = reached + self.prior_weight

@@ -1,6 +1,6 @@
 """The cost of re-enabling speculation: the draft re-prefills the tokens it skipped while k was 0.
 
-research/nightjar.md §2.3 and the Nightjar paper §5.2 ("Prefill Cost Modeling", Table 3):
+Nightjar §5.2 ("Prefill Cost Modeling", Table 3):
 C_sw(L, B) = T_prefill_with_SD - T_prefill_target, profiled offline over input lengths L x batch sizes
 B, looked up at the effective skip length L_eff (the largest lag in the batch) and the current B;
 "unseen pairs are estimated by interpolation over nearby profiled points". The paper does not say how,

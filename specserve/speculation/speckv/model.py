@@ -1,7 +1,8 @@
 """SpecKV's acceptance predictor: a 6-16-1 ReLU MLP in pure Python, its features and its JSON weights file.
 
-research/speckv.md §2.2 (signals), §2.3 (compression encoding), §2.5 (architecture: 6 -> 16 ReLU -> 1
-identity, prediction clipped to [0, 1]). The six inputs, in the paper's order:
+SpecKV §4.2 (the four draft signals), §4.1 (compression levels, here an ordinal code) and §4.3 (an MLP with 16
+hidden units; as in the authors' released code, one ReLU layer, an identity output, the prediction clipped to
+[0, 1]). The six inputs, in the paper's order:
 
     mean_draft_entropy, mean_draft_confidence, max_draft_entropy, min_draft_confidence, compression, gamma
 
@@ -27,10 +28,12 @@ FEATURE_NAMES = (
     "compression",
     "gamma",
 )
-# comp_enc of the target's weight quantization (speckv.md §2.3): an ordinal, not one-hot.
+# The target's weight quantization, coded as in the authors' released code: an ordinal, not one-hot.
 COMPRESSION_CODES = {"fp16": 0, "int8": 1, "nf4": 2}
 WEIGHTS_FORMAT = "specserve-mlp-acceptance/1"
-DEFAULT_WEIGHTS_FILE = "mlp_default_weights.json"
+DEFAULT_WEIGHTS_FILE = "default_weights.json"
+# One training example: the six features in FEATURE_NAMES order and the step's acceptance rate in [0, 1].
+Sample = tuple[Sequence[float], float]
 _LN2 = math.log(2.0)
 
 
@@ -71,12 +74,12 @@ def predict_raw(weights: MlpWeights, features: Sequence[float]) -> float:
 
 
 def predict_acceptance(weights: MlpWeights, features: Sequence[float]) -> float:
-    """Predicted step acceptance rate a = accepted / gamma, clipped to [0, 1] (speckv.md §2.6)."""
+    """Predicted step acceptance rate a = accepted / gamma, clipped to [0, 1] (SpecKV Eq. 1's a-hat)."""
     return min(1.0, max(0.0, predict_raw(weights, features)))
 
 
 def step_features(confidences: Sequence[float], entropies_nats: Sequence[float]) -> tuple[float, float, float, float]:
-    """The four draft signals of one request's step (speckv.md §2.2), entropies converted to bits."""
+    """The four draft signals of one request's step (SpecKV §4.2), entropies converted to bits."""
     bits = [h / _LN2 for h in entropies_nats]
     return (sum(bits) / len(bits), sum(confidences) / len(confidences), max(bits), min(confidences))
 
@@ -129,4 +132,4 @@ def load_weights(path: str = "") -> MlpWeights:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise ValueError(f"weights={path!r} is not an mlp weights file ({detail})") from None
-    return weights_from_json(resources.files("specserve.speculation").joinpath(DEFAULT_WEIGHTS_FILE).read_text())
+    return weights_from_json(resources.files("specserve.speculation.speckv").joinpath(DEFAULT_WEIGHTS_FILE).read_text())

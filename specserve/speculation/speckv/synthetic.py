@@ -1,17 +1,17 @@
 """Synthetic draft signals and acceptance, consistent with each other, for SpecKV's default weights.
 
-The packaged weights (``mlp_default_weights.json``) are trained on these samples, not on real logs: they
-encode only "confident, low-entropy drafts are accepted more", with a made-up slope. Retrain on the
-engine's own step logs (``mlp_train``) before trusting absolute predictions. The generator:
+The packaged weights (``default_weights.json``, ``training.train_synthetic``) are trained on these samples, not
+on real logs: they encode only "confident, low-entropy drafts are accepted more", with a made-up slope. Retrain
+on the engine's own step logs (``specserve sim train-mlp``) before trusting absolute predictions. The generator:
 
-- a step's regime confidence mu ~ U(0.15, 0.95) (heterogeneous requests, research/adaspec.md §7's hint);
+- a step's regime confidence mu ~ U(0.15, 0.95) (requests differ in how predictable they are);
 - per drafted token, confidence c = mu + N(0, 0.1) clipped to [0.02, 0.999], the other 1 - c of the
   draft's mass spread evenly over m = 2^U(0, 8) alternatives, so the entropy in bits is
   H = -c log2 c - (1 - c) log2((1 - c) / m): consistent with c by construction;
 - each token is accepted with probability sigmoid(-3 + 7 c - 0.25 H), the first rejection ends the step,
-  and the sample's target is accepted / gamma (speckv.md §2.1);
+  and the sample's target is accepted / gamma (SpecKV's acceptance rate, §4.3);
 - gamma ~ {2, 4, 6, 8} and compression ~ {0, 1, 2} uniformly; compression does not change acceptance
-  (speckv.md §5.2: mean acceptance 0.70 / 0.69 / 0.70 across FP16 / INT8 / NF4).
+  (SpecKV §5.2: mean acceptance 0.70 / 0.69 / 0.70 across FP16 / INT8 / NF4).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import random
 
-from specserve.speculation.mlp_fit import Sample
+from specserve.speculation.speckv.model import Sample
 
 # (intercept, per unit of confidence, per bit of entropy) of the per-token acceptance logit.
 ACCEPT_LOGIT = (-3.0, 7.0, -0.25)

@@ -1,15 +1,16 @@
 """The block / bin / round schedule of ADA-BINGREEDY, one per batch-size context.
 
-research/nightjar.md §2.5 (Luo et al., COLT 2018, as Nightjar §5.2 uses it; formulas [recon] = the
-authors' code): on a context's own timeline, block j lasts H_j = 2^(j-1) rounds ("upon the completion
-of a block ... H_{j+1} = 2 H_j"); its bins last l_j = max(1, floor(sqrt(H_j))) rounds, n_j = ceil(H_j / l_j)
-of them. At the start of bin i (1-based within the block) the bin explores with probability p_i, and
-its arm is locked until the bin ends. A bin ends when its round counter reaches l_j, a block when its
-bin counter passes n_j.
+ADA-BINGREEDY is Luo et al.'s (COLT 2018) bandit; Nightjar §5.2 (Algorithm 1, Fig. 6) runs one copy of its
+schedule per batch size. On a context's own timeline, block j lasts H_j = 2^(j-1) rounds ("upon the completion
+of a block, the block size is updated via H_{j+1} = 2 H_j"); its bins last l_j = max(1, floor(sqrt(H_j))) rounds,
+n_j = ceil(H_j / l_j) of them (the bin length is the authors' released code's). At the start of bin i (1-based
+within the block) the bin explores with probability p_i, and its arm is locked until the bin ends. A bin ends
+when its round counter reaches l_j, a block when its bin counter passes n_j.
 
-p_i is blank in the paper. ``inv_sqrt`` (p_i = i^-1/2) is the authors' code and the reading consistent
-with Appendix A.4 ("exploitation regret is dominated by the exploration term"); ``inv`` (p_i = 1/i) is a
-third-party reading of one revision (§2.5). Either way p_1 = 1: every block opens by exploring.
+The paper only says p_i decays with i. ``inv_sqrt`` (p_i = i^-1/2) is the authors' code and the reading
+consistent with Nightjar's Appendix A.4 ("exploitation regret is dominated by the exploration term"); ``inv``
+(p_i = 1/i) is how a third-party summary of one revision of the paper reads it. Either way p_1 = 1: every block
+opens by exploring.
 """
 
 from __future__ import annotations

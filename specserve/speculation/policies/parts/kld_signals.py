@@ -1,8 +1,9 @@
 """DSDE's formulas and per-sequence state: calibrated SL_max, WVIR, SF, the predicted SL and the batch cap.
 
-research/dsde.md §2.2-2.4 (paper §III-A, Eqs. 1-11). All KLD values are in nats (``StepRecord.kl_per_request``
-is KL(target || draft), the digest's default direction). Histories are most-recent-first, one value per
-verification step: that step's mean KLD over the sequence's drafted positions (digest §2.1 defaults).
+DSDE §III-A (Eqs. 1-8) and §III-C (Eqs. 9-11). The paper gives neither the KLD's direction nor its unit, nor
+what one history value is; our choices: KL(target || draft) in nats (``StepRecord.kl_per_request``), and
+histories most-recent-first with one value per verification step, that step's mean KLD over the sequence's
+drafted positions.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 CALIBRATION_EPSILON = 1e-6
 # Eq. 3's coefficient: SF = exp(2 mu) - 1, so SF = 1 at mu = ln(2) / 2 = 0.347 nats.
 SF_COEFFICIENT = 2.0
-# Below this a weighted variance counts as zero (digest §2.3: a constant history).
+# Below this a weighted variance counts as zero (a constant history).
 VARIANCE_FLOOR = 1e-12
 
 
@@ -36,9 +37,8 @@ def weighted_variance(values: Sequence[float], decay: float) -> float:
 def wvir(history: Sequence[float], decay: float, short_window: int, long_window: int) -> float:
     """Eq. 4: Var_w(last short_window) / Var_w(last long_window), most recent first.
 
-    Digest §2.3 defaults where the paper is silent: windows use what history exists; fewer than two
-    values, or both variances zero, give 1 (neither growing nor settling); a zero long variance alone
-    is padded by 1e-6.
+    Our choices where the paper is silent: windows use what history exists; fewer than two values, or both
+    variances zero, give 1 (neither growing nor settling); a zero long variance alone is padded by 1e-6.
     """
     if len(history) < 2:
         return 1.0

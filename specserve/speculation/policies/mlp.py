@@ -1,16 +1,18 @@
 """SpecKV (arXiv 2605.02888): k from a small MLP that predicts acceptance from the draft's own uncertainty.
 
-research/speckv.md §2.6, Eq. 1: with a-hat = clip(MLP(draft signals, compression, gamma), 0, 1),
+SpecKV §4.3, Eq. 1: with a-hat = clip(MLP(draft signals, compression, gamma), 0, 1),
 
     tokens objective (the paper):   argmax_gamma  a-hat * gamma + 1                 (tokens per step)
     cost objective (our default):   argmax_gamma  B * (a-hat * gamma + 1) / T(gamma)  (tokens per second)
 
 over the candidate set {2, 4, 6, 8}, ties to the smaller gamma. The paper's objective ignores that a longer
-draft costs more; its own measurements show that costs ~13% throughput on FP16 (speckv.md §2.9, caveat 2),
-so ``cost`` divides by the step time of TurboSpec's online latency model (``latency``).
+draft costs more, though its own measurements show it (§5.2, Table 1: under FP16 most tasks run fastest at
+gamma 2 or 4; in the authors' released timings gamma 8 has ~13% less throughput than gamma 4), so ``cost``
+divides by the step time of TurboSpec's online latency model (``StepLatencyModel``).
 
 Choices the paper leaves open (it evaluates offline, at batch size 1):
-- Features are lagged (speckv.md §2.2 mode a): those of the last observed speculative step, computed per
+- Features are lagged: those of the last observed speculative step (the paper computes a step's features
+  from the drafts of that same step, known only after it chose gamma), computed per
   request over its drafted tokens and averaged over the step's requests (one prediction per candidate
   instead of one per request; the batch shares one k). Per-request gamma is not produced.
 - Until a step with draft signals has been observed the policy behaves exactly like ``goodput`` with its
@@ -23,24 +25,25 @@ Choices the paper leaves open (it evaluates offline, at batch size 1):
 What the engine must provide: per drafted token the draft's probability of the drafted token and the
 draft distribution's entropy (``StepRecord.draft_confidence_per_request``, ``draft_entropy_per_request``,
 nats); per-request gamma needs per-request draft lengths. The default weights are synthetic
-(``mlp_synthetic``) until retrained on real step logs with ``mlp_train`` (``specserve sim train-mlp``); the
-``weights`` parameter names the file.
+(``speckv.synthetic``) until retrained on real step logs with ``specserve sim train-mlp``; the ``weights``
+parameter names the file.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specserve.speculation.goodput import GoodputParams, GoodputPolicy, best_k
-from specserve.speculation.latency import StepLatencyModel
-from specserve.speculation.mlp_model import (
+from specserve.speculation.estimators.step_latency import StepLatencyModel
+from specserve.speculation.policies.goodput import GoodputParams, GoodputPolicy
+from specserve.speculation.policies.parts.ties import argmax_smallest
+from specserve.speculation.policy import Policy, register
+from specserve.speculation.speckv.model import (
     COMPRESSION_CODES,
     MlpWeights,
     load_weights,
     predict_acceptance,
     step_features,
 )
-from specserve.speculation.policy import Policy, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
 OBJECTIVES = ("cost", "tokens")
@@ -59,13 +62,13 @@ def parse_gammas(text: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True)
 class MlpParams:
-    # Candidate gammas, "-"-joined: the paper's {2, 4, 6, 8} (§4, Eq. 1); capped by the engine's max_k.
+    # Candidate gammas, "-"-joined: the paper's {2, 4, 6, 8} (§4.1, Eq. 1); capped by the engine's max_k.
     gammas: str = "2-4-6-8"
-    # "cost": tokens per second with the latency model (speckv.md §2.9's extension); "tokens": Eq. 1 as published.
+    # "cost": tokens per second with the latency model (our extension); "tokens": Eq. 1 as published.
     objective: str = "cost"
-    # The target's weight quantization, fp16 / int8 / nf4: the comp_enc feature (speckv.md §2.3).
+    # The target's weight quantization, fp16 / int8 / nf4: the compression feature (SpecKV §4.1).
     compression: str = "fp16"
-    # Path of a weights JSON from mlp_train; empty means the packaged synthetic defaults.
+    # Path of a weights JSON from ``specserve sim train-mlp``; empty means the packaged synthetic defaults.
     weights: str = ""
     # Latency fit half-life in steps, as in ``goodput``.
     latency_half_life_steps: float = 1000.0
@@ -113,7 +116,7 @@ class MlpPolicy(Policy):
         if not ctx.draft_resident or ctx.num_running == 0:
             return Decision(k=0)
         self._last_scores = [self.score(ctx, gamma) for gamma in self.gammas]
-        return Decision(k=self.gammas[best_k(self._last_scores)])
+        return Decision(k=self.gammas[argmax_smallest(self._last_scores)])
 
     def observe(self, record: StepRecord) -> None:
         # The fallback shares the latency model, so its observe also fits it: one fit, fed once.

@@ -2,7 +2,7 @@
 
 The policy picks k before the step from acceptance averaged over past steps. The draft then proposes its
 tokens one pass at a time, and each pass shows how sure the draft was of the token it drafted. AdaSpec
-(research/adaspec.md §2.4, Eq. 7) reads that confidence c as the drafted token's acceptance probability,
+(§4.2, Eq. 7) reads that confidence c as the drafted token's acceptance probability,
 so after n passes the batch's expected emitted tokens are ``B * (1 + sum_{j<n} prod_{i<=j} c_i)`` rather
 than the prediction from averages. A step whose first drafts are unsure stops early; one whose drafts
 are sure may run past the policy's k, up to the budget it was granted.
@@ -11,7 +11,7 @@ The rule is the policy's own objective, tokens per second of the decodes, re-eva
 stop after n passes if no number m >= 1 of further passes, each accepted with the policy's per-position
 estimate, would raise ``E(n + m) / D(n + m)`` above ``E(n) / D(n)``. D comes from the policy's step-time
 model, so the stop and the choice of k never disagree about costs. With a batch, c is the batch mean per
-pass (the ``Policy.stop_drafting`` contract); the product of means is AdaSpec's approximation as well.
+pass (the ``DraftStop`` contract); the product of means is AdaSpec's approximation as well.
 """
 
 from __future__ import annotations
@@ -19,15 +19,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+class StopCounter:
+    """Early stops (a stop before the granted passes ran out) over all the rules one policy hands out: the
+    policy shares one counter with its rules, which live only one step each, to report the total."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 class ConfidenceStop:
-    """One step's draft loop: ``after_pass`` says whether to stop after each pass."""
+    """One step's draft loop, a ``DraftStop``: ``after_pass`` says whether to stop after each pass."""
 
     def __init__(self, num_running: int, decode_seconds: Sequence[float], alphas: Sequence[float],
-                 max_passes: int) -> None:
+                 max_passes: int, counter: StopCounter | None = None) -> None:
         """``decode_seconds[n]``: the decodes' time with n passes, n = 0..max_passes at least;
         ``alphas[j]``: the predicted conditional acceptance at position j, for positions not yet drafted."""
         if not 1 <= max_passes < len(decode_seconds):
             raise ValueError(f"max_passes={max_passes} needs decode_seconds for 0..{max_passes}")
+        self.counter = counter
         self.num_running = num_running
         self.decode_seconds = list(decode_seconds)
         self.alphas = list(alphas)
@@ -49,4 +58,6 @@ class ConfidenceStop:
             emitted += self.num_running * survive
             if emitted / self.decode_seconds[passes] > stop_rate:
                 return False
+        if self.counter is not None:
+            self.counter.count += 1
         return True

@@ -1,0 +1,222 @@
+"""Online model of one engine step's wall time, linear in its features, with optional hinges.
+
+TurboSpec (§4.1.3, Eq. 3) prices a forward pass as T_fwd = alpha * N_context + gamma * N_batched + delta, fitted
+offline per model and GPU. We fit it online, from the engine's own step records, and add the draft's cost
+(Eq. 2, T_batch = T_draft + T_target): each sequential draft pass costs a constant plus a per-request term, so
+
+    T_step = c0 + c1 * N_context + s(N_batched) + passes * (d0 + r(B))
+
+``s`` and ``r`` are linear splines: a slope, plus an increment past each knot (hinge features max(0, x - knot)).
+``StepFeatures`` says where the knots are. ``LINEAR`` has none: TurboSpec's straight line, used by ``goodput``,
+``slo`` and ``mlp``. ``HINGED`` (used by ``adaptive``) bends, because a GPU step does: below the ridge point
+(about peak FLOPs / (2 x bandwidth) tokens: ~300 on an H100, ~200 on an A100, ~165 on an RTX 4090, whatever the
+model size) reading the weights dominates and extra tokens are nearly free; above it every token costs its
+FLOPs. A straight line through both regimes overprices k at small batches and underprices it at large ones: on
+the simulator's nightjar-l20x2-32b-dynamic scenario it chose k = 2 where k = 4 was best at batch 1-8, and k = 1
+where 0 was best at batch 128+. The knots sit at powers of two that bracket the ridge points of the GPUs we
+profile; their increments start at zero (the prior is the straight line), and the fit moves them only where
+the data demands.
+
+The fit is exponentially forgotten least squares with a ridge pull toward a prior coefficient vector, in scaled
+units (feature / typical value) so the normal equations stay well conditioned although raw features span 1 to
+~1e5. The prior is all the model knows before data arrives; afterwards it keeps the fit identifiable along
+directions the data never varies (a policy that always picks the same k cannot separate the intercept from the
+per-pass cost on its own). Fitted slopes are clipped so that adding work never lowers a prediction: clipping
+after the unconstrained solve is not the constrained optimum, but a negative fitted cost is noise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from specserve.speculation.types import StepRecord
+
+BASE_NAMES = ("intercept_s", "s_per_context_token", "s_per_batched_token")
+DRAFT_NAMES = ("s_per_draft_pass", "s_per_draft_pass_request")
+# A small engine's step, used only until data arrives: 5 ms fixed (weights, launch, Python), 1 us per cached
+# context token (attention reads), 20 us per batched token, 1 ms per draft pass and 10 us per request in each
+# draft pass. Measured on a 2-core CPU with a tiny draft/target pair, the first draft pass plus bookkeeping took
+# ~2 ms and each further pass ~0.7 ms: the same order.
+BASE_PRIOR = (5e-3, 1e-6, 20e-6)
+DRAFT_PRIOR = (1e-3, 10e-6)
+# Typical feature values of one step (B ~ 16-64, a few thousand cached tokens, k ~ 2-4). The ridge weighs each
+# coefficient's distance from the prior by the seconds it would move such a step, so one prior_weight means the
+# same thing for every coefficient whatever its unit. A hinge's typical value is its knot.
+BASE_SCALES = (1.0, 8192.0, 64.0)
+DRAFT_SCALES = (4.0, 64.0)
+# Batched-token knots: prefill chunks reach the budget (2048-8192), decodes B * (k + 1).
+TOKEN_KNOTS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+# Batch-size knots for the per-request cost of each draft pass (the draft's ridge point in requests).
+REQUEST_KNOTS = (16, 64, 128, 256, 512)
+
+
+@dataclass(frozen=True, slots=True)
+class StepFeatures:
+    """The regressors [1, ctx, N, N hinges..., passes, passes * B, passes * B hinges...] for given knots."""
+
+    token_knots: tuple[int, ...] = ()
+    request_knots: tuple[int, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Coefficient names in regressor order; a spline increment is named by its knot."""
+        return (*BASE_NAMES, *(f"s_per_batched_token_past_{k}" for k in self.token_knots), *DRAFT_NAMES,
+                *(f"s_per_draft_pass_request_past_{k}" for k in self.request_knots))
+
+    def default_prior(self) -> tuple[float, ...]:
+        """The straight line of ``BASE_PRIOR`` and ``DRAFT_PRIOR``: every increment starts at zero."""
+        return (*BASE_PRIOR, *[0.0] * len(self.token_knots), *DRAFT_PRIOR, *[0.0] * len(self.request_knots))
+
+    def scales(self) -> tuple[float, ...]:
+        return (*BASE_SCALES, *map(float, self.token_knots), *DRAFT_SCALES,
+                *(DRAFT_SCALES[0] * k for k in self.request_knots))
+
+    def row(self, num_context_tokens: float, num_batched_tokens: float, num_draft_passes: float,
+            num_running: float) -> list[float]:
+        n, passes, b = float(num_batched_tokens), float(num_draft_passes), float(num_running)
+        return [
+            1.0, float(num_context_tokens), n, *(max(0.0, n - knot) for knot in self.token_knots),
+            passes, passes * b, *(passes * max(0.0, b - knot) for knot in self.request_knots),
+        ]
+
+
+#: TurboSpec's straight line (Eq. 3 plus draft passes).
+LINEAR = StepFeatures()
+#: Splines in batched tokens and in the draft pass's batch size.
+HINGED = StepFeatures(TOKEN_KNOTS, REQUEST_KNOTS)
+
+
+class StepLatencyModel:
+    """Predicts a step's seconds from its shape; learns from every ``StepRecord``."""
+
+    def __init__(self, features: StepFeatures = LINEAR, *, prior: Sequence[float] | None = None,
+                 half_life_steps: float = 1000.0, prior_weight: float = 1.0, refit_every: int = 1) -> None:
+        prior = features.default_prior() if prior is None else tuple(prior)
+        if len(prior) != len(features.names):
+            raise ValueError(f"prior needs {len(features.names)} values, one per coefficient")
+        if not half_life_steps > 0:
+            raise ValueError(f"half_life_steps={half_life_steps} must be positive")
+        if not prior_weight > 0:
+            raise ValueError(f"prior_weight={prior_weight} must be positive: it keeps the fit identifiable")
+        if refit_every < 1:
+            raise ValueError(f"refit_every={refit_every} must be at least 1")
+        self.features = features
+        num_tokens, num_requests = len(features.token_knots), len(features.request_knots)
+        self._token_knots = np.array(features.token_knots, dtype=np.float64)
+        self._request_knots = np.array(features.request_knots, dtype=np.float64)
+        self._pass = 3 + num_tokens  # index of the per-pass constant
+        self._token_spline = slice(2, 3 + num_tokens)  # slope, then increments
+        self._request_spline = slice(4 + num_tokens, 5 + num_tokens + num_requests)
+        self._scales = np.array(features.scales())
+        self._prior_scaled = np.array(prior) * self._scales
+        self._prior_weight = prior_weight
+        self._decay = math.pow(0.5, 1.0 / half_life_steps)
+        # The solve is most of the model's cost per step. With a half-life of hundreds of steps, coefficients a few
+        # steps old predict as well; the first steps after a cold start are refitted every time. Steps seen since
+        # the last solve wait in _pending and join the sums in one product when the next solve needs them.
+        self._refit_every = refit_every
+        self._stale = 0
+        self._pending: list[tuple[np.ndarray, float]] = []
+        n = len(prior)
+        self._gram = np.zeros((n, n))  # forgotten sum of z z^T, z the scaled features
+        self._moment = np.zeros(n)  # forgotten sum of z * duration_s
+        self._num_samples = 0.0
+        self._coefficients: np.ndarray | None = None
+
+    def observe(self, record: StepRecord) -> float:
+        """Learn from one step. Returns the seconds the model predicted for it before learning from it."""
+        return self.observe_shape(record.num_context_tokens, record.num_batched_tokens, record.num_draft_passes,
+                                  record.num_running, record.duration_s)
+
+    def observe_shape(self, num_context_tokens: float, num_batched_tokens: float, num_draft_passes: float,
+                      num_running: float, duration_s: float) -> float:
+        """``observe`` for a step given by its shape, for a caller that measures a feature its own way."""
+        raw = np.array(self.features.row(num_context_tokens, num_batched_tokens, num_draft_passes, num_running))
+        predicted_s = float(raw @ self._current())
+        self._pending.append((raw, duration_s))
+        self._num_samples = self._decay * self._num_samples + 1.0
+        self._stale += 1
+        if self._stale >= self._refit_every or self._num_samples < 8 * self._refit_every:
+            self._coefficients = None
+        return predicted_s
+
+    def predict(self, num_context_tokens: float, num_batched_tokens: float, num_draft_passes: float,
+                num_running: float) -> float:
+        """Predicted step seconds."""
+        x = self.features.row(num_context_tokens, num_batched_tokens, num_draft_passes, num_running)
+        return float(np.dot(self._current(), x))
+
+    def predict_many(self, num_context_tokens: float, num_batched_tokens: Sequence[float] | np.ndarray,
+                     num_draft_passes: Sequence[float] | np.ndarray, num_running: float) -> np.ndarray:
+        """``predict`` for several shapes at once that share the context and the batch (one row per k).
+
+        The same linear form, grouped: fixed cost and context once, the token spline per row, and one draft pass
+        at this batch size times each row's passes.
+        """
+        phi = self._current()
+        n = np.asarray(num_batched_tokens, dtype=np.float64)
+        b = float(num_running)
+        request_spline = phi[self._request_spline]
+        per_pass_s = phi[self._pass] + request_spline[0] * b + float(
+            request_spline[1:] @ np.maximum(b - self._request_knots, 0.0))
+        token_spline = phi[self._token_spline]
+        tokens_s = token_spline[0] * n + np.maximum(n[:, None] - self._token_knots, 0.0) @ token_spline[1:]
+        return phi[0] + phi[1] * float(num_context_tokens) + tokens_s + per_pass_s * np.asarray(num_draft_passes)
+
+    def batched_token_seconds(self, num_batched_tokens: float) -> float:
+        """What ``num_batched_tokens`` add to a step on their own: the token spline, without the fixed cost."""
+        n = float(num_batched_tokens)
+        spline = self._current()[self._token_spline]
+        return float(spline[0] * n + np.dot(spline[1:], np.maximum(n - self._token_knots, 0.0)))
+
+    def coefficients(self) -> dict[str, float]:
+        """The clipped coefficients ``predict`` uses, by name, in seconds per unit of each feature."""
+        return dict(zip(self.features.names, self._current().tolist()))
+
+    @property
+    def num_samples(self) -> float:
+        """Decayed count of observed steps: how much the fit rests on data rather than the prior."""
+        return self._num_samples
+
+    def _current(self) -> np.ndarray:
+        if self._coefficients is None:
+            self._coefficients = self._solve()
+            self._stale = 0
+        return self._coefficients
+
+    def _fold_pending(self) -> None:
+        """Decay the sums once per pending step and add the steps, the oldest decayed most."""
+        m = len(self._pending)
+        if not m:
+            return
+        x = np.array([raw for raw, _ in self._pending]) / self._scales
+        y = np.array([duration for _, duration in self._pending])
+        weighted = x * (self._decay ** np.arange(m - 1, -1, -1))[:, None]
+        keep = self._decay ** m
+        self._gram = keep * self._gram + weighted.T @ x
+        self._moment = keep * self._moment + weighted.T @ y
+        self._pending.clear()
+
+    def _solve(self) -> np.ndarray:
+        """Ridge solution (G + w I) phi = m + w phi_prior in scaled units, unscaled, slopes made non-negative."""
+        self._fold_pending()
+        w = self._prior_weight
+        phi = np.linalg.solve(self._gram + w * np.eye(len(self._scales)), self._moment + w * self._prior_scaled)
+        phi /= self._scales
+        phi[:2] = np.maximum(phi[:2], 0.0)
+        phi[self._pass] = max(phi[self._pass], 0.0)
+        phi[self._token_spline] = _monotone_spline(phi[self._token_spline])
+        phi[self._request_spline] = _monotone_spline(phi[self._request_spline])
+        return phi
+
+
+def _monotone_spline(coefficients: np.ndarray) -> np.ndarray:
+    """Slope then increments, adjusted so every segment's slope is non-negative."""
+    slopes = np.maximum(np.cumsum(coefficients), 0.0)
+    increments = slopes.copy()
+    increments[1:] -= slopes[:-1]
+    return increments

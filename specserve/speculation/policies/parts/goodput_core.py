@@ -1,0 +1,86 @@
+"""What ``goodput`` and ``adaptive`` share: TurboSpec's goodput argmax over k, and the two ways out of a settled k.
+
+Each step the policy prices the decodes' seconds D(k) for k = 0..max_k its own way (``goodput``: the step with
+the decode tokens only; ``adaptive``: at the margin of the prefill chunk, corrected per batch bucket). The core
+turns them into predicted goodput, B * l(k) / D(k) with l(k) the expected tokens per request from the
+per-position acceptance estimate (TurboSpec Eq. 4), takes the argmax with ties to the smaller k (Listing 2's
+strict ``>``), and speculates only if the best k > 0 adds ``min_gain`` over k = 0. It then runs the chosen k,
+except for an occasional step at a neighbouring k while speculating (``NeighbourExplorer``) and an occasional
+probe while at k = 0 (``ZeroProbe``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specserve.speculation.estimators.acceptance import PositionAcceptance
+from specserve.speculation.estimators.step_latency import StepLatencyModel
+from specserve.speculation.policies.parts.probe import NeighbourExplorer, ZeroProbe
+from specserve.speculation.policies.parts.ties import argmax_smallest
+from specserve.speculation.types import StepRecord
+
+# Seconds below which a predicted step counts as this long: a fit with every coefficient clipped to 0 would
+# predict a free step, and goodput must stay finite.
+MIN_STEP_S = 1e-9
+
+
+class GoodputCore:
+    """The acceptance estimate, the argmax of predicted goodput, the probe at k = 0 and neighbour exploration."""
+
+    def __init__(self, max_k: int, *, ema_half_life_steps: float, prior_alpha: float, probe_interval_s: float,
+                 probe_k: int, min_gain: float, explore_interval_s: float) -> None:
+        # The largest k searched: the policy's k_max capped by the engine's max_k.
+        self.max_k = max_k
+        self.acceptance = PositionAcceptance(max_k=max(1, max_k), half_life_steps=ema_half_life_steps,
+                                             prior_alpha=prior_alpha)
+        self.probe = ZeroProbe(probe_interval_s)
+        self.explorer = NeighbourExplorer(explore_interval_s)
+        self.probe_k = probe_k
+        self.min_gain = min_gain
+        # Predicted goodput of the k the policy chose last (before exploration or probing), for ``describe``.
+        self.last_goodput_tokens_per_s = 0.0
+
+    def goodputs(self, num_running: int, decode_seconds: Sequence[float]) -> list[float]:
+        """Predicted tokens per second of the decodes for k = 0..max_k, from their seconds per k."""
+        tokens = self.acceptance.expected_tokens_upto(self.max_k)
+        return [num_running * n / max(s, MIN_STEP_S) for n, s in zip(tokens, decode_seconds)]
+
+    def best_k(self, goodputs: Sequence[float]) -> int:
+        """The argmax, ties to the smaller k, or 0 if the best k > 0 adds less than ``min_gain`` over k = 0.
+
+        Where k = 1 costs about what k = 0 costs (vLLM's k = 0 still runs a draft pass), the acceptance prior
+        alone would otherwise keep a useless draft speculating.
+        """
+        k = argmax_smallest(goodputs)
+        if k > 0 and goodputs[k] < goodputs[0] * (1.0 + self.min_gain):
+            return 0
+        return k
+
+    def run(self, now_s: float, k: int, goodputs: Sequence[float]) -> int:
+        """The k to run this step when the policy chose ``k``: now and then a neighbour of a k > 0, and now and
+        then ``probe_k`` instead of 0, so neither the latency fit nor the acceptance estimate can freeze."""
+        self.last_goodput_tokens_per_s = goodputs[k]
+        if k > 0:
+            self.probe.speculating()
+            return self.explorer.neighbour(now_s, k, self.max_k)
+        self.explorer.stopped()
+        if self.max_k > 0 and self.probe.should_probe(now_s):
+            return min(self.probe_k, self.max_k)
+        return 0
+
+    def observe(self, record: StepRecord) -> None:
+        """Only steps with drafts carry acceptance verdicts; they also end a running probe."""
+        if record.num_drafted > 0:
+            self.acceptance.observe(record)
+            self.probe.verdict()
+
+    def describe(self, latency: StepLatencyModel) -> dict[str, float]:
+        """Per-position alpha, the latency fit, the last prediction, probes and explorations."""
+        alphas = self.acceptance.alphas()[: max(1, self.max_k)]
+        out = {f"alpha_{pos}": alpha for pos, alpha in enumerate(alphas)}
+        out["mean_alpha"] = self.acceptance.mean_alpha()
+        out.update({f"latency_{name}": value for name, value in latency.coefficients().items()})
+        out["predicted_goodput_tokens_per_s"] = self.last_goodput_tokens_per_s
+        out["num_probes"] = float(self.probe.num_probes)
+        out["num_explorations"] = float(self.explorer.num_explorations)
+        return out

@@ -1,0 +1,171 @@
+"""StepLatencyModel: TurboSpec's Eq. 3 extended with the draft's passes, fitted online; with knots, a spline."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from speculation_synthetic import kinked_steps, make_record, roofline_record, roofline_s, varied_records
+
+from specserve.speculation import StepRecord
+from specserve.speculation.estimators.step_latency import HINGED, LINEAR, StepFeatures, StepLatencyModel
+
+# Deliberately far from the default prior (5 ms, 1 us, 20 us, 1 ms, 10 us) in every coefficient.
+TRUE = (8e-3, 0.3e-6, 45e-6, 2.5e-3, 4e-6)
+
+
+def test_predicts_the_prior_before_data() -> None:
+    model = StepLatencyModel()
+    assert list(model.coefficients()) == ["intercept_s", "s_per_context_token", "s_per_batched_token",
+                                          "s_per_draft_pass", "s_per_draft_pass_request"]
+    # 5 ms + 1000 * 1 us + 40 * 20 us + 2 * 1 ms + 2 * 8 * 10 us
+    assert model.predict(1000, 40, 2, 8) == pytest.approx(8.96e-3)
+    hinged = StepLatencyModel(HINGED)
+    assert hinged.predict(1000, 4000, 2, 300) == pytest.approx(5e-3 + 1e-3 + 4000 * 20e-6 + 2 * (1e-3 + 300 * 10e-6))
+
+
+def explicit_least_squares(records: list[StepRecord], half_life_steps: float, prior_weight: float) -> list[float]:
+    """The ridge fit written as one weighted least-squares problem: step t weighs 0.5^((n - 1 - t) / half_life),
+    and the prior adds prior_weight * ||phi / scales - prior / scales||^2 in the model's scaled units."""
+    scales = np.array(LINEAR.scales())
+    prior = np.array(LINEAR.default_prior())
+    n = len(records)
+    rows = [np.array(LINEAR.row(r.num_context_tokens, r.num_batched_tokens, r.num_draft_passes, r.num_running))
+            / scales for r in records]
+    weights = np.sqrt([0.5 ** ((n - 1 - t) / half_life_steps) for t in range(n)])
+    a = np.vstack([np.array(rows) * weights[:, None], np.sqrt(prior_weight) * np.eye(len(scales))])
+    b = np.concatenate([np.array([r.duration_s for r in records]) * weights, np.sqrt(prior_weight) * prior * scales])
+    solution, *_ = np.linalg.lstsq(a, b, rcond=None)
+    return (solution / scales).tolist()
+
+
+def test_without_knots_the_fit_is_the_explicit_weighted_least_squares_solution() -> None:
+    rng = random.Random(1)
+    noisy = [replace(r, duration_s=r.duration_s * rng.uniform(0.9, 1.1))
+             for r in varied_records(seed=5, coefficients=TRUE, alpha=0.6, max_k=6, num_steps=400)]
+    model = StepLatencyModel(half_life_steps=50.0, prior_weight=3.0)
+    for record in noisy:
+        model.observe(record)
+    expected = explicit_least_squares(noisy, half_life_steps=50.0, prior_weight=3.0)
+    assert min(expected) > 0  # nothing clipped: the comparison is of the solve itself
+    assert list(model.coefficients().values()) == pytest.approx(expected, rel=1e-9)
+
+
+def test_recovers_known_coefficients_from_noiseless_records() -> None:
+    model = StepLatencyModel(prior_weight=1e-9)
+    for record in varied_records(seed=1, coefficients=TRUE, alpha=0.7, max_k=6, num_steps=300):
+        model.observe(record)
+    assert list(model.coefficients().values()) == pytest.approx(TRUE, rel=1e-6)
+    assert model.predict(20_000, 96, 3, 32) == pytest.approx(
+        TRUE[0] + TRUE[1] * 20_000 + TRUE[2] * 96 + TRUE[3] * 3 + TRUE[4] * 3 * 32
+    )
+
+
+def test_default_ridge_biases_the_fit_only_slightly() -> None:
+    model = StepLatencyModel()
+    for record in varied_records(seed=2, coefficients=TRUE, alpha=0.7, max_k=6, num_steps=2000):
+        model.observe(record)
+    assert list(model.coefficients().values()) == pytest.approx(TRUE, rel=0.02)
+
+
+def test_constant_k_stays_identifiable_and_fits_the_data() -> None:
+    # Every step drafts 3 with 16 requests: the pass terms are collinear with the intercept, so only the
+    # ridge decides how the fixed cost splits. Predictions at the observed shape must still be right.
+    rng = random.Random(3)
+    records = [
+        make_record(rng, TRUE, now_s=step * 0.01, k=3, num_running=16, alpha=0.7,
+                    num_context_tokens=rng.randint(1_000, 30_000), num_prefill_tokens=rng.choice((0, 128, 512)))
+        for step in range(500)
+    ]
+    model = StepLatencyModel()
+    for record in records:
+        model.observe(record)
+    for record in records[-20:]:
+        predicted = model.predict(record.num_context_tokens, record.num_batched_tokens, 3, 16)
+        assert predicted == pytest.approx(record.duration_s, rel=0.01)
+    assert all(value >= 0 for value in model.coefficients().values())
+
+
+def test_coefficients_are_clipped_non_negative() -> None:
+    # Durations that fall as context grows would fit a negative per-token cost; predict must not use it.
+    model = StepLatencyModel(prior_weight=1e-6)
+    for record in varied_records(seed=4, coefficients=(0.05, -1e-6, 20e-6, 1e-3, 1e-5), alpha=0.5,
+                                 max_k=4, num_steps=200):
+        model.observe(record)
+    assert model.coefficients()["s_per_context_token"] == 0.0
+
+
+def test_bad_arguments_name_the_problem() -> None:
+    with pytest.raises(ValueError, match="prior needs 5 values"):
+        StepLatencyModel(prior=(1.0, 2.0))
+    with pytest.raises(ValueError, match="half_life_steps"):
+        StepLatencyModel(half_life_steps=0)
+    with pytest.raises(ValueError, match="prior_weight"):
+        StepLatencyModel(prior_weight=0)
+    with pytest.raises(ValueError, match="refit_every=0"):
+        StepLatencyModel(HINGED, refit_every=0)
+
+
+# -- with knots: a step cost that bends at the GPU's ridge point -------------------------------------------------
+
+
+def test_hinged_fit_follows_a_kinked_step_cost_where_a_line_cannot() -> None:
+    hinge, line = StepLatencyModel(HINGED, half_life_steps=1e6), StepLatencyModel(half_life_steps=1e6)
+    for step in kinked_steps():
+        hinge.observe(step)
+        line.observe(step)
+    for batched in (40, 120, 600, 3000):
+        truth = roofline_s(batched, 1, 16)
+        assert hinge.predict(0, batched, 1, 16) == pytest.approx(truth, rel=0.08)
+    # The straight line misprices the flat region's marginal token badly: what k costs at small batches.
+    flat_slope_hinge = hinge.predict(0, 150, 1, 16) - hinge.predict(0, 50, 1, 16)
+    flat_slope_line = line.predict(0, 150, 1, 16) - line.predict(0, 50, 1, 16)
+    assert abs(flat_slope_hinge) < 0.5 * abs(flat_slope_line)
+
+
+def test_hinged_predictions_never_fall_with_more_tokens() -> None:
+    model = StepLatencyModel(HINGED)
+    rng = random.Random(1)
+    for _ in range(500):  # noisy data that, unclipped, would fit negative slopes somewhere
+        model.observe(roofline_record(rng.randint(1, 3000), 1, 8, duration_s=rng.uniform(0.01, 0.03)))
+    predictions = [model.predict(0, n, 1, 8) for n in range(0, 5000, 50)]
+    assert all(b >= a - 1e-12 for a, b in zip(predictions, predictions[1:]))
+
+
+@pytest.mark.parametrize("features", [LINEAR, HINGED, StepFeatures((100,), ())])
+def test_predict_many_and_batched_token_seconds_agree_with_predict(features: StepFeatures) -> None:
+    model = StepLatencyModel(features, refit_every=4)
+    for step in kinked_steps(200):
+        model.observe(step)
+    ks = [0, 1, 2, 3, 4]
+    many = model.predict_many(700, [300 + 40 * (k + 1) for k in ks], [max(k, 1) for k in ks], 40)
+    assert many.tolist() == pytest.approx([model.predict(700, 300 + 40 * (k + 1), max(k, 1), 40) for k in ks])
+    assert model.batched_token_seconds(3000) == pytest.approx(model.predict(0, 3000, 0, 0) - model.predict(0, 0, 0, 0))
+
+
+def test_refit_every_keeps_the_last_solve_for_that_many_steps() -> None:
+    model = StepLatencyModel(HINGED, refit_every=4)
+    steps = kinked_steps(200)
+    for step in steps:
+        model.observe(step)
+    before = model.coefficients()
+    model.observe(steps[0])
+    assert model.coefficients() == before  # one step more: the last solve still stands
+    for step in steps[1:4]:
+        model.observe(step)
+    assert model.coefficients() != before
+
+
+def test_steps_folded_in_at_refit_give_the_fit_of_steps_added_one_by_one() -> None:
+    every, batched = StepLatencyModel(HINGED, refit_every=1), StepLatencyModel(HINGED, refit_every=8)
+    refits, last = 0, batched.coefficients()
+    for step in kinked_steps(203):
+        assert every.observe(step) > 0 and batched.observe(step) > 0
+        current = batched.coefficients()
+        if current != last:  # batched just refitted, with every step so far folded into its sums
+            refits += 1
+            assert list(current.values()) == pytest.approx(list(every.coefficients().values()), rel=1e-9, abs=1e-15)
+        last = current
+    assert 66 < refits < 90  # the first ~66 steps (until 64 forgotten samples) refit each time, then every 8th

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specserve.sim.acceptance import AcceptanceModel, accepted_prefix
 from specserve.sim.signals import DraftSignals, SignalModel
+from specserve.sim.true_acceptance import AcceptanceModel, accepted_prefix
 
 # Policy.stop_drafting(position, confidence) -> stop now?
 StopHook = Callable[[int, float], bool]

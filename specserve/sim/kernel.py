@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from specserve.sim.acceptance import AcceptanceModel
 from specserve.sim.batch import RequestTable
 from specserve.sim.drafting import Drafter
-from specserve.sim.engine import Replica, StepListener
 from specserve.sim.events import EventQueue, Phase
+from specserve.sim.replica import Replica, StepListener
 from specserve.sim.scenario import ResolvedScenario, ScenarioError
 from specserve.sim.signals import SignalModel
+from specserve.sim.true_acceptance import AcceptanceModel
 from specserve.sim.workload import Workload, build_workload
 from specserve.speculation import EngineTraits, Policy, make_policy
 

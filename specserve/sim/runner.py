@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from specserve.sim.config import Scenario
-from specserve.sim.engine import StepListener
 from specserve.sim.kernel import SimResult, Simulator
 from specserve.sim.metrics import k_series, summarize
+from specserve.sim.replica import StepListener
 from specserve.sim.scenario import load_scenario, resolve
 
 

@@ -7,9 +7,9 @@ import pytest
 from sim_helpers import small_scenario
 
 from specserve.sim import resolve
-from specserve.sim.acceptance import AcceptanceModel
 from specserve.sim.config import AcceptanceConfig, BurstArrivals, MultiPeakArrivals, OscillationArrivals
 from specserve.sim.profiles import LengthDistribution, dataset_profiles, hardware_profiles, lookup, pair_profiles
+from specserve.sim.true_acceptance import AcceptanceModel
 from specserve.sim.workload import poisson_arrivals, rate_segments, read_trace, sample_lengths
 from specserve.speculation import expected_tokens
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from specserve.sim.config import LatencyConfig
-from specserve.sim.latency_check import BEFORE, DATA_FILE, check, error_stats, load_points, predict
+from specserve.experiments.latency_check import BEFORE, DATA_FILE, check, error_stats, load_points, predict
 from specserve.sim.profiles import hardware_profiles, model_profiles
 
 # What the per-layer cost achieved (bench/results/latency-check.md): median |ln(predicted / measured)| over
@@ -77,7 +77,7 @@ def test_eager_cost_only_applies_to_eager_points() -> None:
 
 
 def sim(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specserve.sim", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "specserve", "sim", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_cli_json_prints_one_document() -> None:

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from sim_helpers import small_scenario
 
-from specserve.sim.leaderboard import Cell, at_static_rate, evaluate, is_dynamic, rivals, static_rates
-from specserve.sim.leaderboard_report import write_report
+from specserve.experiments.leaderboard import Cell, at_static_rate, evaluate, is_dynamic, rivals, static_rates
+from specserve.experiments.leaderboard_report import write_report
 from specserve.sim.runner import run_scenario
 from specserve.sim.scenario import load_scenario
 
@@ -74,12 +74,12 @@ def test_cells_hold_the_mean_over_seeds(tmp_path) -> None:
     (["--scenarios", "no-such-scenario"], "no-such-scenario"),
 ])
 def test_cli_errors_name_the_bad_value(args, message) -> None:
-    done = subprocess.run([sys.executable, "-m", "specserve.sim", "leaderboard", *args], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "specserve", "sim", "leaderboard", *args], capture_output=True, text=True)
     assert done.returncode == 2 and message in done.stderr
 
 
 def test_cli_json(tmp_path) -> None:
-    done = subprocess.run([sys.executable, "-m", "specserve.sim", "leaderboard", "--scenarios",
+    done = subprocess.run([sys.executable, "-m", "specserve", "sim", "leaderboard", "--scenarios",
                            str(two_rate_file(tmp_path)), "--seeds", "1", "--json"], capture_output=True, text=True)
     assert done.returncode in (0, 1), done.stderr
     document = json.loads(done.stdout)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from specserve.sim.cli import add_commands, run
-from specserve.sim.dsde_sweep import sweep_summary
-from specserve.sim.reproduce import PAPERS, cap_k
+from specserve.experiments.cli import add_commands, run
+from specserve.experiments.dsde_sweep import sweep_summary
+from specserve.experiments.reproduce import PAPERS, cap_k
 
 
 def invoke(*argv: str) -> int:

@@ -27,10 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specserve.sim.config import LatencyConfig
 from specserve.sim.latency import StepTimer, roofline_timer
-from specserve.sim.profiles import PROFILE_DIR, lookup
+from specserve.sim.profiles import lookup
 from specserve.speculation.slo_estimator import batch_expansion_context
 
-DATA_FILE = PROFILE_DIR / "paper_step_times.yaml"
+DATA_FILE = Path(__file__).resolve().parent / "papers" / "step_times.yaml"
 # The model before the per-layer cost: same defaults otherwise.
 BEFORE = LatencyConfig(layer_overhead_s=0.0, eager_layer_overhead_s=0.0)
 ABSOLUTE = "step_s"

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from specserve.sim import plots
+from specserve.experiments import plots
 from specserve.sim.config import PiecewiseArrivals, PoissonArrivals, Scenario
-from specserve.sim.dsde_sweep import sweep_summary
+from specserve.experiments.dsde_sweep import sweep_summary
 from specserve.sim.runner import run_scenario
 from specserve.sim.scenario import load_scenario
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from specserve.sim import plots
+from specserve.experiments import plots
 from specserve.sim.config import LatencyConfig
-from specserve.sim.latency_check import (
+from specserve.experiments.latency_check import (
     ABSOLUTE,
     DATA_FILE,
     PaperData,

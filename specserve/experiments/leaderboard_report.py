@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specserve.sim import plots
-from specserve.sim.leaderboard import STATIC_BAR, Leaderboard
+from specserve.experiments import plots
+from specserve.experiments.leaderboard import STATIC_BAR, Leaderboard
 
 
 def write_report(board: Leaderboard, out_dir: Path, command: str) -> list[Path]:

@@ -57,6 +57,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     unknown = [name for name in papers if name not in PAPERS]
     if unknown:
         raise CommandError(f"unknown paper {', '.join(map(repr, unknown))}; known: {', '.join(PAPERS)}")
+    # The reports are this command's result, so their paths go to stdout, one a line.
     for path in reproduce(papers, args.out, args.seed, QUICK_S if args.quick else None):
         print(path)
     return 0
@@ -80,11 +81,9 @@ def _leaderboard(args: argparse.Namespace) -> int:
     else:
         for cell in board.static:
             label = cell.scenario if cell.rate_qps is None else f"{cell.scenario} @ {cell.rate_qps:g} QPS"
-            print(f"{label:45s} {cell.ratio(board.policy):.3f} x {cell.best_rival(board.policy)}", file=sys.stderr)
-        print(f"static {board.static_pass()}, dynamic {board.dynamic_pass()}, switches {board.switches_pass()}",
-              file=sys.stderr)
-        for path in written:
-            print(path)
+            print(f"{label:45s} {cell.ratio(board.policy):.3f} x {cell.best_rival(board.policy)}")
+        print(f"static {board.static_pass()}, dynamic {board.dynamic_pass()}, switches {board.switches_pass()}")
+        _log_written(written)
     return 0 if board.passed() else 1
 
 
@@ -111,15 +110,20 @@ def _latency_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**latency_check.as_json(rows), "written": written}, indent=2))
         return 0
-    print(f"{'POINT':<42} {'MEASURED':>9} {'PREDICTED':>9} {'RATIO':>6}  (step_s in ms)", file=sys.stderr)
+    print(f"{'POINT':<42} {'MEASURED':>9} {'PREDICTED':>9} {'RATIO':>6}  (step_s in ms)")
     for row in rows:
         scale = 1e3 if row.point.quantity == latency_check.ABSOLUTE else 1.0
         print(f"{row.point.id:<42} {scale * row.point.measured:>9.3f} {scale * row.predicted:>9.3f} "
-              f"{row.ratio:>6.2f}", file=sys.stderr)
+              f"{row.ratio:>6.2f}")
     for absolute, label in ((True, "absolute"), (False, "shape")):
         before, now = latency_check.error_stats(rows, absolute, before=True), latency_check.error_stats(rows, absolute)
         print(f"{label}: median |ln ratio| {before.median_log_error:.3f} -> {now.median_log_error:.3f}, "
-              f"max {before.max_log_error:.3f} -> {now.max_log_error:.3f} ({now.num_points} points)", file=sys.stderr)
-    for path in written:
-        print(path)
+              f"max {before.max_log_error:.3f} -> {now.max_log_error:.3f} ({now.num_points} points)")
+    _log_written(written)
     return 0
+
+
+def _log_written(paths: list[str]) -> None:
+    """Files written beside a table: a log line each on stderr, since the table is the command's result."""
+    for path in paths:
+        print(f"wrote {path}", file=sys.stderr)

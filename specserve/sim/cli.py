@@ -111,7 +111,7 @@ def _scenarios(args: argparse.Namespace) -> int:
         return 0
     width = max((len(row["name"]) for row in rows), default=0)
     for row in rows:
-        print(f"{row['name']:<{width}}  {_shorten(row['description'])}", file=sys.stderr)
+        print(f"{row['name']:<{width}}  {_shorten(row['description'])}")
     return 0
 
 
@@ -193,9 +193,9 @@ def _print_table(name: str, results: list[dict]) -> None:
         for r in results
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    print(f"scenario {name}", file=sys.stderr)
+    print(f"scenario {name}")
     for row in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip(), file=sys.stderr)
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
 
 
 def _shorten(text: str, limit: int = 110) -> str:

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from specserve.sim.config import LatencyConfig
-from specserve.experiments.latency_check import BEFORE, DATA_FILE, check, error_stats, load_points, predict
+from specserve.experiments.latency_check import BEFORE, check, error_stats, load_points, predict
+from specserve.experiments.papers import STEP_TIMES_FILE
 from specserve.sim.profiles import hardware_profiles, model_profiles
 
 # What the per-layer cost achieved (bench/results/latency-check.md): median |ln(predicted / measured)| over
@@ -27,7 +28,7 @@ def test_data_file_loads_and_names_known_profiles() -> None:
         assert p.hardware in hardware_profiles(), p.id
         assert p.target in model_profiles() and (p.draft is None or p.draft in model_profiles()), p.id
         assert (p.quantity == "step_ratio") == (p.k_ref is not None), p.id
-        assert p.cite and p.paper in DATA_FILE.read_text()
+        assert p.cite and p.paper in STEP_TIMES_FILE.read_text()
     # AdaSpec reports no absolute latency: it appears only among the numbers read and not used.
     assert any(e.paper == "adaspec" for e in data.excluded)
 

@@ -51,7 +51,7 @@ class RunningBatch:
         self.num_blocks = np.zeros(0, dtype=np.int64)
         self.alpha = np.zeros(0, dtype=np.float64)
         # Tokens the draft has not seen yet because it skipped steps (k = 0 without a draft pass); its
-        # next pass must catch up on them (Nightjar's re-prefill switching cost, research/nightjar.md §2.3).
+        # next pass must catch up on them (Nightjar's re-prefill switching cost, §5.2, Table 3).
         self.draft_lag = np.zeros(0, dtype=np.int64)
 
     def __len__(self) -> int:

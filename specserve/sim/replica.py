@@ -298,8 +298,8 @@ class Replica:
         """The context the target reads under vLLM V0's batch expansion, None under a single-pass scorer.
 
         Position j = 0..d of a request with d drafts and c cached tokens is scored as its own sequence of
-        c + j tokens, so the request adds d * c + d (d + 1) / 2 to a single pass's read (research/adaspec.md
-        §2.3, Eq. 4 and the authors' code).
+        c + j tokens, so the request adds d * c + d (d + 1) / 2 to a single pass's read (AdaSpec
+        §4.1, Eq. 4 and the authors' code).
         """
         if self.cfg.scorer == "single_pass" or drafts is None:
             return None

@@ -2,7 +2,7 @@
 
 Each request draws its own alpha at arrival from Beta(mean * c, (1 - mean) * c), where the mean is the
 regime in force at its arrival time (a workload shift such as TurboSpec's Sonnet -> ShareGPT at 60 s,
-research/turbospec.md §4.3). Draft j of a request (0-based) is accepted with probability
+TurboSpec §8.1, Fig. 15b). Draft j of a request (0-based) is accepted with probability
 alpha * decay**j, independently; the request keeps the longest accepted prefix (Leviathan et al.'s
 i.i.d. model behind TurboSpec Eq. 4 when decay = 1).
 """

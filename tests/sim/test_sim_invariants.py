@@ -117,7 +117,7 @@ def test_several_replicas_share_the_load() -> None:
 
 def test_goodput_speculates_more_at_low_load_than_at_high_load() -> None:
     # RTX 4090, 7B target: short requests at 0.5 QPS leave the GPU memory-bound (drafts are nearly free), the
-    # 40-60 QPS tail makes it compute-bound (every draft costs a target token). research/turbospec.md §7 item 7.
+    # 40-60 QPS tail makes it compute-bound (every draft costs a target token). TurboSpec §8.1, Fig. 15a.
     segments = [{"duration_s": 15, "rate_qps": 0.5}] + [
         {"duration_s": 5, "rate_qps": q} for q in (5, 10, 20, 30, 40, 60)
     ]
@@ -148,7 +148,7 @@ def test_tpot_and_ttft_are_finite() -> None:
 
 
 def test_slo_attainment_is_the_share_of_requests_within_the_tpot_slo() -> None:
-    """AdaSpec's SLO attainment (research/adaspec.md §4.5): per request TPOT = decode time / (tokens - 1) <= SLO.
+    """AdaSpec's SLO attainment (§7.1, Fig. 11): per request TPOT = decode time / (tokens - 1) <= SLO.
     A TTFT cap does not enter it (goodput covers both)."""
     plain = simulate(small_scenario(), "fixed:k=0", 0)
     table = plain.table
@@ -196,7 +196,7 @@ def test_step_context_counts_only_the_prefill_that_can_run(monkeypatch: pytest.M
 
 
 def test_batch_expansion_rereads_the_kv_once_per_scored_position() -> None:
-    # Same seed, same drafts and verdicts: only the price of verification differs (research/adaspec.md Eq. 4).
+    # Same seed, same drafts and verdicts: only the price of verification differs (AdaSpec §4.1, Eq. 4).
     plain = run_logged(small_scenario(), "fixed:k=3")[1]
     expanded = run_logged(small_scenario(engine={"scorer": "batch_expansion"}), "fixed:k=3")[1]
     compared = 0

@@ -9,7 +9,7 @@ import pytest
 from sim_helpers import small_scenario
 
 from specserve.sim import StepStats, simulate, summarize
-from specserve.speculation import StepRecord, policy_names
+from specserve.speculation import StepRecord, make_policy, policy_names
 
 POLICIES = ("fixed:k=0", "fixed:k=3", "adaptive", "cycle:ks=0-4-1")
 
@@ -170,24 +170,21 @@ def test_every_registered_policy_runs_in_the_simulator(name: str) -> None:
     assert all(record.k <= 4 for record, _ in steps)
 
 
-def test_step_context_counts_only_the_prefill_that_can_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_step_context_counts_only_the_prefill_that_can_run() -> None:
     # Overloaded with two seats: a long queue waits while both seats decode. The queue's prompts cannot join
     # such a step, so its context must not announce them (policies price k against the step's prefill).
-    import specserve.sim.kernel as kernel
-
     contexts = []
-    make_policy = kernel.make_policy
 
-    def recording(spec, traits):
-        policy = make_policy(spec, traits)
+    def recording(traits):
+        policy = make_policy("fixed:k=0", traits)
         choose = policy.choose
         policy.choose = lambda ctx: contexts.append(ctx) or choose(ctx)
         return policy
 
-    monkeypatch.setattr(kernel, "make_policy", recording)
     scenario = small_scenario(engine={"max_num_seqs": 2}, workload={"arrivals": {"kind": "poisson", "rate_qps": 40,
                                                                                  "duration_s": 2}})
-    _, steps = run_logged(scenario, "fixed:k=0")
+    result, steps = run_logged(scenario, recording)
+    assert result.policy_spec == "fixed:k=0"  # a factory's run is named by its policy's spec
     assert len(contexts) == len(steps)
     assert max(ctx.num_waiting for ctx in contexts) > 10
     for ctx, (record, _) in zip(contexts, steps):

@@ -10,7 +10,7 @@ objects that run inside vLLM choose k here, step by step, in virtual time.
 from specserve.sim.config import Scenario
 from specserve.sim.kernel import SimResult, Simulator
 from specserve.sim.metrics import k_series, summarize
-from specserve.sim.replica import StepStats
+from specserve.sim.steps import StepStats
 from specserve.sim.runner import run_scenario, simulate
 from specserve.sim.scenario import ScenarioError, builtin_scenarios, load_scenario, parse_scenario, resolve
 

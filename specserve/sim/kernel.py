@@ -21,7 +21,8 @@ import numpy as np
 from specserve.sim.batch import RequestTable
 from specserve.sim.drafting import Drafter
 from specserve.sim.events import EventQueue, Phase
-from specserve.sim.replica import Replica, StepListener
+from specserve.sim.replica import Replica
+from specserve.sim.steps import StepListener
 from specserve.sim.scenario import ResolvedScenario, ScenarioError
 from specserve.sim.signals import SignalModel
 from specserve.sim.true_acceptance import AcceptanceModel

@@ -17,7 +17,7 @@ import random
 from pathlib import Path
 
 from specserve.sim.config import Scenario
-from specserve.sim.replica import StepStats
+from specserve.sim.steps import StepStats
 from specserve.sim.runner import simulate
 from specserve.speculation.mlp_samples import record_samples
 from specserve.speculation.types import StepRecord

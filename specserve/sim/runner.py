@@ -5,7 +5,7 @@ from __future__ import annotations
 from specserve.sim.config import Scenario
 from specserve.sim.kernel import PolicyFactory, SimResult, Simulator
 from specserve.sim.metrics import k_series, summarize
-from specserve.sim.replica import StepListener
+from specserve.sim.steps import StepListener
 from specserve.sim.scenario import load_scenario, resolve
 
 

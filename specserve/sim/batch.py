@@ -23,7 +23,7 @@ class RequestTable:
         # Stable id per request for policies that keep per-request state (StepContext.request_ids): its
         # workload row as a string, in an object array so a batch's ids are one fancy index away.
         self.request_ids = np.array([str(i) for i in range(n)], dtype=object)
-        # The request's own acceptance rate at draft position 0 (acceptance.AcceptanceModel).
+        # The request's own acceptance rate at draft position 0 (true_acceptance.TrueAcceptance).
         self.alpha = alphas
         # Output tokens generated so far; kept here while the request is not running (waiting after a
         # preemption keeps its output and recomputes its KV on return).

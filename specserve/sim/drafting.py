@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specserve.sim.signals import DraftSignals, SignalModel
-from specserve.sim.true_acceptance import AcceptanceModel, accepted_prefix
+from specserve.sim.true_acceptance import TrueAcceptance, accepted_prefix
 
 # Policy.stop_drafting(position, confidence) -> stop now?
 StopHook = Callable[[int, float], bool]
@@ -44,7 +44,7 @@ class Drafts:
 class Drafter:
     def __init__(
         self,
-        acceptance: AcceptanceModel,
+        acceptance: TrueAcceptance,
         signals: SignalModel | None,
         verdict_rng: np.random.Generator,
         signal_rng: np.random.Generator,

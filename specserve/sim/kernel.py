@@ -25,7 +25,7 @@ from specserve.sim.replica import Replica
 from specserve.sim.steps import StepListener
 from specserve.sim.scenario import ResolvedScenario, ScenarioError
 from specserve.sim.signals import SignalModel
-from specserve.sim.true_acceptance import AcceptanceModel
+from specserve.sim.true_acceptance import TrueAcceptance
 from specserve.sim.workload import Workload, build_workload
 from specserve.speculation import EngineTraits, Policy, make_policy
 
@@ -88,7 +88,7 @@ class Simulator:
         # paths relative to the working directory.
         workload = build_workload(scenario.workload, Path.cwd(), engine.max_model_len, workload_rng)
         self._check_fits(workload)
-        acceptance = AcceptanceModel(scenario.acceptance, engine.max_k)
+        acceptance = TrueAcceptance(scenario.acceptance, engine.max_k)
         table = RequestTable(workload, acceptance.draw_alphas(workload.arrival_s, alpha_rng))
         signals = SignalModel(scenario.acceptance.signals) if scenario.acceptance.signals.enabled else None
         traits = EngineTraits(max_k=engine.max_k, k0_runs_draft_pass=engine.k0_runs_draft_pass,

@@ -14,7 +14,9 @@ import numpy as np
 from specserve.sim.config import AcceptanceConfig
 
 
-class AcceptanceModel:
+class TrueAcceptance:
+    """The simulated ground truth: each request's alpha and every draft's verdict (policies only estimate it)."""
+
     def __init__(self, cfg: AcceptanceConfig, max_k: int) -> None:
         self._starts_s = np.array([0.0] + [r.start_s for r in cfg.regimes])
         self._means = np.array([cfg.mean] + [r.mean for r in cfg.regimes])

@@ -9,7 +9,7 @@ from sim_helpers import small_scenario
 from specserve.sim import resolve
 from specserve.sim.config import AcceptanceConfig, BurstArrivals, MultiPeakArrivals, OscillationArrivals
 from specserve.sim.profiles import LengthDistribution, dataset_profiles, hardware_profiles, lookup, pair_profiles
-from specserve.sim.true_acceptance import AcceptanceModel
+from specserve.sim.true_acceptance import TrueAcceptance
 from specserve.sim.workload import poisson_arrivals, rate_segments, read_trace, sample_lengths
 from specserve.speculation import expected_tokens
 
@@ -106,7 +106,7 @@ def test_eagle_batch1_decode_rates_near_vllm() -> None:
 
 def test_acceptance_beta_mean_and_position_decay() -> None:
     rng = np.random.default_rng(0)
-    model = AcceptanceModel(AcceptanceConfig(mean=0.7, concentration=20, decay=0.9), max_k=4)
+    model = TrueAcceptance(AcceptanceConfig(mean=0.7, concentration=20, decay=0.9), max_k=4)
     alphas = model.draw_alphas(np.zeros(20000), rng)
     assert alphas.mean() == pytest.approx(0.7, abs=0.01)
     assert 0.05 < alphas.std() < 0.15  # Beta(14, 6): std 0.1
@@ -116,14 +116,14 @@ def test_acceptance_beta_mean_and_position_decay() -> None:
 
 
 def test_acceptance_matches_turbospec_eq4_without_decay() -> None:
-    model = AcceptanceModel(AcceptanceConfig(mean=0.7, concentration=None), max_k=8)
+    model = TrueAcceptance(AcceptanceConfig(mean=0.7, concentration=None), max_k=8)
     accepted = model.sample_accepted(np.full(100000, 0.7), np.full(100000, 5), np.random.default_rng(1))
     assert 1 + accepted.mean() == pytest.approx(2.94, abs=0.02)  # TurboSpec Eq. 4: l(0.7, 5)
 
 
 def test_acceptance_regimes_by_arrival_time() -> None:
     cfg = AcceptanceConfig(mean=0.9, concentration=None, regimes=[{"start_s": 60, "mean": 0.5}])
-    alphas = AcceptanceModel(cfg, max_k=4).draw_alphas(np.array([0.0, 59.9, 60.0, 100.0]), np.random.default_rng(0))
+    alphas = TrueAcceptance(cfg, max_k=4).draw_alphas(np.array([0.0, 59.9, 60.0, 100.0]), np.random.default_rng(0))
     assert alphas.tolist() == [0.9, 0.9, 0.5, 0.5]
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from specserve.experiments import latency_check, latency_report, leaderboard, leaderboard_report
-from specserve.experiments.reproduce import PAPERS, reproduce
+from specserve.experiments.papers import REPRODUCED
 from specserve.sim import cli as kernel_cli
 from specserve.sim.cli import CommandError
 from specserve.sim.scenario import load_scenario
@@ -28,7 +28,7 @@ def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> 
     commands = kernel_cli.add_commands(parser, dest)
     repro = commands.add_parser("reproduce", help="run each paper's closest scenarios and write reports beside it")
     repro.add_argument("--seed-paper", action="append", metavar="NAME",
-                       help=f"one paper (repeatable; default: all of {', '.join(PAPERS)})")
+                       help=f"one paper (repeatable; default: all of {', '.join(REPRODUCED)})")
     repro.add_argument("--out", type=Path, default=Path("bench/results"),
                        help="folder for <paper>.md and the PNGs (default: bench/results)")
     repro.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
@@ -53,10 +53,13 @@ def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> 
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    papers = args.seed_paper or list(PAPERS)
-    unknown = [name for name in papers if name not in PAPERS]
+    # Imported here: it reads the papers' YAML at import, and every `specserve` command builds this parser.
+    from specserve.experiments.reproduce import reproduce
+
+    papers = args.seed_paper or list(REPRODUCED)
+    unknown = [name for name in papers if name not in REPRODUCED]
     if unknown:
-        raise CommandError(f"unknown paper {', '.join(map(repr, unknown))}; known: {', '.join(PAPERS)}")
+        raise CommandError(f"unknown paper {', '.join(map(repr, unknown))}; known: {', '.join(REPRODUCED)}")
     # The reports are this command's result, so their paths go to stdout, one a line.
     for path in reproduce(papers, args.out, args.seed, QUICK_S if args.quick else None):
         print(path)

@@ -1,4 +1,4 @@
-"""``python -m specserve.sim``: scenarios, compare --json, the --policies splitting rule and exit status 2."""
+"""``specserve sim``: scenarios and compare on stdout, compare --json, the --policies splitting rule and exit status 2."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""``python -m specserve.sim scenarios|compare ...``: the simulator's commands without the main CLI."""
+"""``python -m specserve.sim scenarios|compare|mlp-samples|train-mlp ...``: the kernel's commands without the main
+command line. The paper campaign's (reproduce, leaderboard, latency-check) are under ``specserve sim`` and
+``python -m specserve.experiments``."""
 
 import argparse
 import sys

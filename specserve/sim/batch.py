@@ -23,7 +23,7 @@ class RequestTable:
         # Stable id per request for policies that keep per-request state (StepContext.request_ids): its
         # workload row as a string, in an object array so a batch's ids are one fancy index away.
         self.request_ids = np.array([str(i) for i in range(n)], dtype=object)
-        # The request's own acceptance rate at draft position 0 (acceptance.AcceptanceModel).
+        # The request's own acceptance rate at draft position 0 (true_acceptance.TrueAcceptance).
         self.alpha = alphas
         # Output tokens generated so far; kept here while the request is not running (waiting after a
         # preemption keeps its output and recomputes its KV on return).
@@ -51,7 +51,7 @@ class RunningBatch:
         self.num_blocks = np.zeros(0, dtype=np.int64)
         self.alpha = np.zeros(0, dtype=np.float64)
         # Tokens the draft has not seen yet because it skipped steps (k = 0 without a draft pass); its
-        # next pass must catch up on them (Nightjar's re-prefill switching cost, research/nightjar.md §2.3).
+        # next pass must catch up on them (Nightjar's re-prefill switching cost, §5.2, Table 3).
         self.draft_lag = np.zeros(0, dtype=np.int64)
 
     def __len__(self) -> int:

@@ -1,13 +1,12 @@
-"""``specserve sim ...``: list the built-in scenarios, compare policies on one, reproduce the papers' tables.
+"""``specserve sim ...``: the simulator kernel's commands: list the built-in scenarios, compare policies on one,
+write and train the mlp policy's samples.
 
-The lead wires it into the main command line as
-
-    sim = commands.add_parser("sim", help="discrete-event simulator")
-    add_commands(sim, dest="sim_command")
-    sim.set_defaults(run=specserve.sim.cli.run)
-
-and ``python -m specserve.sim ...`` runs the same commands on their own. ``--json`` prints one JSON document on
-stdout; tables, progress bars and errors go to stderr. Bad scenarios and policy specs exit with status 2.
+``add_commands`` returns the subcommand group so that another package can add its own commands to it: the paper
+campaign (``specserve.experiments.cli``) adds ``reproduce``, ``leaderboard`` and ``latency-check`` that way, and the
+main command line (``specserve sim``) takes the group from there, so this module never imports the campaign.
+``python -m specserve.sim ...`` runs the kernel's commands on their own. A command's result (the scenario list, the
+comparison table, ``--json``'s one JSON document) goes to stdout; progress bars, logs and errors go to stderr. Bad
+scenarios and policy specs exit with status 2.
 """
 
 from __future__ import annotations
@@ -19,10 +18,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from specserve.sim import latency_check, latency_report, leaderboard, leaderboard_report
 from specserve.sim.metrics import summarize
 from specserve.sim.mlp_dump import DEFAULT_MAX_SAMPLES, collect_samples, default_policy, write_samples
-from specserve.sim.reproduce import PAPERS, reproduce
 from specserve.sim.runner import simulate
 from specserve.sim.scenario import ScenarioError, builtin_scenarios, load_scenario, resolve
 from specserve.speculation import EngineTraits, make_policy
@@ -35,14 +32,12 @@ COLUMNS = ("throughput_tok_s", "goodput_tok_s", "slo_attainment", "mean_e2e_s", 
            "mean_tpot_s", "acceptance", "mean_k", "k_switches", "wall_s")
 
 
-QUICK_S = 10.0  # arrival window of every scenario under --quick
-
-
 class CommandError(Exception):
     """A user-facing error: printed as one line on stderr, exit status 2."""
 
 
-def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> None:
+def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> argparse._SubParsersAction:
+    """Add the kernel's commands under ``parser``; returns the group, for other packages to add theirs."""
     commands = parser.add_subparsers(dest=dest, required=True)
     scenarios = commands.add_parser("scenarios", help="list the built-in scenarios")
     scenarios.add_argument("--json", action="store_true", help="print one JSON document on stdout")
@@ -58,19 +53,6 @@ def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> 
     compare.add_argument("--seed", type=int, default=0, help="run seed: same seed, same result (default: 0)")
     compare.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     compare.set_defaults(sim_handler=_compare)
-    repro = commands.add_parser("reproduce", help="run each paper's closest scenarios and write reports beside it")
-    repro.add_argument("--seed-paper", action="append", metavar="NAME",
-                       help=f"one paper (repeatable; default: all of {', '.join(PAPERS)})")
-    repro.add_argument("--out", type=Path, default=Path("bench/results"),
-                       help="folder for <paper>.md and the PNGs (default: bench/results)")
-    repro.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
-    repro.add_argument("--quick", action="store_true", help=f"squeeze every scenario's arrivals into {QUICK_S:g} s")
-    repro.set_defaults(sim_handler=_reproduce)
-    latency = commands.add_parser("latency-check", help="price every step time the papers report with the "
-                                  "roofline timer and compare (profiles/paper_step_times.yaml)")
-    latency.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    latency.add_argument("--out", type=Path, help="also write latency-check.md and latency-check.png here")
-    latency.set_defaults(sim_handler=_latency_check)
     samples = commands.add_parser("mlp-samples", help="write SpecKV training samples (JSONL) from one scenario run")
     samples.add_argument("--scenario", required=True, help="built-in name (see `sim scenarios`) or YAML file")
     samples.add_argument("--policy", help="policy spec to run (default: cycle over gammas 2-4-6-8 up to max_k)")
@@ -89,16 +71,7 @@ def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> 
                        help=f"default: {DEFAULT_LEARNING_RATE:g}")
     train.add_argument("--seed", type=int, default=42, help="initialisation and shuffling seed (default: 42)")
     train.set_defaults(sim_handler=_train_mlp)
-    board = commands.add_parser("leaderboard", help="one policy against the whole zoo: every static rate, the dynamic "
-                                "scenarios, k switches (the bar adaptive must clear)")
-    board.add_argument("--policy", default="adaptive", help="policy spec to test (default: adaptive)")
-    board.add_argument("--scenarios", help="comma-separated built-in names or YAML files (default: all built-in)")
-    board.add_argument("--seed", type=int, default=0, help="first run seed (default: 0)")
-    board.add_argument("--seeds", type=int, default=3,
-                       help="runs per cell, seeds SEED..SEED+N-1; each cell is their mean (default: 3)")
-    board.add_argument("--out", type=Path, help="write <policy>.md and its PNGs here (e.g. bench/results)")
-    board.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    board.set_defaults(sim_handler=_leaderboard)
+    return commands
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,7 +110,7 @@ def _scenarios(args: argparse.Namespace) -> int:
         return 0
     width = max((len(row["name"]) for row in rows), default=0)
     for row in rows:
-        print(f"{row['name']:<{width}}  {_shorten(row['description'])}", file=sys.stderr)
+        print(f"{row['name']:<{width}}  {_shorten(row['description'])}")
     return 0
 
 
@@ -161,51 +134,6 @@ def _compare(args: argparse.Namespace) -> int:
     else:
         _print_table(scenario.name, results)
     return 0
-
-
-def _reproduce(args: argparse.Namespace) -> int:
-    papers = args.seed_paper or list(PAPERS)
-    unknown = [name for name in papers if name not in PAPERS]
-    if unknown:
-        raise CommandError(f"unknown paper {', '.join(map(repr, unknown))}; known: {', '.join(PAPERS)}")
-    for path in reproduce(papers, args.out, args.seed, QUICK_S if args.quick else None):
-        print(path)
-    return 0
-
-
-def _leaderboard(args: argparse.Namespace) -> int:
-    try:
-        make_policy(args.policy, EngineTraits(max_k=8))
-    except ValueError as exc:
-        raise CommandError(f"--policy {args.policy!r}: {exc}") from None
-    names = [name.strip() for name in args.scenarios.split(",")] if args.scenarios else None
-    for name in names or []:
-        load_scenario(name)  # a bad name or file fails here, before any run
-    if args.seeds < 1:
-        raise CommandError(f"--seeds {args.seeds}: needs at least 1 run per cell")
-    board = leaderboard.evaluate(args.policy, names, range(args.seed, args.seed + args.seeds))
-    command = "specserve sim leaderboard" + (f" --policy {args.policy}" if args.policy != "adaptive" else "") + (
-        f" --scenarios {args.scenarios}" if args.scenarios else "") + (
-        f" --seed {args.seed}" if args.seed else "") + (f" --seeds {args.seeds}" if args.seeds != 3 else "") + (
-        f" --out {args.out}" if args.out else "")
-    written = [str(path) for path in leaderboard_report.write_report(board, args.out, command)] if args.out else []
-    if args.json:
-        print(json.dumps({"policy": board.policy, "passed": board.passed(), "static_pass": board.static_pass(),
-                          "dynamic_pass": board.dynamic_pass(), "switches_pass": board.switches_pass(),
-                          "static": [{"scenario": c.scenario, "rate_qps": c.rate_qps, "best_rival": c.best_rival(board.policy),
-                                      "ratio": c.ratio(board.policy)} for c in board.static],
-                          "dynamic_means": board.dynamic_means(),
-                          "switches": [{"scenario": n, "ours": o, "bandit": b} for n, o, b in board.switches()],
-                          "written": written}, indent=2))
-    else:
-        for cell in board.static:
-            label = cell.scenario if cell.rate_qps is None else f"{cell.scenario} @ {cell.rate_qps:g} QPS"
-            print(f"{label:45s} {cell.ratio(board.policy):.3f} x {cell.best_rival(board.policy)}", file=sys.stderr)
-        print(f"static {board.static_pass()}, dynamic {board.dynamic_pass()}, switches {board.switches_pass()}",
-              file=sys.stderr)
-        for path in written:
-            print(path)
-    return 0 if board.passed() else 1
 
 
 def _mlp_samples(args: argparse.Namespace) -> int:
@@ -255,26 +183,6 @@ def _write(path: Path, write) -> None:
         raise CommandError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
 
 
-def _latency_check(args: argparse.Namespace) -> int:
-    rows = latency_check.check()
-    written = [str(path) for path in latency_report.write_report(rows, args.out)] if args.out else []
-    if args.json:
-        print(json.dumps({**latency_check.as_json(rows), "written": written}, indent=2))
-        return 0
-    print(f"{'POINT':<42} {'MEASURED':>9} {'PREDICTED':>9} {'RATIO':>6}  (step_s in ms)", file=sys.stderr)
-    for row in rows:
-        scale = 1e3 if row.point.quantity == latency_check.ABSOLUTE else 1.0
-        print(f"{row.point.id:<42} {scale * row.point.measured:>9.3f} {scale * row.predicted:>9.3f} "
-              f"{row.ratio:>6.2f}", file=sys.stderr)
-    for absolute, label in ((True, "absolute"), (False, "shape")):
-        before, now = latency_check.error_stats(rows, absolute, before=True), latency_check.error_stats(rows, absolute)
-        print(f"{label}: median |ln ratio| {before.median_log_error:.3f} -> {now.median_log_error:.3f}, "
-              f"max {before.max_log_error:.3f} -> {now.max_log_error:.3f} ({now.num_points} points)", file=sys.stderr)
-    for path in written:
-        print(path)
-    return 0
-
-
 def _print_table(name: str, results: list[dict]) -> None:
     header = ("POLICY", "TOK/S", "GOODPUT", "SLO ATT", "E2E", "P99 E2E", "TTFT", "TPOT", "ACCEPT", "MEAN K", "SWITCHES",
               "WALL")
@@ -284,9 +192,9 @@ def _print_table(name: str, results: list[dict]) -> None:
         for r in results
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    print(f"scenario {name}", file=sys.stderr)
+    print(f"scenario {name}")
     for row in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip(), file=sys.stderr)
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
 
 
 def _shorten(text: str, limit: int = 110) -> str:

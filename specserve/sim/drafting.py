@@ -3,7 +3,7 @@
 The scheduler has already granted each drafting row its planned drafts: the batch k, lowered by the
 request's cap from ``Decision.max_k_per_request`` or by the token budget. Then, all drawn at step start:
 
-1. verdicts for every planned position, from the replica's acceptance stream (acceptance.py);
+1. verdicts for every planned position, from the replica's acceptance stream (true_acceptance.py);
 2. signals given those verdicts, from the replica's signal stream (signals.py), unless turned off;
 3. the draft loop: after pass j (0-based) the step's ``Decision.draft_stop.after_pass(j, c_j)`` is asked, with
    c_j the mean confidence over the requests that drafted at j (the DraftStop contract: one call per pass with
@@ -13,7 +13,7 @@ request's cap from ``Decision.max_k_per_request`` or by the token budget. Then, 
 Cost model (latency.StepTimer): a draft pass is one batched forward; the step runs max_i d_i passes, d_i
 the drafts request i proposed after its cap and any early stop, and pass j >= 2 carries one token per
 request still drafting. A request that stopped early waits for the batch's last pass (the straggler effect
-DSDE's cap targets, research/dsde.md §1); the target verifies only the drafts made.
+DSDE's cap targets, DSDE §III-C); the target verifies only the drafts made.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specserve.sim.acceptance import AcceptanceModel, accepted_prefix
 from specserve.sim.signals import DraftSignals, SignalModel
+from specserve.sim.true_acceptance import TrueAcceptance, accepted_prefix
 
 # DraftStop.after_pass(position, confidence) -> stop now?
 StopHook = Callable[[int, float], bool]
@@ -44,7 +44,7 @@ class Drafts:
 class Drafter:
     def __init__(
         self,
-        acceptance: AcceptanceModel,
+        acceptance: TrueAcceptance,
         signals: SignalModel | None,
         verdict_rng: np.random.Generator,
         signal_rng: np.random.Generator,

@@ -11,20 +11,27 @@ each replica draws its acceptance verdicts from its own stream and its draft-sid
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from specserve.sim.acceptance import AcceptanceModel
 from specserve.sim.batch import RequestTable
 from specserve.sim.drafting import Drafter
-from specserve.sim.engine import Replica, StepListener
 from specserve.sim.events import EventQueue, Phase
+from specserve.sim.replica import Replica
+from specserve.sim.steps import StepListener
 from specserve.sim.scenario import ResolvedScenario, ScenarioError
 from specserve.sim.signals import SignalModel
+from specserve.sim.true_acceptance import TrueAcceptance
 from specserve.sim.workload import Workload, build_workload
-from specserve.speculation import EngineTraits, make_policy
+from specserve.speculation import EngineTraits, Policy, make_policy
+
+# Builds one replica's policy from the engine's traits: ``make_policy`` for a spec string, or a caller's own
+# constructor (tests pass policies that are not in the global registry this way).
+PolicyFactory = Callable[[EngineTraits], Policy]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,13 +63,15 @@ class Simulator:
     def __init__(
         self,
         resolved: ResolvedScenario,
-        policy_spec: str,
+        policy: str | PolicyFactory,
         seed: int,
         on_step: StepListener | None = None,
         max_trace_events: int = 0,
     ) -> None:
         self.resolved = resolved
-        self.policy_spec = policy_spec
+        # A spec string names the run; a factory's policies name it by their own spec once built.
+        self.policy_spec = policy if isinstance(policy, str) else None
+        self.policy_factory: PolicyFactory = partial(make_policy, policy) if isinstance(policy, str) else policy
         self.seed = seed
         self.on_step = on_step
         self.max_trace_events = max_trace_events
@@ -79,7 +88,7 @@ class Simulator:
         # paths relative to the working directory.
         workload = build_workload(scenario.workload, Path.cwd(), engine.max_model_len, workload_rng)
         self._check_fits(workload)
-        acceptance = AcceptanceModel(scenario.acceptance, engine.max_k)
+        acceptance = TrueAcceptance(scenario.acceptance, engine.max_k)
         table = RequestTable(workload, acceptance.draw_alphas(workload.arrival_s, alpha_rng))
         signals = SignalModel(scenario.acceptance.signals) if scenario.acceptance.signals.enabled else None
         traits = EngineTraits(max_k=engine.max_k, k0_runs_draft_pass=engine.k0_runs_draft_pass,
@@ -87,13 +96,14 @@ class Simulator:
         slo_tpot_s = scenario.slo.max_tpot_s if scenario.slo is not None else None
         replicas = []
         for i, (verdict_rng, signal_rng) in enumerate(zip(verdict_rngs, signal_rngs)):
-            policy = make_policy(self.policy_spec, traits)
+            policy = self.policy_factory(traits)
             drafter = Drafter(acceptance, signals, verdict_rng, signal_rng, None)  # each step's Decision.draft_stop
             replicas.append(Replica(i, engine, self.resolved.num_kv_blocks, self.resolved.timer, policy, drafter,
                                     table, slo_tpot_s, self.on_step))
         trace: list[TraceEntry] = []
         end_s = self._loop(workload, replicas, trace)
-        return SimResult(self.resolved, self.policy_spec, self.seed, workload, table, replicas, end_s,
+        spec = self.policy_spec or replicas[0].policy.spec
+        return SimResult(self.resolved, spec, self.seed, workload, table, replicas, end_s,
                          time.perf_counter() - started, trace)
 
     def _loop(self, workload: Workload, replicas: list[Replica], trace: list[TraceEntry]) -> float:

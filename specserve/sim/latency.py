@@ -1,6 +1,6 @@
 """Step latency: how long one engine step takes, from a fitted linear model or a roofline.
 
-A step is (research/turbospec.md §2.3, Eq. 2) T_step = overhead + T_target + sum over draft passes T_draft.
+A step is (TurboSpec §4.1.3, Eq. 2) T_step = overhead + T_target + sum over draft passes T_draft.
 Each forward pass is priced by a ``ForwardCost``:
 
 - ``LinearForward``: TurboSpec Eq. 3, T = a * N_context + b * N_batched + c, coefficients from a profile.
@@ -17,8 +17,8 @@ The per-layer cost t_layer is work every layer does whatever its size: under CUD
 (norms, rotary, activation, residual adds), 5 us; in an eager engine (vLLM enforce_eager) the Python
 dispatch of each layer's kernels, 90 us, added rather than overlapped. Both are fitted to the papers' step
 times by ``specserve sim latency-check`` (latency_check.py, bench/results/latency-check.md): SpecKV's five
-eager step times (§5.1) sat at 0.73-0.76 of the measured without it and 0.98-1.04 with it; under CUDA graphs
-the fit is flat from 0 to about 10 us, bounded by a vLLM V1 batch-1 decode rate (research/anchors.md §5).
+eager step times (SpecKV §5.1) sat at 0.73-0.76 of the measured without it and 0.98-1.04 with it; under CUDA graphs
+the fit is flat from 0 to about 10 us, bounded by a vLLM V1 batch-1 decode rate (vLLM PR #16937).
 """
 
 from __future__ import annotations

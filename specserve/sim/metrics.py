@@ -3,14 +3,14 @@
 Definitions (all over the whole run; time starts at 0, the first possible arrival, and ends at the last
 step's end, so an overloaded policy that drains slowly pays for it in throughput):
 - throughput_tok_s: output tokens / run seconds (generation throughput; Nightjar's "total token
-  throughput" adds prompt tokens, research/nightjar.md §4.2).
+  throughput" adds prompt tokens, Nightjar §7.1).
 - goodput_tok_s: output tokens of requests meeting the scenario SLO (TTFT and TPOT caps) / run seconds;
   equal to throughput when the scenario has no SLO.
 - slo_attainment: share of requests with a TPOT (2+ output tokens) whose TPOT is at most the scenario's
-  TPOT SLO (research/adaspec.md §4.5: AdaSpec's "SLO attainment"; TTFT plays no part), in 0-1; None when
+  TPOT SLO (AdaSpec §7.1: its "SLO attainment"; TTFT plays no part), in 0-1; None when
   the scenario sets no TPOT SLO.
 - acceptance: accepted / drafted tokens over all verified drafts (vLLM's draft acceptance rate; a prefix
-  count, so below the per-position alpha, research/turbospec.md §2.4).
+  count, so below the per-position alpha of TurboSpec §4.1.3, Eq. 4).
 - mean_k: mean of the k chosen per step; k_switches: steps whose k differs from the previous step's.
 - mean_tpot_s: per request, (finish - first token) / (output tokens - 1), averaged over requests with 2+.
 """

@@ -4,8 +4,8 @@ Every speculative step of the run yields one sample per drafting request (specul
 seeded reservoir keeps at most ``max_samples`` of them, spread over the whole run rather than its start,
 because training is pure Python (10k samples x 100 epochs take about 15 s on one core).
 
-The default policy cycles k over the paper's candidate gammas {2, 4, 6, 8} (speckv.md §2.4: the profiling
-grid runs every gamma), capped at the scenario's max_k, so the predictor sees each gamma it will score.
+The default policy cycles k over the paper's candidate gammas {2, 4, 6, 8} (SpecKV §4.1: its
+profiling grid runs every gamma), capped at the scenario's max_k, so the predictor sees each gamma it will score.
 The signals are the simulator's (sim.signals): a predictor trained on them learns the simulator's
 confidence-acceptance link, not a real draft's.
 """
@@ -17,7 +17,7 @@ import random
 from pathlib import Path
 
 from specserve.sim.config import Scenario
-from specserve.sim.engine import StepStats
+from specserve.sim.steps import StepStats
 from specserve.sim.runner import simulate
 from specserve.speculation.speckv.samples import record_samples
 from specserve.speculation.types import StepRecord

@@ -49,7 +49,7 @@ class ModelProfile(_Closed):
 
 
 class LinearFit(_Closed):
-    """TurboSpec Eq. 3 for one forward pass (research/turbospec.md §2.3)."""
+    """TurboSpec Eq. 3 (§4.1.3) for one forward pass."""
 
     s_per_context_token: float = Field(ge=0, description="KV read cost per cached token (alpha_kv)")
     s_per_batched_token: float = Field(ge=0, description="compute per token in the pass (gamma)")

@@ -3,30 +3,31 @@
 from __future__ import annotations
 
 from specserve.sim.config import Scenario
-from specserve.sim.engine import StepListener
-from specserve.sim.kernel import SimResult, Simulator
+from specserve.sim.kernel import PolicyFactory, SimResult, Simulator
 from specserve.sim.metrics import k_series, summarize
+from specserve.sim.steps import StepListener
 from specserve.sim.scenario import load_scenario, resolve
 
 
 def simulate(
     scenario: Scenario | str,
-    policy_spec: str,
+    policy: str | PolicyFactory,
     seed: int = 0,
     on_step: StepListener | None = None,
     max_trace_events: int = 0,
 ) -> SimResult:
-    """The full result of a run; ``scenario`` is a Scenario, a built-in name or a YAML path."""
+    """The full result of a run; ``scenario`` is a Scenario, a built-in name or a YAML path, ``policy`` a spec
+    (``NAME[:key=value,...]``) or a factory that builds each replica's policy from the engine's traits."""
     if isinstance(scenario, str):
         scenario = load_scenario(scenario)
-    return Simulator(resolve(scenario), policy_spec, seed, on_step, max_trace_events).run()
+    return Simulator(resolve(scenario), policy, seed, on_step, max_trace_events).run()
 
 
 def run_scenario(
-    scenario: Scenario | str, policy_spec: str, seed: int = 0, with_series: bool = False
+    scenario: Scenario | str, policy: str | PolicyFactory, seed: int = 0, with_series: bool = False
 ) -> dict:
     """Summary metrics of one run (metrics.summarize); with ``with_series`` also ``k_series`` per replica."""
-    result = simulate(scenario, policy_spec, seed)
+    result = simulate(scenario, policy, seed)
     summary = summarize(result)
     if with_series:
         summary["k_series"] = k_series(result)

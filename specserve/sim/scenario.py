@@ -70,7 +70,7 @@ class ResolvedScenario:
     # KV blocks per engine; a block holds block_size tokens of the target's and the draft's KV, since
     # vLLM gives the draft's layers the same block table.
     num_kv_blocks: int
-    # Blocks the draft's weights would free if offloaded (Nightjar's N_draft, research/nightjar.md §3.1).
+    # Blocks the draft's weights would free if offloaded (Nightjar's N_draft, §6, Table 4).
     num_draft_weight_blocks: int
     timer: StepTimer
 

@@ -1,26 +1,27 @@
 """Draft-side signals per drafted token, consistent with the target's verdicts.
 
-The acceptance model (acceptance.py) gives drafted position j of request i the acceptance probability
-mu = alpha_i * decay**j (regimes enter through alpha_i). The generative story per drafted token is:
+The simulated ground truth of acceptance (true_acceptance.py) gives drafted position j of request i the
+acceptance probability mu = alpha_i * decay**j (regimes enter through alpha_i). The generative story per drafted token is:
 
 1. Confidence c ~ Beta(mu * kappa, (1 - mu) * kappa), the draft's probability of the token it drafted,
-   centred on mu. It is the token's own acceptance probability: research/adaspec.md §7 ("accept with
-   probability ~ c, c ~ Beta around the category mean"), AdaSpec's Eq. 7 P_j ~ prod c (§2.4, Fig. 7/8:
-   estimated and actual accepted counts agree). So a confident draft is more likely accepted; the
+   centred on mu. It is the token's own acceptance probability, as AdaSpec's Eq. 7 (§4.2) treats it: P_j ~ prod c
+   (Figs. 7-8: estimated and actual accepted counts agree). So a confident draft is more likely accepted; the
    token-level correlation of c with the verdict is 1 / sqrt(kappa + 1): 0.45 at kappa = 4, between
-   DSDE's token-level entropy r = -0.34 (research/dsde.md §5, Table II, T = 0) and SpecKV's step-level
-   r = 0.56 (research/speckv.md §5, Table 2).
+   DSDE's token-level entropy r = -0.34 (DSDE §IV-B, Table II, T = 0) and SpecKV's step-level
+   r = 0.56 (SpecKV §5.3, Table 2).
 2. Verdict: accepted with probability c. Marginally that is probability mu, exactly the old model.
 3. Entropy H (nats) of a draft distribution with top-1 mass c and the other 1 - c spread evenly over
-   m ~ logU(1, max_alternatives) tokens: H = -c ln c - (1 - c) ln((1 - c) / m) (research/speckv.md §2.2
+   m ~ logU(1, max_alternatives) tokens: H = -c ln c - (1 - c) ln((1 - c) / m) (SpecKV §4.2
    defines H and c over the same softmax; this is speculation/mlp_synthetic's shape, in nats, so the
    packaged mlp weights see inputs from their training range). H >= 0, falls as c rises (SpecKV:
    entropy r = -0.55 with acceptance), and m adds the noise.
-4. KL(target || draft) (nats, research/dsde.md §2.0's direction) = kl_scale * (1 - c)**2 * E, E ~ Exp(1).
+4. KL(target || draft) = kl_scale * (1 - c)**2 * E, E ~ Exp(1), in nats (DSDE §III-A does not state the
+   direction; we take the target as the reference distribution).
    With kl_scale = 2 its mean is Pinsker's bound KL >= 2 TV**2 at TV = 1 - c (speculative sampling accepts
    with probability 1 - TV, Leviathan et al. 2023); greedy verification does not tie KL to acceptance
-   that tightly, hence a noisy mean rather than a floor. Higher KL, less likely accepted (DSDE §1). At
-   mu = 0.66 the mean is 0.32 nats, in the range of DSDE's worked example (§2.8: 0.1-0.5 nats per step).
+   that tightly, hence a noisy mean rather than a floor. Higher KL, less likely accepted (DSDE §I). At
+   mu = 0.66 the mean is 0.32 nats, inside 0.1-0.5 nats per step, the range of step-mean KLDs in our
+   worked example of DSDE's Eqs. 3-8 (tests/unit/test_speculation_kld.py).
 
 Steps 1-2 are sampled in the other order with the same joint law (Beta-Bernoulli conjugacy): the verdict
 first, from the replica's acceptance stream exactly as before signals existed, then c from its posterior

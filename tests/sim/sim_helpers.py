@@ -49,5 +49,5 @@ acceptance: {mean: 0.7}
 
 
 def sim_cli(*args: str) -> subprocess.CompletedProcess:
-    """``python -m specserve.sim ARGS`` with its output captured."""
-    return subprocess.run([sys.executable, "-m", "specserve.sim", *args], capture_output=True, text=True, timeout=60)
+    """``python -m specserve sim ARGS`` (the command users type) with stdout and stderr captured apart."""
+    return subprocess.run([sys.executable, "-m", "specserve", "sim", *args], capture_output=True, text=True, timeout=60)

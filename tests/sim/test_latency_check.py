@@ -1,4 +1,4 @@
-"""The roofline step timer against the papers' step times (latency_check.py, profiles/paper_step_times.yaml)."""
+"""The roofline step timer against the papers' step times (latency_check.py, papers/step_times.yaml)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ import sys
 import pytest
 
 from specserve.sim.config import LatencyConfig
-from specserve.sim.latency_check import BEFORE, DATA_FILE, check, error_stats, load_points, predict
+from specserve.experiments.latency_check import BEFORE, check, error_stats, load_points, predict
+from specserve.experiments.latency_report import PAPER_TITLES
 from specserve.sim.profiles import hardware_profiles, model_profiles
 
-# What the per-layer cost achieved (bench/results/latency-check.md): median |ln(predicted / measured)| over
-# the absolute points went from 0.307 to 0.095. The guard leaves room for data points to be added.
-MAX_MEDIAN_LOG_ERROR = 0.12
+# The eager per-layer cost was fitted on SpecKV's five eager step times (gamma 2-10: one target forward plus gamma
+# draft forwards each). Without it they sit 0.28-0.32 below the measured in |ln ratio|; a per-layer cost per forward
+# must predict each one from the other four to within a third of that, or the mechanism, not the fit, is wrong.
+MAX_HELD_OUT_LOG_ERROR = 0.1
 
 
 def test_data_file_loads_and_names_known_profiles() -> None:
@@ -27,7 +29,7 @@ def test_data_file_loads_and_names_known_profiles() -> None:
         assert p.hardware in hardware_profiles(), p.id
         assert p.target in model_profiles() and (p.draft is None or p.draft in model_profiles()), p.id
         assert (p.quantity == "step_ratio") == (p.k_ref is not None), p.id
-        assert p.cite and p.paper in DATA_FILE.read_text()
+        assert p.cite and p.paper in PAPER_TITLES
     # AdaSpec reports no absolute latency: it appears only among the numbers read and not used.
     assert any(e.paper == "adaspec" for e in data.excluded)
 
@@ -57,15 +59,30 @@ def test_fractional_k_interpolates_between_whole_steps() -> None:
     assert predict(point) == pytest.approx(at[1] + 0.64 * (at[2] - at[1]))
 
 
-def test_median_error_stays_within_the_achieved_bound() -> None:
-    rows = check()
-    now, before = error_stats(rows), error_stats(rows, before=True)
-    assert now.median_log_error <= MAX_MEDIAN_LOG_ERROR
-    assert now.median_log_error < before.median_log_error
-    # The eager points the per-layer cost was fitted on, and the CUDA-graph anchor it must not spoil.
-    for row in rows:
-        if row.point.paper in ("speckv", "anchors"):
-            assert row.log_error < 0.1, row.point.id
+def test_eager_cost_fitted_on_four_speckv_points_predicts_the_fifth() -> None:
+    points = [p for p in load_points().points if p.paper == "speckv"]
+    grid = [i * 2e-6 for i in range(101)]  # 0 to 200 us per layer
+
+    def log_error(point, layer_s: float) -> float:
+        return math.log(predict(point, LatencyConfig(eager_layer_overhead_s=layer_s)) / point.measured)
+
+    for held_out in points:
+        rest = [p for p in points if p is not held_out]
+        fitted = min(grid, key=lambda layer_s: sum(log_error(p, layer_s) ** 2 for p in rest))
+        assert abs(log_error(held_out, 0.0)) > 0.25, held_out.id  # without the cost the gap is real
+        assert abs(log_error(held_out, fitted)) < MAX_HELD_OUT_LOG_ERROR, (held_out.id, fitted)
+        assert fitted == pytest.approx(LatencyConfig().eager_layer_overhead_s, rel=0.15)  # the default is that fit
+
+
+def test_the_check_exposes_a_wrong_latency_profile() -> None:
+    # Half the bandwidth efficiency doubles every weight-bound forward (ln 2 = 0.69); the check must show it, on the
+    # median and on the stated points alike, or it could not tell a wrong profile from a right one.
+    right = check()
+    wrong = check(LatencyConfig(bandwidth_efficiency=0.4))
+    assert error_stats(wrong).median_log_error > 3 * error_stats(right).median_log_error
+    stated = [r for r in wrong if r.point.setting == "stated" and r.point.quantity == "step_s"]
+    assert all(r.predicted > 1.3 * r.point.measured for r in stated if r.point.cuda_graphs)
+    assert error_stats(right).median_log_error < error_stats(right, before=True).median_log_error
 
 
 def test_eager_cost_only_applies_to_eager_points() -> None:
@@ -77,7 +94,7 @@ def test_eager_cost_only_applies_to_eager_points() -> None:
 
 
 def sim(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specserve.sim", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "specserve", "sim", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_cli_json_prints_one_document() -> None:
@@ -85,16 +102,19 @@ def test_cli_json_prints_one_document() -> None:
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert len(doc["rows"]) == len(load_points().points)
-    assert doc["error"]["absolute_after"]["median_log_error"] <= MAX_MEDIAN_LOG_ERROR
+    now = error_stats(check())
+    assert doc["error"]["absolute_after"] == {"num_points": now.num_points, "median_log_error": now.median_log_error,
+                                              "max_log_error": now.max_log_error}
     assert doc["written"] == []
 
 
 def test_cli_table_and_report(tmp_path) -> None:
     out = sim("latency-check", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
-    assert "speckv-phase1-g4" in out.stderr and "median |ln ratio|" in out.stderr
+    # The table is the result (stdout); the files written beside it are logged on stderr.
+    assert "speckv-phase1-g4" in out.stdout and "median |ln ratio|" in out.stdout
     md, png = tmp_path / "latency-check.md", tmp_path / "latency-check.png"
-    assert out.stdout.split() == [str(md), str(png)]
+    assert out.stderr.splitlines() == [f"wrote {md}", f"wrote {png}"]
     text = md.read_text()
     assert "| `turbospec-fig2-bs50-k2` (step) |" in text and "## Numbers read and not used" in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,4 @@
-"""``python -m specserve.sim``: scenarios, compare --json, the --policies splitting rule and exit status 2."""
+"""``specserve sim``: scenarios and compare on stdout, compare --json, the --policies splitting rule and exit status 2."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 
 from sim_helpers import SMALL_YAML, sim_cli
 
+from specserve.sim import builtin_scenarios
 from specserve.sim.cli import CommandError, split_policies
 
 SMALL = SMALL_YAML
@@ -24,13 +25,15 @@ def test_split_policies_keeps_parameters_with_their_policy() -> None:
         split_policies("fixed,,adaptive")
 
 
-def test_scenarios_lists_builtins() -> None:
+def test_scenarios_lists_builtins_on_stdout() -> None:
+    # The list is the command's result: `specserve sim scenarios | grep nightjar` must find it.
     out = sim("scenarios")
-    assert out.returncode == 0
-    names = [line.split()[0] for line in out.stderr.splitlines()]
+    assert out.returncode == 0 and out.stderr == ""
+    names = [line.split()[0] for line in out.stdout.splitlines()]
+    assert names == sorted(builtin_scenarios())
     assert "turbospec-h100-qps-sweep" in names and "nightjar-4090-7b-dynamic" in names
     listed = json.loads(sim("scenarios", "--json").stdout)
-    assert {row["name"] for row in listed["scenarios"]} >= set(names)
+    assert [row["name"] for row in listed["scenarios"]] == names
 
 
 def test_compare_json(tmp_path) -> None:
@@ -47,6 +50,17 @@ def test_compare_json(tmp_path) -> None:
     assert all(keys <= set(r) for r in doc["results"])
     assert all(r["slo_attainment"] is None for r in doc["results"])  # the scenario has no TPOT SLO
     assert doc["results"][0]["mean_k"] == 0
+
+
+def test_compare_table_goes_to_stdout_and_the_progress_bar_to_stderr(tmp_path) -> None:
+    path = tmp_path / "small.yaml"
+    path.write_text(SMALL)
+    out = sim("compare", "--scenario", str(path), "--policies", "fixed:k=0,fixed:k=2")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "scenario small" and lines[1].split()[:2] == ["POLICY", "TOK/S"]
+    assert [line.split()[0] for line in lines[2:]] == ["fixed:k=0", "fixed:k=2"]
+    assert "policy" in out.stderr and "fixed:k=0" not in out.stderr  # tqdm's bar, and nothing of the table
 
 
 @pytest.mark.parametrize(

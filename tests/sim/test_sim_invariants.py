@@ -9,7 +9,7 @@ import pytest
 from sim_helpers import small_scenario
 
 from specserve.sim import StepStats, simulate, summarize
-from specserve.speculation import StepRecord, policy_names
+from specserve.speculation import StepRecord, make_policy, policy_names
 
 POLICIES = ("fixed:k=0", "fixed:k=3", "adaptive", "cycle:ks=0-4-1")
 
@@ -117,7 +117,7 @@ def test_several_replicas_share_the_load() -> None:
 
 def test_goodput_speculates_more_at_low_load_than_at_high_load() -> None:
     # RTX 4090, 7B target: short requests at 0.5 QPS leave the GPU memory-bound (drafts are nearly free), the
-    # 40-60 QPS tail makes it compute-bound (every draft costs a target token). research/turbospec.md §7 item 7.
+    # 40-60 QPS tail makes it compute-bound (every draft costs a target token). TurboSpec §8.1, Fig. 15a.
     segments = [{"duration_s": 15, "rate_qps": 0.5}] + [
         {"duration_s": 5, "rate_qps": q} for q in (5, 10, 20, 30, 40, 60)
     ]
@@ -148,7 +148,7 @@ def test_tpot_and_ttft_are_finite() -> None:
 
 
 def test_slo_attainment_is_the_share_of_requests_within_the_tpot_slo() -> None:
-    """AdaSpec's SLO attainment (research/adaspec.md §4.5): per request TPOT = decode time / (tokens - 1) <= SLO.
+    """AdaSpec's SLO attainment (§7.1, Fig. 11): per request TPOT = decode time / (tokens - 1) <= SLO.
     A TTFT cap does not enter it (goodput covers both)."""
     plain = simulate(small_scenario(), "fixed:k=0", 0)
     table = plain.table
@@ -170,24 +170,21 @@ def test_every_registered_policy_runs_in_the_simulator(name: str) -> None:
     assert all(record.k <= 4 for record, _ in steps)
 
 
-def test_step_context_counts_only_the_prefill_that_can_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_step_context_counts_only_the_prefill_that_can_run() -> None:
     # Overloaded with two seats: a long queue waits while both seats decode. The queue's prompts cannot join
     # such a step, so its context must not announce them (policies price k against the step's prefill).
-    import specserve.sim.kernel as kernel
-
     contexts = []
-    make_policy = kernel.make_policy
 
-    def recording(spec, traits):
-        policy = make_policy(spec, traits)
+    def recording(traits):
+        policy = make_policy("fixed:k=0", traits)
         choose = policy.choose
         policy.choose = lambda ctx: contexts.append(ctx) or choose(ctx)
         return policy
 
-    monkeypatch.setattr(kernel, "make_policy", recording)
     scenario = small_scenario(engine={"max_num_seqs": 2}, workload={"arrivals": {"kind": "poisson", "rate_qps": 40,
                                                                                  "duration_s": 2}})
-    _, steps = run_logged(scenario, "fixed:k=0")
+    result, steps = run_logged(scenario, recording)
+    assert result.policy_spec == "fixed:k=0"  # a factory's run is named by its policy's spec
     assert len(contexts) == len(steps)
     assert max(ctx.num_waiting for ctx in contexts) > 10
     for ctx, (record, _) in zip(contexts, steps):
@@ -196,7 +193,7 @@ def test_step_context_counts_only_the_prefill_that_can_run(monkeypatch: pytest.M
 
 
 def test_batch_expansion_rereads_the_kv_once_per_scored_position() -> None:
-    # Same seed, same drafts and verdicts: only the price of verification differs (research/adaspec.md Eq. 4).
+    # Same seed, same drafts and verdicts: only the price of verification differs (AdaSpec §4.1, Eq. 4).
     plain = run_logged(small_scenario(), "fixed:k=3")[1]
     expanded = run_logged(small_scenario(engine={"scorer": "batch_expansion"}), "fixed:k=3")[1]
     compared = 0

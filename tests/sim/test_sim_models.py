@@ -7,13 +7,13 @@ import pytest
 from sim_helpers import small_scenario
 
 from specserve.sim import resolve
-from specserve.sim.acceptance import AcceptanceModel
 from specserve.sim.config import AcceptanceConfig, BurstArrivals, MultiPeakArrivals, OscillationArrivals
 from specserve.sim.profiles import LengthDistribution, dataset_profiles, hardware_profiles, lookup, pair_profiles
+from specserve.sim.true_acceptance import TrueAcceptance
 from specserve.sim.workload import poisson_arrivals, rate_segments, read_trace, sample_lengths
 from specserve.speculation import expected_tokens
 
-# TurboSpec §7: Llama-2-7B on H100, BS 50 -> 7.4 ms per step without speculation, 12.6 ms at k = 2.
+# TurboSpec §3, Fig. 2: Llama-2-7B on H100, BS 50 -> 7.4 ms per step without speculation, 12.6 ms at k = 2.
 BATCH, CONTEXT_TOKENS = 50, 50 * 300
 
 
@@ -61,7 +61,7 @@ def test_tensor_parallel_splits_work_and_adds_allreduce() -> None:
 
 
 def test_kv_blocks_from_memory_for_nightjar_7b_on_4090() -> None:
-    # research/nightjar.md §3.1: 56 KiB/token for the 7B; the fork runs 4,112-4,938 blocks on a 24 GB 4090.
+    # Nightjar §6 (N_draft): 56 KiB/token for the 7B (its config.json); the authors' fork runs 4,112-4,938 blocks on a 24 GB 4090.
     resolved = resolve(small_scenario(hardware="rtx4090", pair="deepseek-r1-distill-qwen-7b+0.5b",
                                       latency={"kind": "roofline"}))
     assert resolved.target.kv_bytes_per_token == 56 * 1024
@@ -95,7 +95,7 @@ def test_eagle_head_reads_the_lm_head_and_is_cheap() -> None:
 
 
 def test_eagle_batch1_decode_rates_near_vllm() -> None:
-    # research/anchors.md §5, Llama-3.1-8B-Instruct on H100 at batch 1 (vLLM V1, MT-Bench): 133 tok/s without
+    # vLLM PR #16937, Llama-3.1-8B-Instruct on H100 at batch 1 (vLLM V1, MT-Bench): 133 tok/s without
     # speculation, 201.7 and 198 with EAGLE-1 at K = 2 and 4 (PR #16937); acceptance lengths 1.89 and 2.08 come from
     # PR #16035 (Llama-3-8B + EAGLE-1, vLLM V1), a different run, hence the 10% band. A plain engine runs no draft.
     timer = eagle_timer()
@@ -106,7 +106,7 @@ def test_eagle_batch1_decode_rates_near_vllm() -> None:
 
 def test_acceptance_beta_mean_and_position_decay() -> None:
     rng = np.random.default_rng(0)
-    model = AcceptanceModel(AcceptanceConfig(mean=0.7, concentration=20, decay=0.9), max_k=4)
+    model = TrueAcceptance(AcceptanceConfig(mean=0.7, concentration=20, decay=0.9), max_k=4)
     alphas = model.draw_alphas(np.zeros(20000), rng)
     assert alphas.mean() == pytest.approx(0.7, abs=0.01)
     assert 0.05 < alphas.std() < 0.15  # Beta(14, 6): std 0.1
@@ -116,14 +116,14 @@ def test_acceptance_beta_mean_and_position_decay() -> None:
 
 
 def test_acceptance_matches_turbospec_eq4_without_decay() -> None:
-    model = AcceptanceModel(AcceptanceConfig(mean=0.7, concentration=None), max_k=8)
+    model = TrueAcceptance(AcceptanceConfig(mean=0.7, concentration=None), max_k=8)
     accepted = model.sample_accepted(np.full(100000, 0.7), np.full(100000, 5), np.random.default_rng(1))
-    assert 1 + accepted.mean() == pytest.approx(2.94, abs=0.02)  # research/turbospec.md §2.4 table, a=0.7 k=5
+    assert 1 + accepted.mean() == pytest.approx(2.94, abs=0.02)  # TurboSpec Eq. 4: l(0.7, 5)
 
 
 def test_acceptance_regimes_by_arrival_time() -> None:
     cfg = AcceptanceConfig(mean=0.9, concentration=None, regimes=[{"start_s": 60, "mean": 0.5}])
-    alphas = AcceptanceModel(cfg, max_k=4).draw_alphas(np.array([0.0, 59.9, 60.0, 100.0]), np.random.default_rng(0))
+    alphas = TrueAcceptance(cfg, max_k=4).draw_alphas(np.array([0.0, 59.9, 60.0, 100.0]), np.random.default_rng(0))
     assert alphas.tolist() == [0.9, 0.9, 0.5, 0.5]
 
 

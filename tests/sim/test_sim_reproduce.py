@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from specserve.sim.cli import add_commands, run
-from specserve.sim.dsde_sweep import sweep_summary
-from specserve.sim.reproduce import PAPERS, cap_k
+from specserve.experiments.cli import add_commands, run
+from specserve.experiments.dsde_sweep import sweep_summary
+from specserve.experiments.papers import Paper, PaperDataError, load_yaml
+from specserve.experiments.reproduce import PAPERS, SUMMARIES, cap_k
+from specserve.sim import builtin_scenarios
 
 
 def invoke(*argv: str) -> int:
@@ -75,4 +77,34 @@ def test_dsde_sweeps_batch_caps_1_to_64() -> None:
     dsde = PAPERS["dsde"]
     assert [run.scenario for run in dsde.runs] == [f"dsde-a100x8-70b-bs{b}" for b in (1, 8, 32, 64)]
     assert all({"fixed:k=0", "kld", "kld:cap=false"} <= set(run.policies) for run in dsde.runs)
-    assert dsde.summary is sweep_summary
+    assert SUMMARIES[dsde.summary] is sweep_summary
+
+
+def test_paper_files_name_builtin_scenarios_and_cite_every_number() -> None:
+    for paper in PAPERS.values():
+        assert paper.reference and paper.runs
+        for run in paper.runs:
+            assert run.scenario in builtin_scenarios()
+            numbers = [ref.metric or ref.speedup for ref in run.refs.values()]
+            assert all(number.cite for number in numbers if number is not None)
+    assert all(number.cite for paper in PAPERS.values() for number in paper.numbers.values())
+
+
+def test_paper_speedups_come_from_the_cited_numbers() -> None:
+    """TurboSpec Table 4: Org's mean latency over QPS 1/4/8/16 over TS's; AdaSpec prints its speedup itself."""
+    turbospec = PAPERS["turbospec"]
+    sweep = turbospec.runs[0]
+    org, ts = (2.63 + 3.39 + 4.86 + 13.73) / 4, (1.34 + 1.90 + 2.98 + 13.62) / 4
+    assert turbospec.paper_speedup(sweep, "goodput") == pytest.approx(org / ts)
+    assert turbospec.paper_speedup(sweep, "fixed:k=0") == 1.0 and turbospec.paper_speedup(sweep, "fixed:k=2") is None
+    adaspec = PAPERS["adaspec"]
+    assert adaspec.paper_speedup(adaspec.runs[0], "slo") == 1.73
+
+
+def test_a_bad_paper_file_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ntitle: Bad\nreference: r\nmetric: mean_e2e_s\nhigher_is_better: false\n"
+                   "baseline: fixed:k=0\npaper_metric_higher_is_better: false\n"
+                   "runs: [{scenario: s, policies: [fixed:k=1], not_comparable: n, shape: s}]\n")
+    with pytest.raises(PaperDataError, match="bad.yaml: .*run 's': baseline 'fixed:k=0'"):
+        load_yaml(bad, Paper)

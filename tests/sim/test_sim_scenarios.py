@@ -19,7 +19,7 @@ from specserve.sim import (
     summarize,
 )
 
-# One built-in per paper's main setting (research/*.md); a missing file fails here, not in a benchmark.
+# One built-in per paper's main setting; a missing file fails here, not in a benchmark.
 REQUIRED_BUILTINS = {
     "turbospec-h100-qps-sweep",
     "turbospec-h100-dynamic-qps",

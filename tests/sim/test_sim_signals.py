@@ -1,4 +1,8 @@
-"""Draft-side signals, request ids, per-request caps and early stop in the simulator (signals.py, drafting.py)."""
+"""Draft-side signals, request ids, per-request caps and early stop in the simulator (signals.py, drafting.py).
+
+The test policies are not registered by name (the registry is global, so registering at import would make the
+tests depend on import order): each run gets a factory that builds them, ``simulate``'s other form of policy.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from sim_helpers import small_scenario
 from specserve.sim import StepStats, simulate, summarize
 from specserve.sim.config import SignalsConfig
 from specserve.sim.signals import SignalModel
-from specserve.speculation import Decision, Policy, StepContext, StepRecord, register
+from specserve.speculation import Decision, EngineTraits, Policy, StepContext, StepRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +23,6 @@ class _NoParams:
     pass
 
 
-@register
 class CapByIdPolicy(Policy):
     """k = 3 with request r capped at int(r) % 4 drafts; remembers every context it saw."""
 
@@ -35,7 +38,6 @@ class CapByIdPolicy(Policy):
         return Decision(k=3, max_k_per_request=tuple((rid, int(rid) % 4) for rid in ctx.request_ids))
 
 
-@register
 class StopAfterTwoPolicy(Policy):
     """k = 4, but stops the draft loop after the pass at position 1; logs its calls per step."""
 
@@ -59,7 +61,15 @@ class StopAfterTwoPolicy(Policy):
         self.steps.append((record, self.calls))
 
 
-def run_logged(scenario, policy: str, seed: int = 0):
+def cap_by_id(traits: EngineTraits) -> CapByIdPolicy:
+    return CapByIdPolicy(_NoParams(), traits)
+
+
+def stop_after_two(traits: EngineTraits) -> StopAfterTwoPolicy:
+    return StopAfterTwoPolicy(_NoParams(), traits)
+
+
+def run_logged(scenario, policy, seed: int = 0):
     steps: list[tuple[StepRecord, StepStats]] = []
     result = simulate(scenario, policy, seed, on_step=lambda record, stats: steps.append((record, stats)))
     return result, steps
@@ -143,11 +153,11 @@ def test_signals_off_change_no_verdict() -> None:
 
 
 def test_context_carries_request_ids_and_the_tpot_slo() -> None:
-    result = simulate(small_scenario(slo={"max_tpot_s": 0.02}), "test-cap-by-id", 0)
+    result = simulate(small_scenario(slo={"max_tpot_s": 0.02}), cap_by_id, 0)
     contexts = result.replicas[0].policy.contexts
     assert all(len(ctx.request_ids) == ctx.num_running for ctx in contexts)
     assert all(ctx.slo_tpot_s == 0.02 for ctx in contexts)
-    assert all(ctx.slo_tpot_s is None for ctx in simulate(small_scenario(), "test-cap-by-id", 0).replicas[0]
+    assert all(ctx.slo_tpot_s is None for ctx in simulate(small_scenario(), cap_by_id, 0).replicas[0]
                .policy.contexts)
 
 
@@ -163,7 +173,7 @@ def test_goodput_counts_requests_whose_mean_tpot_meets_the_slo() -> None:
 
 
 def test_per_request_caps_are_honoured() -> None:
-    result, steps = run_logged(small_scenario(), "test-cap-by-id")
+    result, steps = run_logged(small_scenario(), cap_by_id)
     num_capped = 0
     for record, _ in steps:
         for rid, drafted in zip(record.request_ids, record.num_drafted_per_request):
@@ -176,7 +186,7 @@ def test_per_request_caps_are_honoured() -> None:
 
 
 def test_stop_drafting_truncates_the_draft_loop() -> None:
-    result, steps = run_logged(small_scenario(), "test-stop-after-two")
+    result, steps = run_logged(small_scenario(), stop_after_two)
     policy = result.replicas[0].policy
     speculative = [(record, calls) for record, calls in policy.steps if record.num_drafted_per_request]
     assert len(speculative) > 100
@@ -196,7 +206,7 @@ def test_early_stop_verifies_only_the_drafts_made() -> None:
     def decode_steps(steps):
         return [r for r, _ in steps if r.num_drafted_per_request and len(r.num_drafted_per_request) == r.num_running]
 
-    stopped = decode_steps(run_logged(small_scenario(), "test-stop-after-two")[1])
+    stopped = decode_steps(run_logged(small_scenario(), stop_after_two)[1])
     full = decode_steps(run_logged(small_scenario(), "fixed:k=4")[1])
     assert len(stopped) > 50 and len(full) > 50
     assert all(r.num_batched_tokens == r.num_running + r.num_drafted <= 3 * r.num_running for r in stopped)
@@ -218,8 +228,9 @@ def test_signal_policies_no_longer_fall_back_to_goodput(policy: str) -> None:
         assert described["mean_confidence"] != 0.6  # no longer the prior
 
 
-@pytest.mark.parametrize("policy", ["slo", "kld", "mlp", "test-cap-by-id", "test-stop-after-two"])
-def test_invariants_hold_for_per_request_and_stopping_policies(policy: str) -> None:
+@pytest.mark.parametrize("policy", ["slo", "kld", "mlp", cap_by_id, stop_after_two],
+                         ids=["slo", "kld", "mlp", "cap-by-id", "stop-after-two"])
+def test_invariants_hold_for_per_request_and_stopping_policies(policy) -> None:
     result, steps = run_logged(small_scenario(engine={"num_kv_blocks": 96}), policy)
     assert np.array_equal(result.table.num_output, result.table.output_tokens)
     assert all(0 <= stats.num_kv_blocks_used <= 96 for _, stats in steps)

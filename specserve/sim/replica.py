@@ -1,7 +1,7 @@
 """One simulated vLLM-like engine: continuous batching, paged KV with preemption, speculation.
 
-Each step reads like the real engine's (design.md, "The per-step control loop"): build a StepContext
-before scheduling, as the scheduler subclass in replicas/ does -> ``policy.choose`` -> schedule with
+Each step reads like the real engine's per-step control loop: build a StepContext before scheduling, as
+the scheduler subclass in specserve/replicas/ does -> ``policy.choose`` -> schedule with
 that k and the decision's per-request caps (running requests first, preempting from the tail when KV
 runs out, then admitting waiting requests if nothing was preempted) -> draft (drafting.py: verdicts,
 draft-side signals, the policy's early stop) and price the step -> at its end, apply it and
@@ -12,38 +12,23 @@ then one target pass over B * (k + 1) decode tokens plus prefill chunks). vLLM v
 drafts proposed in step t - 1; the cost per step and the tokens per step are the same in steady state.
 KV slots for the planned drafts are allocated with the step, before drafting (as vLLM's scheduler does),
 so drafts an early stop never made keep their slots too; rejected slots stay allocated to the request.
+What a step reports (the policy's StepRecord, the StepStats beside it) is built in steps.py.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from specserve.sim.batch import RequestTable, RunningBatch
 from specserve.sim.config import EngineConfig
-from specserve.sim.drafting import Drafter, Drafts, ragged
+from specserve.sim.drafting import Drafter, Drafts
 from specserve.sim.latency import StepTimer
+from specserve.sim.steps import StepListener, StepStats, further_pass_tokens, step_record
 from specserve.speculation import Decision, Policy, StepContext, StepRecord
 from specserve.speculation.context import build_step_context
-
-
-@dataclass(frozen=True, slots=True)
-class StepStats:
-    """What the simulator knows about a step beyond the policy's StepRecord (for tests and plots)."""
-
-    replica: int
-    # Requests that sampled tokens this step (decodes, and prefills that completed their prompt).
-    num_sampled: int
-    num_preempted: int
-    num_finished: int
-    num_kv_blocks_used: int
-    num_kv_blocks_total: int
-
-
-StepListener = Callable[[StepRecord, StepStats], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +252,7 @@ class Replica:
         if num_passes:
             first_pass_tokens = int(new_tokens.sum() + b.draft_lag[scheduled].sum())
             b.draft_lag[scheduled] = 0
-            draft_pass_tokens = [first_pass_tokens, *self._further_pass_tokens(drafts, num_passes)]
+            draft_pass_tokens = [first_pass_tokens, *further_pass_tokens(drafts, num_passes)]
         else:
             draft_pass_tokens = []
             b.draft_lag += new_tokens
@@ -276,8 +261,9 @@ class Replica:
         target_context = self._expanded_context(num_context, rows, drafts)
         duration_s = self.timer.step_s(num_context, num_batched, draft_pass_tokens, target_context)
         sampled = scheduled & (b.num_computed + new_tokens == b.prompt + b.num_output)
-        record = self._record(now_s, k, duration_s, scheduled, num_context, num_batched, num_passes,
-                              int(sampled.sum() + accepted.sum()), rows, drafts)
+        request_ids = tuple(self.table.request_ids[b.ids[rows]]) if drafts is not None else ()
+        record = step_record(now_s, k, duration_s, scheduled, num_context, num_batched, num_passes,
+                             int(sampled.sum() + accepted.sum()), request_ids, drafts)
         self.num_drafted += record.num_drafted
         self.num_accepted += record.num_accepted
         self.series_time_s.append(now_s)
@@ -289,8 +275,8 @@ class Replica:
         """The context the target reads under vLLM V0's batch expansion, None under a single-pass scorer.
 
         Position j = 0..d of a request with d drafts and c cached tokens is scored as its own sequence of
-        c + j tokens, so the request adds d * c + d (d + 1) / 2 to a single pass's read (research/adaspec.md
-        §2.3, Eq. 4 and the authors' code).
+        c + j tokens, so the request adds d * c + d (d + 1) / 2 to a single pass's read (AdaSpec
+        §4.1, Eq. 4 and the authors' code).
         """
         if self.cfg.scorer == "single_pass" or drafts is None:
             return None
@@ -299,47 +285,8 @@ class Replica:
         return num_context + int(extra.sum())
 
     @staticmethod
-    def _further_pass_tokens(drafts: Drafts | None, num_passes: int) -> list[int]:
-        """Pass j >= 2 proposes one token for each request that drafts at least j tokens."""
-        if drafts is None:
-            return []
-        if int(drafts.drafted.min()) == num_passes:
-            return [len(drafts.drafted)] * (num_passes - 1)
-        return (drafts.drafted[:, None] >= np.arange(2, num_passes + 1)).sum(axis=0).tolist()
-
-    @staticmethod
     def _verify_only_drafted(grant: _Grant, rows: np.ndarray, drafted: np.ndarray) -> _Grant:
         """After an early stop the target verifies only the drafts made; KV blocks stay as allocated."""
         drafts = grant.drafts.copy()
         drafts[rows] = drafted
         return _Grant(grant.tokens - grant.drafts + drafts, drafts, grant.new_blocks)
-
-    def _record(self, now_s: float, k: int, duration_s: float, scheduled: np.ndarray, num_context: int,
-                num_batched: int, num_passes: int, num_emitted: int, rows: np.ndarray,
-                drafts: Drafts | None) -> StepRecord:
-        drafted = accepted = request_ids = confidence = entropy = kl = ()
-        if drafts is not None:
-            drafted, accepted = tuple(drafts.drafted.tolist()), tuple(drafts.accepted.tolist())
-            request_ids = tuple(self.table.request_ids[self.batch.ids[rows]])
-            if drafts.signals is not None:
-                uniform = num_passes == int(drafts.drafted.min())
-                confidence = ragged(drafts.signals.confidence, drafts.drafted, uniform)
-                entropy = ragged(drafts.signals.entropy_nats, drafts.drafted, uniform)
-                kl = ragged(drafts.signals.kl_nats, drafts.drafted, uniform)
-        return StepRecord(
-            now_s=now_s,
-            k=k,
-            duration_s=duration_s,
-            num_running=int(scheduled.sum()),
-            num_context_tokens=num_context,
-            num_batched_tokens=num_batched,
-            num_draft_passes=num_passes,
-            # Sampler output, as vLLM counts it: tokens past a request's max_tokens are dropped later.
-            num_emitted_tokens=num_emitted,
-            num_drafted_per_request=drafted,
-            num_accepted_per_request=accepted,
-            request_ids=request_ids,
-            draft_confidence_per_request=confidence,
-            draft_entropy_per_request=entropy,
-            kl_per_request=kl,
-        )

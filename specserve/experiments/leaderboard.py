@@ -1,6 +1,6 @@
-"""One policy against the whole zoo: the acceptance test of the simulator issue for ``adaptive``.
+"""One policy against the whole zoo: the bar the project set for ``adaptive``.
 
-The bar (the simulator issue, "Then beat them"):
+The bar:
 - **static rates**: on every scenario, at each arrival rate it holds still, throughput at least
   ``STATIC_BAR`` x the best rival's. A Poisson or trace scenario is one static cell; a piecewise, burst, oscillation
   or multi-peak scenario contributes one cell per distinct positive rate, each run as its own Poisson

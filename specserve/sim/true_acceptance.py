@@ -2,7 +2,7 @@
 
 Each request draws its own alpha at arrival from Beta(mean * c, (1 - mean) * c), where the mean is the
 regime in force at its arrival time (a workload shift such as TurboSpec's Sonnet -> ShareGPT at 60 s,
-research/turbospec.md §4.3). Draft j of a request (0-based) is accepted with probability
+TurboSpec §8.1, Fig. 15b). Draft j of a request (0-based) is accepted with probability
 alpha * decay**j, independently; the request keeps the longest accepted prefix (Leviathan et al.'s
 i.i.d. model behind TurboSpec Eq. 4 when decay = 1).
 """
@@ -14,7 +14,9 @@ import numpy as np
 from specserve.sim.config import AcceptanceConfig
 
 
-class AcceptanceModel:
+class TrueAcceptance:
+    """The simulated ground truth: each request's alpha and every draft's verdict (policies only estimate it)."""
+
     def __init__(self, cfg: AcceptanceConfig, max_k: int) -> None:
         self._starts_s = np.array([0.0] + [r.start_s for r in cfg.regimes])
         self._means = np.array([cfg.mean] + [r.mean for r in cfg.regimes])

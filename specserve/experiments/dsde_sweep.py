@@ -1,32 +1,33 @@
 """DSDE's batch-size sweep, summarised for ``sim reproduce``: Table III per batch cap and Fig. 9's cap ablation.
 
-Table III is "the average completion time of 128 prompts executed under varying batch sizes" (paper §IV-A,
-research/dsde.md §4) without saying which sizes; Fig. 9 scales the batch from 1 to 64 with and without SL_cap.
+Table III is "the average completion time of 128 prompts executed under varying batch sizes" (DSDE §IV-A)
+without saying which sizes; Fig. 9 (§IV-E) scales the batch from 1 to 64 with and without SL_cap.
 Our sweep runs the same 128 prompts at batch caps 1, 8, 32 and 64 (scenarios dsde-a100x8-70b-bs*), so the
 table below sets the speedups over autoregressive side by side per batch cap, with static-opt found as the
 paper finds it (the best fixed SL of 2, 4, 6, 8, 10, per setting), and the cap's effect on the straggler-bound
-numbers: p99 end-to-end latency, mean TPOT and the throughput ratio of batch 64 over batch 1.
+numbers: p99 end-to-end latency, mean TPOT and the throughput ratio of batch 64 over batch 1. The paper's numbers
+quoted beside ours are ``numbers`` in papers/dsde.yaml, with their citations.
 """
 
 from __future__ import annotations
 
+from specserve.experiments.papers import reproduced_papers
 from specserve.sim.scenario import load_scenario
 
 AUTOREGRESSIVE = "fixed:k=0"
 STATIC = tuple(f"fixed:k={k}" for k in (2, 4, 6, 8, 10))  # the paper's static-opt search (§IV-C)
 CAPPED, UNCAPPED = "kld", "kld:cap=false"
-# Paper numbers the summary quotes (research/dsde.md §5): Table III (a) T = 0 and Fig. 9 T = 0.
-PAPER_STATIC_OPT_SPEEDUP, PAPER_DSDE_SPEEDUP = 2.86, 2.75
-PAPER_SCALING_CAP, PAPER_SCALING_NO_CAP = 12.16, 11.21
 
 
 def sweep_summary(by_scenario: dict[str, dict[str, dict]]) -> list[str]:
     """Markdown lines for the sweep; ``by_scenario`` maps each sweep scenario to {policy spec: summary row}."""
     points = sorted((load_scenario(name).engine.max_num_seqs, rows) for name, rows in by_scenario.items())
+    paper = {key: number.mean for key, number in reproduced_papers()["dsde"].numbers.items()}
     lines = ["## Batch-size sweep: Table III and Fig. 9", "",
              "The same 128 prompts at each batch cap; speedups are of mean end-to-end latency over autoregressive, "
              "static-opt is the best fixed k of 2-10 at that cap (the paper profiles it per dataset). "
-             f"Paper, Table III (a): static-opt {PAPER_STATIC_OPT_SPEEDUP:.2f}x, DSDE {PAPER_DSDE_SPEEDUP:.2f}x.", "",
+             f"Paper, Table III (a): static-opt {paper['static_opt_speedup']:.2f}x, "
+             f"DSDE {paper['dynamic_speedup']:.2f}x.", "",
              "| batch cap | autoregressive e2e s | static-opt | static-opt speedup | `kld` speedup | `kld` vs static-opt "
              "| `kld:cap=false` speedup | p99 e2e s, cap / no cap | mean TPOT ms, cap / no cap |",
              "|---" * 9 + "|"]
@@ -48,15 +49,19 @@ def sweep_summary(by_scenario: dict[str, dict[str, dict]]) -> list[str]:
                   f"TPOT by {_span(tpot)} (negative: lower with the cap). Without it every step runs as many draft "
                   "passes as its longest prediction asks for and verifies every request's full draft.", ""]
     if len(points) > 1:
-        (low, first), (high, last) = points[0], points[-1]
-        with_cap = last[CAPPED]["throughput_tok_s"] / first[CAPPED]["throughput_tok_s"]
-        without = last[UNCAPPED]["throughput_tok_s"] / first[UNCAPPED]["throughput_tok_s"]
-        lines += [f"Fig. 9, throughput at batch {high} over batch {low}: `kld` {with_cap:.2f}x, `kld:cap=false` "
-                  f"{without:.2f}x, so the cap adds {with_cap / without - 1:+.1%} at batch {high} (paper, T = 0: "
-                  f"{PAPER_SCALING_CAP}x with the cap, {PAPER_SCALING_NO_CAP}x without, "
-                  f"{PAPER_SCALING_CAP / PAPER_SCALING_NO_CAP - 1:+.1%}). At batch 1 SL_cap equals the one "
-                  "prediction, so the cap cannot bind there.", ""]
+        lines += _scaling(points, paper["scaling_with_cap"], paper["scaling_without_cap"])
     return lines
+
+
+def _scaling(points: list[tuple[int, dict[str, dict]]], paper_cap: float, paper_no_cap: float) -> list[str]:
+    """Fig. 9: throughput at the largest batch cap over the smallest, with and without SL_cap, ours and the paper's."""
+    (low, first), (high, last) = points[0], points[-1]
+    with_cap = last[CAPPED]["throughput_tok_s"] / first[CAPPED]["throughput_tok_s"]
+    without = last[UNCAPPED]["throughput_tok_s"] / first[UNCAPPED]["throughput_tok_s"]
+    return [f"Fig. 9, throughput at batch {high} over batch {low}: `kld` {with_cap:.2f}x, `kld:cap=false` "
+            f"{without:.2f}x, so the cap adds {with_cap / without - 1:+.1%} at batch {high} (paper, T = 0: "
+            f"{paper_cap}x with the cap, {paper_no_cap}x without, {paper_cap / paper_no_cap - 1:+.1%}). At batch 1 "
+            "SL_cap equals the one prediction, so the cap cannot bind there.", ""]
 
 
 def _averaged(points: list[tuple[int, dict[str, dict]]]) -> str:

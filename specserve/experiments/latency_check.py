@@ -1,8 +1,8 @@
-"""The roofline step timer against every step time the papers report (profiles/paper_step_times.yaml).
+"""The roofline step timer against every step time the papers report (papers/step_times.yaml).
 
 Each point names a GPU, a target (and draft), TP, batch, context per request and k. It is priced with
 ``latency.roofline_timer`` on a ``LatencyConfig`` with the scenario defaults, the very timer a roofline scenario
-runs on (scenario.resolve), with the engine's pass structure (engine.Replica._price): one target pass over
+runs on (scenario.resolve), with the engine's pass structure (sim.replica.Replica._price): one target pass over
 B * (k + 1) tokens reading B * context cached tokens, then k draft passes of B tokens each reading the same
 context. Quantities: ``step_s`` (seconds), ``draft_share`` (draft passes / step) and ``step_ratio`` (step at k
 over step at k_ref). A fractional k is a mean over steps, so the time is interpolated between floor and ceil.
@@ -20,55 +20,16 @@ import statistics
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field
-
+from specserve.experiments.papers import STEP_TIMES_FILE, PaperData, PaperPoint, load_yaml
 from specserve.sim.config import LatencyConfig
 from specserve.sim.latency import StepTimer, roofline_timer
-from specserve.sim.profiles import PROFILE_DIR, lookup
+from specserve.sim.profiles import lookup
 from specserve.speculation.estimators.slo_efficiency import batch_expansion_context
 
-DATA_FILE = PROFILE_DIR / "paper_step_times.yaml"
 # The model before the per-layer cost: same defaults otherwise.
 BEFORE = LatencyConfig(layer_overhead_s=0.0, eager_layer_overhead_s=0.0)
 ABSOLUTE = "step_s"
-
-
-class _Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PaperPoint(_Closed):
-    id: str
-    paper: str = Field(description="digest name: turbospec, nightjar, adaspec, dsde, speckv or anchors")
-    cite: str = Field(description="paper, section, table or figure, and the numbers as printed")
-    quantity: Literal["step_s", "draft_share", "step_ratio"]
-    hardware: str = Field(description="name in hardware.yaml")
-    target: str = Field(description="name in models.yaml")
-    draft: str | None = Field(description="name in models.yaml; null: a plain engine with no draft pass")
-    tp: int = Field(1, gt=0, description="the target's tensor-parallel size; the draft runs at TP 1")
-    batch_size: float = Field(gt=0, description="decoding requests per step (a mean may be fractional)")
-    context_tokens: float = Field(ge=0, description="cached tokens per request")
-    k: float = Field(ge=0, description="drafts per request; the target scores k + 1 tokens per request")
-    k_ref: float | None = Field(None, ge=0, description="step_ratio only: the denominator's k")
-    cuda_graphs: bool = Field(True, description="false where the paper ran the engine eagerly")
-    measured: float = Field(gt=0, description="seconds for step_s, a fraction for draft_share, a ratio")
-    derived: bool = Field(False, description="computed from what the paper reports, not read off it")
-    setting: Literal["stated", "inferred"] = Field("stated", description="inferred: the note says what is ours")
-    note: str = ""
-
-
-class ExcludedNumber(_Closed):
-    paper: str
-    what: str
-    reason: str
-
-
-class PaperData(_Closed):
-    points: list[PaperPoint] = Field(min_length=1)
-    excluded: list[ExcludedNumber] = Field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +62,8 @@ class ErrorStats:
 
 
 @cache
-def load_points(path: Path = DATA_FILE) -> PaperData:
-    return PaperData.model_validate(yaml.safe_load(path.read_text()))
+def load_points(path: Path = STEP_TIMES_FILE) -> PaperData:
+    return load_yaml(path, PaperData)
 
 
 def timer_for(point: PaperPoint, cfg: LatencyConfig) -> StepTimer:
@@ -115,11 +76,11 @@ def timer_for(point: PaperPoint, cfg: LatencyConfig) -> StepTimer:
 
 
 def _step_parts(timer: StepTimer, point: PaperPoint, k: int, batch_expansion: bool) -> tuple[float, float]:
-    """(step seconds, of which draft passes) at integer k, as engine.Replica._price prices a decode step.
+    """(step seconds, of which draft passes) at integer k, as sim.replica.Replica._price prices a decode step.
 
     ``batch_expansion``: a what-if for vLLM V0's batch-expansion scorer, which verifies position j of each
     request as its own sequence with context + j cached tokens, so the target reads every request's KV k + 1
-    times (research/adaspec.md §2.3, Eq. 4): the engine's ``scorer: batch_expansion`` (engine.py prices each
+    times (AdaSpec §4.1, Eq. 4): the engine's ``scorer: batch_expansion`` (sim/replica.py prices each
     request's own context; here every request holds the point's context).
     """
     b = point.batch_size
@@ -176,7 +137,7 @@ def as_json(rows: list[Row]) -> dict:
         for when in ("before", "after")
     }
     return {
-        "data_file": str(DATA_FILE),
+        "data_file": str(STEP_TIMES_FILE),
         "error": stats,
         "rows": [
             {**r.point.model_dump(), "predicted": r.predicted, "predicted_before": r.predicted_before,

@@ -11,7 +11,7 @@ import pytest
 
 FORBIDDEN = {"ray", "vllm", "torch", "prometheus_client"}
 PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "specserve"
-PURE_PACKAGES = ("speculation", "sim")
+PURE_PACKAGES = ("speculation", "sim", "messages")
 
 
 def imported_roots(path: Path) -> set[str]:

@@ -86,10 +86,10 @@ def _connect() -> None:
     from specserve.cluster.local import cluster_address
 
     address = cluster_address()  # before importing ray: it may set RAY_AUTH_MODE, read at import
-    import ray
-
     if address is None:
         raise CommandError("no running specserve cluster: start one with `specserve serve`, or set RAY_ADDRESS")
+    import ray
+
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     except (ConnectionError, RuntimeError) as exc:

@@ -13,6 +13,7 @@ import pytest
 from specserve.cluster.cli import status_table
 from specserve.cluster.config import ConfigError, load_config
 from specserve.messages import EngineTelemetry, ReplicaSnapshot
+from specserve.replicas.engine_env import applied, engine_env
 
 
 def test_defaults_and_override_order(tmp_path):
@@ -89,3 +90,24 @@ def test_status_table_has_a_header_and_one_line_per_replica():
     assert rows[0].split() == ["r1", "0123456789ab", "fixed:k=2", "2", "0.80", "3", "1", "40/100", "resident"]
     assert len(rows) == 2 and rows[1].startswith("replica-2 ")
     assert header.index("NODE") == rows[0].index("0123") == rows[1].index("0123"), "columns line up"
+
+
+def test_engine_environment_is_one_definition_with_the_differences_as_parameters(tmp_path):
+    cpu = engine_env(tmp_path, tp=2, num_cpus=4, kv_cache_space_gib=3)
+    assert cpu["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm-cache") and cpu["TMPDIR"] == str(tmp_path)
+    assert cpu["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert cpu["VLLM_CPU_OMP_THREADS_BIND"] == "0-1|2-3"
+    assert engine_env(tmp_path, num_cpus=2)["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert engine_env(tmp_path, on_gpu=True) == {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+                                                 "TMPDIR": str(tmp_path)}
+
+
+def test_an_applied_engine_environment_keeps_the_operators_choices_and_is_undone(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
+    monkeypatch.setenv("TMPDIR", "/elsewhere")
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    with applied(engine_env(tmp_path, num_cpus=2)):
+        assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0", "an operator's setting wins over a default"
+        assert os.environ["TMPDIR"] == str(tmp_path), "the scratch folder always applies"
+        assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert os.environ["TMPDIR"] == "/elsewhere" and "VLLM_CPU_KVCACHE_SPACE" not in os.environ

@@ -52,8 +52,9 @@ def intel_openmp() -> str | None:
 
     vLLM 0.32's CPU worker warns at start that speculative decoding without Intel OpenMP in
     LD_PRELOAD "will cause significant performance loss"; without it vLLM preloads torch's GNU
-    OpenMP instead. (With the tiny pair on a shared 2-core CPU the difference is within run-to-run
-    noise, so the reason to preload is vLLM's advice for real models.)
+    OpenMP instead. With the tiny pair on a shared 2-core CPU, single runs were noisy: serve gave
+    1055 vs 674 output tokens/s with and without it (bench/serve_footprint.py), the offline
+    measurement showed no clear difference.
     """
     path = Path(sys.prefix) / "lib" / "libiomp5.so"
     return str(path) if path.is_file() else None

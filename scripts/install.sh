@@ -26,7 +26,7 @@ pip_quiet install --progress-bar off -e ".[$EXTRA,test]"
 
 if [ "$EXTRA" = cpu ]; then
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: importing them on a CPU-only machine
-  # breaks `transformers` and vLLM. Text models do not need them (research/feasibility.md §1).
+  # breaks `transformers` and vLLM. specserve serves text models only, which need none of the three.
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
 # A real Prometheus server for the observability tests (Debian's package; no systemd needed: the

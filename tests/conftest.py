@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
-# vLLM reads these at import and in the processes it spawns, so they are set before any test runs.
+from specserve.replicas import engine_env
+
+# vLLM reads these at import and in the processes it spawns, so they are set before any test runs:
+# the same settings as `specserve serve`'s engines, with vLLM's caches and ZMQ socket files in a
+# scratch folder deleted at the end.
 _SCRATCH = Path(tempfile.mkdtemp(prefix="specserve-tests-"))
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-os.environ.setdefault("VLLM_CACHE_ROOT", str(_SCRATCH / "vllm-cache"))
-# vLLM leaves ZMQ socket files in TMPDIR; they go into the scratch folder deleted at the end.
-os.environ["TMPDIR"] = str(_SCRATCH)
-tempfile.tempdir = None
+engine_env.apply(engine_env.engine_env(_SCRATCH))
 
 
 def pytest_sessionfinish(session, exitstatus):

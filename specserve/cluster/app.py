@@ -5,7 +5,6 @@ Builders return unstarted applications; `cluster/local.py` runs them.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,34 +20,8 @@ class ResolvedServe:
     target: str
     draft: str
     on_gpu: bool
-    # Environment for every Ray worker that may host an engine.
+    # Environment for every Ray worker that may host an engine (specserve.replicas.engine_env).
     env_vars: dict[str, str]
-
-
-def engine_env(config: ServeConfig, on_gpu: bool, tmp_dir: str) -> dict[str, str]:
-    """vLLM settings for engines on this machine (research/feasibility.md §2)."""
-    env = {
-        # vLLM's caches and IPC sockets go where `serve` can delete them on exit.
-        "VLLM_CACHE_ROOT": f"{tmp_dir}/vllm-cache",
-        "TMPDIR": tmp_dir,
-    }
-    if not on_gpu:
-        env.update({
-            "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_space_gib),
-            "VLLM_CPU_OMP_THREADS_BIND": cpu_thread_binding(config.tp, os.cpu_count() or 1),
-        })
-    return env
-
-
-def cpu_thread_binding(tp: int, num_cpus: int) -> str:
-    """VLLM_CPU_OMP_THREADS_BIND: unbound at TP=1 ("auto" reserves a core and is 15-30% slower on
-    small machines); one disjoint core range per rank, "0-3|4-7", at TP>1."""
-    if tp == 1:
-        return "nobind"
-    per_rank = max(1, num_cpus // tp)
-    # More ranks than cores (only in tests of the wiring) share cores round-robin.
-    ranges = [((rank * per_rank) % num_cpus, (rank * per_rank) % num_cpus + per_rank - 1) for rank in range(tp)]
-    return "|".join(f"{lo}-{hi}" if hi > lo else str(lo) for lo, hi in ranges)
 
 
 def llm_config(resolved: ResolvedServe) -> Any:

@@ -1,4 +1,9 @@
-"""The `specserve` command line. `--json` output goes to stdout; everything else to stderr."""
+"""The `specserve` command line.
+
+A command's result goes to stdout: the `status` table or document, `policy set`'s confirmation, the
+JSON of `models`. Progress, logs, notes and errors go to stderr, so `specserve status | grep NAME` and
+`specserve status --json | jq` see results only.
+"""
 
 from __future__ import annotations
 
@@ -81,10 +86,10 @@ def _connect() -> None:
     from specserve.cluster.local import cluster_address
 
     address = cluster_address()  # before importing ray: it may set RAY_AUTH_MODE, read at import
-    import ray
-
     if address is None:
         raise CommandError("no running specserve cluster: start one with `specserve serve`, or set RAY_ADDRESS")
+    import ray
+
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     except (ConnectionError, RuntimeError) as exc:
@@ -110,6 +115,15 @@ def _status(args: argparse.Namespace) -> int:
         rows = [asdict(s) | {"acceptance": s.engine.acceptance} for s in snapshots]
         print(json.dumps({"replicas": rows}, indent=2))
         return 0
+    for line in status_table(snapshots):
+        print(line)
+    if not snapshots:
+        print("(no replica has reported yet)", file=sys.stderr)
+    return 0
+
+
+def status_table(snapshots: list[Any]) -> list[str]:
+    """One line per replica under a header, columns padded to their widest cell."""
     header = ("REPLICA", "NODE", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV USED/TOTAL", "DRAFT")
     table = [header]
     for s in snapshots:
@@ -119,11 +133,7 @@ def _status(args: argparse.Namespace) -> int:
         table.append((s.replica_id, s.node_id[:12], e.policy, str(e.k), acceptance, str(e.num_running),
                       str(e.num_waiting), f"{used}/{e.num_kv_blocks_total}", e.draft_state))
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip(), file=sys.stderr)
-    if len(table) == 1:
-        print("(no replica has reported yet)", file=sys.stderr)
-    return 0
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in table]
 
 
 def _policy_set(args: argparse.Namespace) -> int:
@@ -143,8 +153,7 @@ def _policy_set(args: argparse.Namespace) -> int:
         targets = ray.get(controller.set_policy.remote(args.spec, args.replica))
     except ray.exceptions.RayTaskError as exc:
         raise CommandError(str(exc.cause) if exc.cause else str(exc)) from None
-    print(f"policy {args.spec} queued for {len(targets)} replica(s): {', '.join(targets) or 'none yet'}",
-          file=sys.stderr)
+    print(f"policy {args.spec} queued for {len(targets)} replica(s): {', '.join(targets) or 'none yet'}")
     return 0
 
 

@@ -16,8 +16,9 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
-from specserve.cluster.app import ResolvedServe, build_app, engine_env
+from specserve.cluster.app import ResolvedServe, build_app
 from specserve.cluster.config import ConfigError, ServeConfig
+from specserve.replicas.engine_env import engine_env
 
 APP_NAME = "specserve"
 
@@ -48,7 +49,9 @@ def resolve(config: ServeConfig, tmp_dir: str) -> ResolvedServe:
     else:
         target, draft = str(Path(config.model).resolve()), str(Path(config.draft).resolve())
     on_gpu = has_gpu()
-    return ResolvedServe(config, target, draft, on_gpu, engine_env(config, on_gpu, tmp_dir))
+    # vLLM's caches and IPC sockets go under tmp_dir, which `serve` deletes on exit.
+    env = engine_env(tmp_dir, tp=config.tp, kv_cache_space_gib=config.kv_cache_space_gib, on_gpu=on_gpu)
+    return ResolvedServe(config, target, draft, on_gpu, env)
 
 
 def serve_forever(config: ServeConfig) -> int:

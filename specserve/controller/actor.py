@@ -6,11 +6,8 @@ import time
 
 import ray
 
-from specserve.controller.state import ControllerState, PolicyDirective
-from specserve.replicas.telemetry import ReplicaSnapshot
-
-CONTROLLER_NAME = "specserve-controller"
-CONTROLLER_NAMESPACE = "specserve"
+from specserve.controller.state import ControllerState
+from specserve.messages import CONTROLLER_NAME, CONTROLLER_NAMESPACE, PolicyDirective, ReplicaSnapshot
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)

@@ -7,16 +7,8 @@ directives (policy changes) that each replica collects with its next telemetry p
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from specserve.replicas.telemetry import ReplicaSnapshot
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyDirective:
-    """Controller -> replica: run this policy from the next engine step."""
-
-    policy: str
+from specserve.messages import PolicyDirective, ReplicaSnapshot
 
 
 class ControllerState:

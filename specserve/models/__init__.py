@@ -7,7 +7,7 @@
 
 Kinds: ``trained`` (distilled draft, position-0 acceptance about 0.8), ``self`` (draft = target,
 acceptance 1.0) and ``random`` (unrelated random draft, acceptance about 0). ``measure_acceptance``
-(in ``specserve.models.acceptance``) starts a real vLLM engine; it is not imported here because
+(in ``specserve.models.measure``) starts a real vLLM engine; it is not imported here because
 importing vLLM takes seconds.
 """
 

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         return _paths_json(cached_pair(args.kind, args.cache_dir, progress=not args.no_progress))
     # vLLM logs to stdout by default; keep stdout for the JSON result.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    from specserve.models.acceptance import measure_acceptance
+    from specserve.models.measure import measure_acceptance
 
     pair = PairPaths(target=args.target, draft=args.draft)
     return measure_acceptance(pair, k=args.k, num_prompts=args.num_prompts, max_tokens=args.max_tokens)

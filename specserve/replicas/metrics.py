@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ray.util import metrics
 
-from specserve.replicas.telemetry import EngineTelemetry
+from specserve.messages import EngineTelemetry
 
 _TAGS = ("model", "replica")
 # Step times on CPU are milliseconds to a few hundred ms; on GPU tens of ms.
@@ -23,7 +23,11 @@ _STEP_BOUNDARIES_S = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
 
 
 class ReplicaMetrics:
-    """Turns successive ``EngineTelemetry`` reads into gauge values and counter increments."""
+    """Turns successive ``EngineTelemetry`` reads into gauge values and counter increments.
+
+    Counters in the telemetry are cumulative, so this keeps the previous read and exports deltas; for
+    step durations it keeps a cursor (``num_steps_seen``) that the next read passes to the engine.
+    """
 
     def __init__(self, model: str, replica: str) -> None:
         tags = {"model": model, "replica": replica}
@@ -59,7 +63,13 @@ class ReplicaMetrics:
         self._last: EngineTelemetry | None = None
         self._last_policy: str | None = None
 
+    @property
+    def num_steps_seen(self) -> int:
+        """The engine's step count at the last update: read the next telemetry with this ``since_step``."""
+        return self._last.num_steps if self._last is not None else 0
+
     def update(self, now: EngineTelemetry) -> None:
+        """``now`` must have been read with ``since_step=self.num_steps_seen``."""
         self._k.set(now.k)
         self._max_k.set(now.max_k)
         self._kv_total.set(now.num_kv_blocks_total)

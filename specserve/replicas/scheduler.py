@@ -13,7 +13,6 @@ Nothing here crosses a process boundary on the hot path. Private vLLM interfaces
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -29,7 +28,8 @@ from specserve.replicas.engine_args import (
     TELEMETRY_UTILITY,
     EngineControlConfig,
 )
-from specserve.replicas.telemetry import EngineTelemetry, StepCounters
+from specserve.messages import EngineTelemetry
+from specserve.replicas.telemetry import StepCounters
 from specserve.speculation.context import build_step_context
 from specserve.speculation import (
     Decision,
@@ -165,11 +165,11 @@ class AdaptiveKScheduler(Scheduler):
         logger.info("specserve: policy set to %s", self.policy.spec)
         return self.policy.spec
 
-    def telemetry(self) -> EngineTelemetry:
+    def telemetry(self, since_step: int = 0) -> EngineTelemetry:
+        """A pure read; ``since_step`` is the reader's cursor for step durations (see telemetry.py)."""
         pool = self.kv_cache_manager.block_pool
         c = self.counters
         return EngineTelemetry(
-            pid=os.getpid(),
             policy=self.policy.spec,
             k=self.k,
             max_k=self.num_spec_tokens,
@@ -185,7 +185,7 @@ class AdaptiveKScheduler(Scheduler):
             num_reached_per_pos=tuple(c.num_reached_per_pos),
             num_accepted_per_pos=tuple(c.num_accepted_per_pos),
             acceptance_ema_per_pos=tuple(self.acceptance.alphas())[: self.num_spec_tokens],
-            step_durations_s=tuple(c.drain_durations()),
+            step_durations_s=c.durations_since(since_step),
             policy_info=self.policy.describe(),
             num_prefill_tokens_announced=c.num_prefill_tokens_announced,
             num_steps_caps_ignored=c.num_steps_caps_ignored,
@@ -207,8 +207,8 @@ def _set_policy(self: EngineCore, spec: str) -> str:
     return _scheduler(self).set_policy(spec)
 
 
-def _telemetry(self: EngineCore) -> dict[str, Any]:
-    return _scheduler(self).telemetry().to_dict()
+def _telemetry(self: EngineCore, since_step: int = 0) -> dict[str, Any]:
+    return _scheduler(self).telemetry(since_step).to_dict()
 
 
 setattr(EngineCore, SET_POLICY_UTILITY, _set_policy)

@@ -21,10 +21,9 @@ import ray
 from ray import serve
 from ray.serve.llm.deployment import LLMServer
 
-from specserve.controller.actor import get_controller
+from specserve.messages import CONTROLLER_NAME, CONTROLLER_NAMESPACE, EngineTelemetry, ReplicaSnapshot
 from specserve.replicas.engine_args import SET_POLICY_UTILITY, TELEMETRY_UTILITY
 from specserve.replicas.metrics import ReplicaMetrics
-from specserve.replicas.telemetry import EngineTelemetry, ReplicaSnapshot
 
 logger = logging.getLogger("ray.serve")
 
@@ -36,7 +35,6 @@ CONTROLLER_TIMEOUT_S = 2.0
 class SpecLLMServer(LLMServer):
     async def __init__(self, llm_config: Any, **kwargs: Any) -> None:  # Ray Serve needs it async
         self._telemetry_task: asyncio.Task | None = None
-        self._latest: ReplicaSnapshot | None = None
         await super().__init__(llm_config, **kwargs)
 
     async def start(self) -> None:
@@ -50,10 +48,6 @@ class SpecLLMServer(LLMServer):
 
     # -- methods callable through a DeploymentHandle ---------------------------------------------
 
-    async def specserve_snapshot(self) -> ReplicaSnapshot:
-        """A fresh snapshot (does not disturb the loop's histogram bookkeeping)."""
-        return self._latest if self._latest is not None else await self._read_snapshot()
-
     async def specserve_set_policy(self, spec: str) -> str:
         """Switch this replica's policy from its next engine step; returns the canonical spec."""
         return await self._engine_core().call_utility_async(SET_POLICY_UTILITY, spec)
@@ -65,10 +59,9 @@ class SpecLLMServer(LLMServer):
         while True:
             started = time.monotonic()
             try:
-                snapshot = await self._read_snapshot()
+                snapshot = await self._read_snapshot(since_step=self._metrics.num_steps_seen)
                 self._metrics.update(snapshot.engine)
-                self._latest = snapshot
-                controller = controller or get_controller()
+                controller = controller or _find_controller()
                 if controller is not None:
                     controller = await self._exchange(controller, snapshot)
             except asyncio.CancelledError:
@@ -91,13 +84,12 @@ class SpecLLMServer(LLMServer):
                 logger.exception("specserve: controller directive %s failed", directive)
         return controller
 
-    async def _read_snapshot(self) -> ReplicaSnapshot:
-        data = await self._engine_core().call_utility_async(TELEMETRY_UTILITY)
+    async def _read_snapshot(self, since_step: int) -> ReplicaSnapshot:
+        data = await self._engine_core().call_utility_async(TELEMETRY_UTILITY, since_step)
         return ReplicaSnapshot(
             replica_id=self._replica_id,
             node_id=self._node_id,
             model_id=self._model_id,
-            time_s=time.time(),
             engine=EngineTelemetry.from_dict(data),
         )
 
@@ -107,10 +99,19 @@ class SpecLLMServer(LLMServer):
     async def __del__(self) -> None:
         if self._telemetry_task is not None:
             self._telemetry_task.cancel()
-            controller = get_controller()
+            controller = _find_controller()
             if controller is not None:
                 try:
                     await asyncio.wait_for(controller.unregister.remote(self._replica_id), CONTROLLER_TIMEOUT_S)
                 except (asyncio.TimeoutError, ray.exceptions.RayActorError):
                     pass  # it ages out of the controller's view instead
         await super().__del__()
+
+
+def _find_controller() -> Any:
+    """The cluster's controller actor, or None while it has none (looked up by name, so the replica
+    needs nothing from ``specserve.controller``)."""
+    try:
+        return ray.get_actor(CONTROLLER_NAME, namespace=CONTROLLER_NAMESPACE)
+    except ValueError:
+        return None

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import gc
 from contextlib import contextmanager
 from typing import Iterator
 
-from specserve.replicas.engine_args import (
-    SET_POLICY_UTILITY,
-    TELEMETRY_UTILITY,
-    EngineSpec,
-    speculative_engine_kwargs,
-)
-from specserve.replicas.telemetry import EngineTelemetry
+from specserve.messages import EngineTelemetry
+from specserve.replicas import offline
+from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
 
 PROMPTS = [
     "def fibonacci(n):\n    ",
@@ -25,13 +20,12 @@ PROMPTS = [
 class Engine:
     def __init__(self, llm) -> None:
         self.llm = llm
-        self._core = llm.llm_engine.engine_core
 
     def set_policy(self, spec: str) -> str:
-        return self._core.call_utility(SET_POLICY_UTILITY, spec)
+        return offline.set_policy(self.llm, spec)
 
-    def telemetry(self) -> EngineTelemetry:
-        return EngineTelemetry.from_dict(self._core.call_utility(TELEMETRY_UTILITY))
+    def telemetry(self, since_step: int = 0) -> EngineTelemetry:
+        return offline.read_telemetry(self.llm, since_step)
 
     def generate(self, prompts: list[str] = PROMPTS, max_tokens: int = 48) -> list[list[int]]:
         from vllm import SamplingParams
@@ -46,16 +40,9 @@ class Engine:
 
 @contextmanager
 def running_engine(pair, policy: str, max_k: int = 4, max_num_seqs: int = 8) -> Iterator[Engine]:
-    from vllm import LLM
-
     kwargs = speculative_engine_kwargs(
         EngineSpec(target=str(pair.target), draft=str(pair.draft), policy=policy, max_k=max_k,
                    max_num_seqs=max_num_seqs)
     )
-    llm = LLM(**kwargs)
-    try:
+    with offline.offline_llm(**kwargs) as llm:
         yield Engine(llm)
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()

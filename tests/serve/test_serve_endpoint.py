@@ -79,10 +79,15 @@ def test_same_greedy_output_as_without_speculation(server, client):
     prompt = "class Config:\n    def __init__(self"
     speculative = client.completions.create(model=MODEL, prompt=prompt, max_tokens=32, temperature=0)
     assert cli(server, "policy", "set", "fixed:k=0").returncode == 0
-    time.sleep(2.5)  # the directive rides on the replica's next telemetry round (about 1 s)
+    # The directive rides on the replica's next telemetry round; the round after reports it.
+    before = wait_for_replica(server, until=lambda r: r["engine"]["policy"] == "fixed:k=0")["engine"]
     plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=32, temperature=0)
+    emitted = before["num_emitted_tokens"] + plain.usage.completion_tokens
+    after = wait_for_replica(server, until=lambda r: r["engine"]["num_emitted_tokens"] >= emitted)["engine"]
     assert cli(server, "policy", "set", "adaptive").returncode == 0
     assert plain.choices[0].text == speculative.choices[0].text
+    steps = [a - b for a, b in zip(after["num_steps_by_k"], before["num_steps_by_k"])]
+    assert after["k"] == 0 and steps[0] > 0 and sum(steps[1:]) == 0, f"steps by k during the request: {steps}"
 
 
 BAD_REQUESTS = {
@@ -108,14 +113,15 @@ def test_bad_input_gets_a_4xx_with_a_message_and_the_replica_keeps_serving(serve
     assert client.completions.create(model=MODEL, prompt="x", max_tokens=4).choices[0].text is not None
 
 
-def wait_for_replica(server, timeout_s: float = 60.0) -> dict:
+def wait_for_replica(server, until=lambda replica: True, timeout_s: float = 60.0) -> dict:
+    """The replica as `status --json` shows it, once ``until`` holds for it."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         done = cli(server, "status", "--json")
-        if done.returncode == 0 and (replicas := json.loads(done.stdout)["replicas"]):
+        if done.returncode == 0 and (replicas := json.loads(done.stdout)["replicas"]) and until(replicas[0]):
             return replicas[0]
-        time.sleep(1.0)
-    raise TimeoutError("no replica reported to the controller")
+        time.sleep(0.5)
+    raise TimeoutError(f"no replica reported as expected within {timeout_s} s")
 
 
 def test_status_shows_the_replica_with_k_and_acceptance(server, client):
@@ -128,17 +134,20 @@ def test_status_shows_the_replica_with_k_and_acceptance(server, client):
     assert 0.0 <= replica["acceptance"] <= 1.0
     assert sum(engine["num_drafted_per_pos"]) > 0
     table = cli(server, "status")
-    assert table.returncode == 0 and replica["replica_id"] in table.stderr and "ACCEPT" in table.stderr
+    assert table.returncode == 0
+    # The table is the command's result: on stdout, where `specserve status | grep` finds it.
+    header, *rows = table.stdout.splitlines()
+    assert header.split()[:5] == ["REPLICA", "NODE", "POLICY", "K", "ACCEPT"]
+    assert [row.split()[0] for row in rows] == [replica["replica_id"]]
+    assert replica["replica_id"] not in table.stderr and "ACCEPT" not in table.stderr
 
 
 def test_policy_set_reaches_the_replica(server):
     replica = wait_for_replica(server)["replica_id"]
     done = cli(server, "policy", "set", "fixed:k=2", "--replica", replica)
     assert done.returncode == 0, done.stderr
-    deadline = time.monotonic() + 15
-    while wait_for_replica(server)["engine"]["policy"] != "fixed:k=2":
-        assert time.monotonic() < deadline, "policy never reached the replica"
-        time.sleep(0.5)
+    assert done.stdout == f"policy fixed:k=2 queued for 1 replica(s): {replica}\n"
+    wait_for_replica(server, until=lambda r: r["engine"]["policy"] == "fixed:k=2", timeout_s=15)
     assert cli(server, "policy", "set", "adaptive").returncode == 0
 
 

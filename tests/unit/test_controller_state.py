@@ -1,11 +1,17 @@
-"""The controller's bookkeeping with a fake clock: snapshots, ageing out, directives."""
+"""The controller's bookkeeping with a fake clock (snapshots, ageing out, directives), and the engine
+telemetry it is fed (messages that round-trip, counters whose reads change nothing)."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
-from specserve.controller.state import ControllerState, PolicyDirective
-from specserve.replicas.telemetry import EngineTelemetry, ReplicaSnapshot
+from specserve.controller.state import ControllerState
+from specserve.messages import EngineTelemetry, PolicyDirective, ReplicaSnapshot
+from specserve.replicas.telemetry import MAX_RECENT_DURATIONS, StepCounters
+from specserve.speculation import StepRecord
 
 
 class Clock:
@@ -18,13 +24,13 @@ class Clock:
 
 def snapshot(replica: str, policy: str = "adaptive") -> ReplicaSnapshot:
     engine = EngineTelemetry(
-        pid=1, policy=policy, k=2, max_k=4, num_running=1, num_waiting=0, num_kv_blocks_total=10,
+        policy=policy, k=2, max_k=4, num_running=1, num_waiting=0, num_kv_blocks_total=10,
         num_kv_blocks_free=8, draft_state="resident", num_steps=3, num_emitted_tokens=9,
         num_steps_by_k=(0, 0, 3, 0, 0), num_drafted_per_pos=(3, 3, 0, 0), num_reached_per_pos=(3, 2, 0, 0),
         num_accepted_per_pos=(2, 1, 0, 0), acceptance_ema_per_pos=(0.6, 0.5, 0.5, 0.5),
-        step_durations_s=(0.01,), policy_info={},
+        step_durations_s=(0.01,), policy_info={}, num_prefill_tokens_announced=0, num_steps_caps_ignored=0,
     )
-    return ReplicaSnapshot(replica_id=replica, node_id="n", model_id="m", time_s=0.0, engine=engine)
+    return ReplicaSnapshot(replica_id=replica, node_id="n", model_id="m", engine=engine)
 
 
 def test_keeps_the_latest_snapshot_per_replica_and_drops_silent_ones():
@@ -86,3 +92,49 @@ def test_a_replica_that_unregisters_is_gone_at_once():
     state.unregister("a")
     state.unregister("never-seen")
     assert [s.replica_id for s in state.replicas()] == ["b"]
+
+
+def step(duration_s: float, k: int = 0) -> StepRecord:
+    return StepRecord(now_s=0.0, k=k, duration_s=duration_s, num_running=1, num_context_tokens=8,
+                      num_batched_tokens=1, num_draft_passes=1, num_emitted_tokens=1)
+
+
+def test_reading_step_durations_takes_nothing_from_another_reader():
+    counters = StepCounters(max_k=2)
+    for duration in (0.1, 0.2, 0.3):
+        counters.add(step(duration))
+    first = counters.durations_since(0)
+    assert counters.durations_since(0) == first == (0.1, 0.2, 0.3)
+    assert counters.durations_since(2) == (0.3,)
+    counters.add(step(0.4))
+    # Each reader passes the step count it has seen and gets exactly the steps after it.
+    assert counters.durations_since(3) == (0.4,)
+    assert counters.durations_since(1) == (0.2, 0.3, 0.4)
+    assert counters.durations_since(4) == counters.durations_since(9) == ()
+
+
+def test_a_reader_far_behind_gets_the_latest_durations_only():
+    counters = StepCounters(max_k=1)
+    for index in range(MAX_RECENT_DURATIONS + 10):
+        counters.add(step(float(index)))
+    durations = counters.durations_since(0)
+    assert len(durations) == MAX_RECENT_DURATIONS
+    assert durations[-1] == counters.num_steps - 1
+
+
+def imported_modules(package: str) -> set[str]:
+    root = Path(__file__).resolve().parents[2] / "specserve" / package
+    names = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("package, other", [("controller", "replicas"), ("replicas", "controller")])
+def test_controller_and_replicas_meet_only_in_the_messages(package, other):
+    assert "specserve.messages" in imported_modules(package)
+    assert not {name for name in imported_modules(package) if name.startswith(f"specserve.{other}")}

@@ -11,7 +11,7 @@ import pytest
 
 FORBIDDEN = {"ray", "vllm", "torch", "prometheus_client"}
 PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "specserve"
-PURE_PACKAGES = ("speculation", "sim")
+PURE_PACKAGES = ("speculation", "sim", "messages")
 # Each sub-package of the pure core, named so that a new one gets added here (and a moved one fails loudly).
 SPECULATION_PARTS = ("estimators", "policies", "policies/parts", "speckv")
 

@@ -1,14 +1,19 @@
-"""`specserve serve` configuration: YAML + flags, closed schema, errors that name the bad key."""
+"""`specserve serve` configuration (YAML + flags, closed schema, errors that name the bad key) and the
+command line's output: results on stdout, errors on stderr."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 
 import pytest
 
+from specserve.cluster.cli import status_table
 from specserve.cluster.config import ConfigError, load_config
+from specserve.messages import EngineTelemetry, ReplicaSnapshot
+from specserve.replicas.engine_env import applied, engine_env
 
 
 def test_defaults_and_override_order(tmp_path):
@@ -57,3 +62,52 @@ def test_busy_port_is_a_cli_error_naming_the_flag():
                               capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert f"--port {port}: cannot bind 127.0.0.1:{port}" in done.stderr
+
+
+def test_cli_errors_go_to_stderr_and_leave_stdout_empty(tmp_path):
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    env["SPECSERVE_STATE_DIR"] = str(tmp_path)  # no `specserve serve` recorded a cluster here
+    for command in (["status"], ["status", "--json"], ["policy", "set", "fixed:k=1"]):
+        done = subprocess.run([sys.executable, "-m", "specserve", *command], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2
+        assert done.stdout == ""
+        assert "no running specserve cluster" in done.stderr
+
+
+def test_status_table_has_a_header_and_one_line_per_replica():
+    engine = EngineTelemetry(
+        policy="fixed:k=2", k=2, max_k=4, num_running=3, num_waiting=1, num_kv_blocks_total=100,
+        num_kv_blocks_free=60, draft_state="resident", num_steps=5, num_emitted_tokens=20,
+        num_steps_by_k=(0, 0, 5, 0, 0), num_drafted_per_pos=(5, 5, 0, 0), num_reached_per_pos=(5, 4, 0, 0),
+        num_accepted_per_pos=(4, 3, 0, 0), acceptance_ema_per_pos=(0.8, 0.75, 0.5, 0.5),
+        step_durations_s=(), policy_info={}, num_prefill_tokens_announced=0, num_steps_caps_ignored=0,
+    )
+    snapshots = [ReplicaSnapshot(replica_id=name, node_id="0123456789abcdef", model_id="m", engine=engine)
+                 for name in ("r1", "replica-2")]
+    header, *rows = status_table(snapshots)
+    assert header.split() == ["REPLICA", "NODE", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV", "USED/TOTAL", "DRAFT"]
+    assert rows[0].split() == ["r1", "0123456789ab", "fixed:k=2", "2", "0.80", "3", "1", "40/100", "resident"]
+    assert len(rows) == 2 and rows[1].startswith("replica-2 ")
+    assert header.index("NODE") == rows[0].index("0123") == rows[1].index("0123"), "columns line up"
+
+
+def test_engine_environment_is_one_definition_with_the_differences_as_parameters(tmp_path):
+    cpu = engine_env(tmp_path, tp=2, num_cpus=4, kv_cache_space_gib=3)
+    assert cpu["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm-cache") and cpu["TMPDIR"] == str(tmp_path)
+    assert cpu["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert cpu["VLLM_CPU_OMP_THREADS_BIND"] == "0-1|2-3"
+    assert engine_env(tmp_path, num_cpus=2)["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert engine_env(tmp_path, on_gpu=True) == {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+                                                 "TMPDIR": str(tmp_path)}
+
+
+def test_an_applied_engine_environment_keeps_the_operators_choices_and_is_undone(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
+    monkeypatch.setenv("TMPDIR", "/elsewhere")
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    with applied(engine_env(tmp_path, num_cpus=2)):
+        assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0", "an operator's setting wins over a default"
+        assert os.environ["TMPDIR"] == str(tmp_path), "the scratch folder always applies"
+        assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert os.environ["TMPDIR"] == "/elsewhere" and "VLLM_CPU_KVCACHE_SPACE" not in os.environ

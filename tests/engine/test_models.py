@@ -1,4 +1,7 @@
-"""The tiny model pairs: fast kinds build, load with transformers, and are cached once (no vLLM here)."""
+"""The tiny model pairs: fast kinds build, load with transformers, and are cached once.
+
+No vLLM here, but torch builds and runs models, seconds per test: so they run in this tier, and the
+unit tier stays fast."""
 
 from __future__ import annotations
 

@@ -1,0 +1,118 @@
+"""The messages that cross a process boundary between specserve's parts, and where the controller lives.
+
+    EngineCore --EngineTelemetry--> replica      a dict through vLLM's EngineCore utility call (msgpack)
+    replica    --ReplicaSnapshot--> controller   a Ray actor call, about once a second
+    controller --PolicyDirective--> replica      the reply to that call
+
+``specserve.replicas`` and ``specserve.controller`` both import this package and never each other, so
+either side's internals can change alone. It imports no ray, vllm or torch: the CLI, the controller's
+bookkeeping and the unit tests use these types without loading a framework.
+
+Every message is a frozen dataclass: a receiver cannot change what the sender meant, and one read is
+one consistent picture (all fields taken between the same two engine steps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+# The controller is a named, detached Ray actor: replicas find it by this name in this namespace
+# instead of being handed a reference, so a controller restart or a late start needs no redeploy.
+CONTROLLER_NAME = "specserve-controller"
+CONTROLLER_NAMESPACE = "specserve"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTelemetry:
+    """One read of an engine's state, taken between two steps.
+
+    Counters are cumulative since the engine started, so any number of readers can take deltas
+    without disturbing each other; a read changes nothing in the engine.
+    """
+
+    # Canonical spec of the running policy, e.g. "goodput:k_max=4,...": `specserve status` shows it
+    # and `policy set` callers poll it to see a switch land.
+    policy: str
+    # The k chosen for the most recent step: the status K column and the speculation_k gauge.
+    k: int
+    # Largest k the engine was started with: `policy set` validates a spec against it before sending.
+    max_k: int
+    # Requests in the decode batch and in the admission queue: the load behind the k choice.
+    num_running: int
+    num_waiting: int
+    # The target's KV block pool: capacity left for new requests and for speculative lookahead.
+    num_kv_blocks_total: int
+    num_kv_blocks_free: int
+    # Where the draft model's weights are: always "resident" until draft offload exists; the status
+    # DRAFT column reads it so that column need not change then.
+    draft_state: str
+    # Steps run so far. Also the reader's cursor for ``step_durations_s`` (see there).
+    num_steps: int
+    # Output tokens the engine's steps produced: tokens/s by delta.
+    num_emitted_tokens: int
+    # Steps run at each k, 0..max_k: shows where a policy settles and that a switch took effect.
+    num_steps_by_k: tuple[int, ...]
+    # Per draft position: drafts verified, drafts whose whole prefix was accepted (the acceptance
+    # denominator when k varies), drafts accepted. Positions 0..max_k-1.
+    num_drafted_per_pos: tuple[int, ...]
+    num_reached_per_pos: tuple[int, ...]
+    num_accepted_per_pos: tuple[int, ...]
+    # EMA of the conditional acceptance rate per position, the same estimator whatever the policy,
+    # so operators can compare policies on it.
+    acceptance_ema_per_pos: tuple[float, ...]
+    # Wall times of the steps after the step count the reader asked from (its cursor), oldest first,
+    # for the step-duration histogram: the last one is step ``num_steps``. The engine keeps only the
+    # most recent ones, so a reader that falls far behind gets fewer than ``num_steps - cursor``.
+    step_durations_s: tuple[float, ...]
+    # Whatever the policy reports about itself (estimates, fitted model, probe counts), for
+    # `status --json` and for tests that check a policy's inner state.
+    policy_info: dict[str, float]
+    # Prefill tokens the step contexts announced to the policy, summed over steps: checks that the policy
+    # sees the load the scheduler really runs (an offline batch at max_num_seqs announces none).
+    num_prefill_tokens_announced: int
+    # Steps whose policy asked for per-request caps, which vLLM 0.32's batch-wide k cannot apply yet.
+    num_steps_caps_ignored: int
+
+    @property
+    def acceptance(self) -> float | None:
+        """Position-0 EMA acceptance, the headline number operators compare with papers; None until a
+        draft has been verified (the estimator's prior is not a measurement)."""
+        if not self.num_reached_per_pos or self.num_reached_per_pos[0] == 0:
+            return None
+        return self.acceptance_ema_per_pos[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types only: vLLM's utility call serialises results with msgpack."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineTelemetry:
+        # msgpack turns tuples into lists; the dataclass holds tuples so it stays hashable and equal.
+        return cls(**{f.name: _freeze(data[f.name]) for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSnapshot:
+    """What a replica pushes to the controller about once a second."""
+
+    # Ray Serve's replica id: the controller's key and the `policy set --replica` argument.
+    replica_id: str
+    # Ray node the replica runs on: the status NODE column, to see how replicas spread.
+    node_id: str
+    # The OpenAI model name the replica serves, for `status --json` when several models are deployed.
+    model_id: str
+    engine: EngineTelemetry
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyDirective:
+    """Controller -> replica: run this policy from the replica's next engine step."""
+
+    # A policy spec NAME[:key=value,...], already validated by the CLI against the engine's max_k.
+    policy: str
+
+
+def _freeze(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value

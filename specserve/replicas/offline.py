@@ -1,0 +1,100 @@
+"""A vLLM engine in this process, outside Ray Serve: to measure a model pair, and for the engine tests.
+
+Private vLLM interface used (pinned: vLLM 0.32.0): ``LLM.llm_engine.engine_core``, the EngineCore
+client, to call specserve's utility methods and to shut the EngineCore process down when the engine
+is done with rather than whenever it is garbage-collected. Everything else is vLLM's public API.
+
+vLLM starts its EngineCore with the spawn method, so a script using this needs an
+``if __name__ == "__main__":`` guard. Each engine start costs about 15 s on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from specserve.messages import EngineTelemetry
+from specserve.replicas import engine_env
+from specserve.replicas.engine_args import SET_POLICY_UTILITY, TELEMETRY_UTILITY
+
+# Plain vLLM draft-model speculation at the sizes `specserve serve` uses by default (EngineSpec):
+# bf16, eager (torch.compile would add about 35 s to each start on CPU), 512-token context,
+# 8 sequences. Stats logging on: the measurement reads vLLM's own counters.
+MEASURE_ENGINE_KWARGS = dict(dtype="bfloat16", enforce_eager=True, max_model_len=512, max_num_seqs=8,
+                             disable_log_stats=False, seed=0)
+
+
+@contextmanager
+def offline_llm(**engine_kwargs: Any) -> Iterator[Any]:
+    """vLLM's ``LLM`` built in this process; its EngineCore process stops when the block ends."""
+    from vllm import LLM
+
+    llm = LLM(**engine_kwargs)
+    try:
+        yield llm
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+
+def set_policy(llm: Any, spec: str) -> str:
+    """Switch the policy of an engine built with specserve's scheduler; returns the canonical spec."""
+    return llm.llm_engine.engine_core.call_utility(SET_POLICY_UTILITY, spec)
+
+
+def read_telemetry(llm: Any, since_step: int = 0) -> EngineTelemetry:
+    """One pure read of an engine built with specserve's scheduler (durations after ``since_step``)."""
+    return EngineTelemetry.from_dict(llm.llm_engine.engine_core.call_utility(TELEMETRY_UTILITY, since_step))
+
+
+def measure_speculation(target: str, draft: str, prompts: list[str], *, k: int, max_tokens: int) -> dict[str, Any]:
+    """Greedy-decode ``prompts`` with vLLM's draft-model speculation at a fixed ``k``; returns vLLM's
+    speculative-decoding counters over the run and the generation time."""
+    scratch = tempfile.mkdtemp(prefix="specserve-measure-")
+    try:
+        with engine_env.applied(engine_env.engine_env(scratch)):
+            from vllm import SamplingParams
+
+            speculative_config = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
+            with offline_llm(model=target, speculative_config=speculative_config, **MEASURE_ENGINE_KWARGS) as llm:
+                before = spec_decode_counters(llm)
+                started = time.monotonic()
+                params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+                outputs = llm.generate(prompts, params, use_tqdm=False)
+                elapsed_s = time.monotonic() - started
+                after = spec_decode_counters(llm)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {
+        "num_output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+        "generate_s": round(elapsed_s, 3),
+        "num_drafts": after["drafts"] - before["drafts"],
+        "num_draft_tokens": after["draft_tokens"] - before["draft_tokens"],
+        "num_accepted_tokens": after["accepted"] - before["accepted"],
+        "num_accepted_per_pos": [a - b for a, b in zip(after["per_pos"], before["per_pos"], strict=True)],
+    }
+
+
+def spec_decode_counters(llm: Any) -> dict[str, Any]:
+    """Current values of vLLM's speculative-decoding counters, summed over label sets."""
+    from vllm.v1.metrics.reader import Counter, Vector
+
+    names = {
+        "vllm:spec_decode_num_drafts": "drafts",
+        "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens": "accepted",
+    }
+    totals: dict[str, Any] = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
+    for metric in llm.get_metrics():
+        if isinstance(metric, Counter) and metric.name in names:
+            totals[names[metric.name]] += metric.value
+        elif isinstance(metric, Vector) and metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            per_pos = totals["per_pos"] or [0] * len(metric.values)
+            totals["per_pos"] = [a + b for a, b in zip(per_pos, metric.values, strict=True)]
+    return totals

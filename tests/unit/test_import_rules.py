@@ -1,0 +1,94 @@
+"""The import rules of docs/architecture.md ("What may import what"), checked on every module.
+
+A static scan finds every import statement, including those inside functions; a second check imports
+the pure packages in a fresh interpreter and looks for frameworks that arrived transitively.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "specserve"
+FRAMEWORKS = ("ray", "vllm", "torch", "prometheus_client")
+PACKAGES = ("speculation", "memory", "messages", "sim", "experiments", "replicas", "controller", "cluster", "models")
+
+
+def ours(*names: str) -> tuple[str, ...]:
+    return tuple(f"specserve.{name}" for name in names)
+
+
+def all_ours_but(*allowed: str) -> tuple[str, ...]:
+    return ours(*(p for p in PACKAGES if p not in allowed))
+
+
+# Package -> import prefixes it must never use.
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "speculation": (*FRAMEWORKS, *all_ours_but("speculation")),
+    "memory": (*FRAMEWORKS, *all_ours_but("memory")),
+    "messages": (*FRAMEWORKS, *all_ours_but("messages", "speculation")),
+    "sim": (*FRAMEWORKS, *all_ours_but("sim", "speculation", "memory")),
+    "experiments": (*FRAMEWORKS, *all_ours_but("experiments", "sim", "speculation", "memory")),
+    # vLLM's private hooks live in replicas/ only; replicas and the controller talk through messages.
+    "replicas": ours("controller", "cluster", "sim", "experiments", "models"),
+    "controller": ("vllm", "torch", *all_ours_but("controller", "messages")),
+    "models": ("vllm", "ray", *ours("controller", "cluster", "sim", "experiments", "speculation")),
+    "cluster": ("vllm",),
+}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports anywhere, as written (``from a.b import c`` gives ``a.b``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def breaks(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes)
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_package_imports_only_what_the_architecture_allows(package: str) -> None:
+    folder = PACKAGE_ROOT / package
+    if package == "memory" and not folder.exists():
+        pytest.skip("specserve/memory does not exist yet")
+    files = sorted(folder.rglob("*.py"))
+    assert files, f"no modules under specserve/{package}"
+    offenders = {
+        str(f.relative_to(PACKAGE_ROOT)): sorted(m for m in imported_modules(f) if breaks(m, FORBIDDEN[package]))
+        for f in files
+    }
+    assert not {name: modules for name, modules in offenders.items() if modules}
+
+
+def test_every_package_has_a_rule() -> None:
+    packages = {p.name for p in PACKAGE_ROOT.iterdir() if (p / "__init__.py").exists()}
+    assert packages <= set(FORBIDDEN), f"packages without an import rule: {sorted(packages - set(FORBIDDEN))}"
+
+
+def test_the_scanner_sees_nested_and_dotted_imports(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("import os\nfrom vllm.v1 import x\n\ndef f():\n    import torch.cuda\n")
+    assert imported_modules(module) == {"os", "vllm.v1", "torch.cuda"}
+    assert breaks("vllm.v1", FRAMEWORKS) and not breaks("vllmx", FRAMEWORKS)
+
+
+def test_importing_the_pure_packages_loads_no_framework() -> None:
+    # Transitively too: a pure module must not reach a framework through another module.
+    code = (
+        "import importlib, pkgutil, sys, specserve.speculation, specserve.sim, specserve.messages; "
+        "[importlib.import_module(m.name) for p in (specserve.speculation, specserve.sim) "
+        " for m in pkgutil.walk_packages(p.__path__, p.__name__ + '.') if not m.name.endswith('__main__')]; "
+        f"print(sorted(m for m in {list(FRAMEWORKS)!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

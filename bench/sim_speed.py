@@ -1,4 +1,5 @@
-"""Simulator speed: a 10-minute simulated trace at 20 QPS must run in at most 10 s of wall time (the project's speed target).
+"""Simulator speed: a 10-minute simulated trace at 20 QPS must run in at most 10 s of wall time
+(the project's speed target).
 
     .venv/bin/python bench/sim_speed.py [--policies fixed:k=0,fixed:k=3,adaptive] [--seed 0] [--json]
 

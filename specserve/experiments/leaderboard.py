@@ -174,7 +174,7 @@ def evaluate(
     workers = workers or max(1, min(len(seeded), os.cpu_count() or 1))
     with ProcessPoolExecutor(workers) as pool:
         runs = pool.map(_run, [(scenario, spec, seed) for (_, _, scenario, spec), seed in seeded], chunksize=1)
-        for ((label, rate, _, spec), _), summary in tqdm(zip(seeded, runs), total=len(seeded), desc="leaderboard",
+        for ((label, rate, _, spec), _), summary in tqdm(zip(seeded, runs, strict=True), total=len(seeded), desc="leaderboard",
                                                          unit="run", file=sys.stderr):
             runs_by_cell.setdefault((label, rate), {}).setdefault(spec, []).append(summary)
     results = {cell: {spec: _mean(summaries) for spec, summaries in by_spec.items()}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -101,7 +101,9 @@ class Paper(_Closed):
             return ref.speedup.mean
         if ref.metric is None:
             return None
-        base = run.refs[self.baseline].metric.mean
+        base_metric = run.refs[self.baseline].metric
+        assert base_metric is not None  # _refs_name_run_policies: refs with metrics need the baseline's
+        base = base_metric.mean
         value = ref.metric.mean
         return value / base if self.paper_metric_higher_is_better else base / value
 
@@ -110,7 +112,9 @@ class PaperPoint(_Closed):
     """One step time, draft share or step ratio a paper reports, with the setting to price it."""
 
     id: str
-    paper: str = Field(description="source: turbospec, nightjar, adaspec, dsde, speckv, or anchors (vLLM's own numbers)")
+    paper: str = Field(
+        description="source: turbospec, nightjar, adaspec, dsde, speckv, or anchors (vLLM's own numbers)"
+    )
     cite: str = Field(description="paper, section, table or figure, and the numbers as printed")
     quantity: Literal["step_s", "draft_share", "step_ratio"]
     hardware: str = Field(description="name in hardware.yaml")
@@ -144,7 +148,10 @@ class PaperData(_Closed):
     excluded: list[ExcludedNumber] = Field(default_factory=list)
 
 
-def load_yaml(path: Path, schema: type[BaseModel]) -> BaseModel:
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def load_yaml(path: Path, schema: type[_Model]) -> _Model:
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:

@@ -87,7 +87,7 @@ def predicted_vs_measured(path: Path, title: str, panels: list[dict]) -> Path:
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     from matplotlib import ticker
 
-    for ax, panel in zip(axes[0], panels):
+    for ax, panel in zip(axes[0], panels, strict=True):
         scale, values = panel["scale"], []
         for i, (label, measured, predicted, before) in enumerate(panel["series"]):
             colour = colours[i % len(colours)]
@@ -124,7 +124,7 @@ def ratio_bars(path: Path, title: str, labels: list[str], ratios: list[float], b
     fig, ax = plt.subplots(figsize=(8, 0.28 * len(labels) + 1.4))
     colours = ["tab:orange" if label == highlight else "tab:blue" for label in labels]
     if bar is not None:
-        colours = ["tab:red" if ratio < bar else colour for ratio, colour in zip(ratios, colours)]
+        colours = ["tab:red" if ratio < bar else colour for ratio, colour in zip(ratios, colours, strict=True)]
     ax.barh(range(len(labels)), ratios, color=colours)
     ax.set_yticks(range(len(labels)), labels, fontsize=7)
     ax.invert_yaxis()

@@ -104,7 +104,7 @@ def _plots(out_dir: Path, paper: Paper, run: PaperRun, scenario: Scenario, rows:
                                    [row["throughput_tok_s"] for row in rows])]
     curve = rate_curve(scenario)
     if curve is not None:
-        series = {spec: row["k_series"] for spec, row in zip(run.policies, rows) if not spec.startswith("fixed:")}
+        series = {spec: row["k_series"] for spec, row in zip(run.policies, rows, strict=True) if not spec.startswith("fixed:")}
         paths.append(plots.k_over_time(stem.with_name(stem.name + "-k.png"), f"{run.scenario}: k over time",
                                        series, curve))
     return paths
@@ -118,10 +118,10 @@ def _report(paper: Paper, results: dict[str, list[dict]], seed: int, quick_s: fl
              f"{METRIC_NAMES[paper.metric]} (ours) and over the paper's counterpart on the paper's metric (paper); "
              ">1 is better.", ""]
     if paper.summary is not None:
-        lines += SUMMARIES[paper.summary]({run.scenario: dict(zip(run.policies, results[run.scenario]))
+        lines += SUMMARIES[paper.summary]({run.scenario: dict(zip(run.policies, results[run.scenario], strict=True))
                                            for run in paper.runs})
     for run in paper.runs:
-        lines += _run_section(paper, run, dict(zip(run.policies, results[run.scenario])), out_dir)
+        lines += _run_section(paper, run, dict(zip(run.policies, results[run.scenario], strict=True)), out_dir)
     return "\n".join(lines)
 
 

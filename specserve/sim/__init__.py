@@ -13,9 +13,9 @@ reports and the papers' numbers) is ``specserve.experiments``, which imports thi
 from specserve.sim.config import Scenario
 from specserve.sim.kernel import PolicyFactory, SimResult, Simulator
 from specserve.sim.metrics import k_series, summarize
-from specserve.sim.steps import StepStats
 from specserve.sim.runner import run_scenario, simulate
 from specserve.sim.scenario import ScenarioError, builtin_scenarios, load_scenario, parse_scenario, resolve
+from specserve.sim.steps import StepStats
 
 __all__ = [
     "PolicyFactory",

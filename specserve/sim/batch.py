@@ -70,7 +70,7 @@ class RunningBatch:
         self.alpha = np.concatenate((self.alpha, table.alpha[rows]))
         self.draft_lag = np.concatenate((self.draft_lag, zeros))
 
-    def keep(self, mask: np.ndarray) -> None:
+    def keep(self, mask: np.ndarray | slice) -> None:
         """Keep the rows where mask is True (a boolean array or a slice)."""
         for name in self.__slots__:
             setattr(self, name, getattr(self, name)[mask])

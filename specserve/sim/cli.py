@@ -194,7 +194,7 @@ def _print_table(name: str, results: list[dict]) -> None:
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     print(f"scenario {name}")
     for row in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
 def _shorten(text: str, limit: int = 110) -> str:

@@ -61,18 +61,21 @@ class Drafter:
         probs = self.acceptance.position_probs(alphas, int(planned.max()))
         passed = self.acceptance.sample_passed(probs, planned, self.verdict_rng)
         signals = None if self.signals is None else self.signals.sample(probs, passed, self.signal_rng)
-        num_passes = passed.shape[1] if self.stop is None else self._num_passes(planned, signals.confidence)
+        if self.stop is None or signals is None:  # the constructor and the replica set a stop only with signals
+            num_passes = passed.shape[1]
+        else:
+            num_passes = self._num_passes(planned, signals.confidence, self.stop)
         if num_passes == passed.shape[1]:
             return Drafts(planned, accepted_prefix(passed), signals)
         passed = passed[:, :num_passes]
         return Drafts(np.minimum(planned, num_passes), accepted_prefix(passed), signals, stopped_early=True)
 
-    def _num_passes(self, planned: np.ndarray, confidence: np.ndarray) -> int:
+    def _num_passes(self, planned: np.ndarray, confidence: np.ndarray, stop: StopHook) -> int:
         """Ask the policy after every pass run; the first True ends the loop after that pass."""
         drafting = np.arange(confidence.shape[1]) < planned[:, None]
         means = ((confidence * drafting).sum(axis=0) / drafting.sum(axis=0)).tolist()
         for position, mean in enumerate(means):
-            if self.stop(position, mean):
+            if stop(position, mean):
                 return position + 1
         return len(means)
 
@@ -81,4 +84,4 @@ def ragged(values: np.ndarray, lengths: np.ndarray, uniform: bool) -> tuple[tupl
     """Row i's first lengths[i] values as the nested tuples StepRecord carries; ``uniform``: all equal."""
     if uniform:
         return tuple(map(tuple, values[:, : int(lengths[0])].tolist()))
-    return tuple(tuple(row[:n]) for row, n in zip(values.tolist(), lengths.tolist()))
+    return tuple(tuple(row[:n]) for row, n in zip(values.tolist(), lengths.tolist(), strict=True))

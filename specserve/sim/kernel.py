@@ -22,9 +22,9 @@ from specserve.sim.batch import RequestTable
 from specserve.sim.drafting import Drafter
 from specserve.sim.events import EventQueue, Phase
 from specserve.sim.replica import Replica
-from specserve.sim.steps import StepListener
 from specserve.sim.scenario import ResolvedScenario, ScenarioError
 from specserve.sim.signals import SignalModel
+from specserve.sim.steps import StepListener
 from specserve.sim.true_acceptance import TrueAcceptance
 from specserve.sim.workload import Workload, build_workload
 from specserve.speculation import EngineTraits, Policy, make_policy
@@ -95,7 +95,7 @@ class Simulator:
                               asks_stop_drafting=signals is not None, batch_expansion=engine.scorer == "batch_expansion")
         slo_tpot_s = scenario.slo.max_tpot_s if scenario.slo is not None else None
         replicas = []
-        for i, (verdict_rng, signal_rng) in enumerate(zip(verdict_rngs, signal_rngs)):
+        for i, (verdict_rng, signal_rng) in enumerate(zip(verdict_rngs, signal_rngs, strict=True)):
             policy = self.policy_factory(traits)
             drafter = Drafter(acceptance, signals, verdict_rng, signal_rng, None)  # each step's Decision.draft_stop
             replicas.append(Replica(i, engine, self.resolved.num_kv_blocks, self.resolved.timer, policy, drafter,
@@ -153,7 +153,8 @@ class Simulator:
             )
         if not engine.enable_chunked_prefill and longest - engine.max_k > engine.max_num_batched_tokens:
             raise ScenarioError(
-                f"scenario {self.resolved.scenario.name!r}: without chunked prefill a request of {longest - engine.max_k} "
+                f"scenario {self.resolved.scenario.name!r}: without chunked prefill a request of "
+                f"{longest - engine.max_k} "
                 f"tokens never fits engine.max_num_batched_tokens={engine.max_num_batched_tokens}"
             )
 

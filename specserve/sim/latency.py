@@ -32,7 +32,8 @@ from specserve.sim.profiles import HardwareProfile, LinearFit, ModelProfile
 
 
 class ForwardCost(Protocol):
-    def forward_s(self, num_context_tokens: int, num_batched_tokens: int) -> float: ...
+    # Token counts may be fractional: latency-check prices mean batches and contexts (experiments/).
+    def forward_s(self, num_context_tokens: float, num_batched_tokens: float) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,7 @@ class LinearForward:
     def from_fit(cls, fit: LinearFit) -> LinearForward:
         return cls(fit.s_per_context_token, fit.s_per_batched_token, fit.intercept_s)
 
-    def forward_s(self, num_context_tokens: int, num_batched_tokens: int) -> float:
+    def forward_s(self, num_context_tokens: float, num_batched_tokens: float) -> float:
         return (
             self.s_per_context_token * num_context_tokens
             + self.s_per_batched_token * num_batched_tokens
@@ -72,7 +73,7 @@ class RooflineForward:
     allreduce_s_per_token: float
     allreduce_latency_s: float
 
-    def forward_s(self, num_context_tokens: int, num_batched_tokens: int) -> float:
+    def forward_s(self, num_context_tokens: float, num_batched_tokens: float) -> float:
         memory_s = (self.weight_bytes + self.kv_bytes_per_token * num_context_tokens) / self.bytes_per_s
         compute_s = self.flops_per_token * num_batched_tokens / self.flops_per_s
         comm_s = self.num_allreduces * (self.allreduce_latency_s + self.allreduce_s_per_token * num_batched_tokens)
@@ -125,7 +126,7 @@ class StepTimer:
     # Scheduling, sampling and output processing per step, outside any forward pass.
     step_overhead_s: float
 
-    def step_s(self, num_context_tokens: int, num_batched_tokens: int, draft_pass_tokens: Sequence[int],
+    def step_s(self, num_context_tokens: float, num_batched_tokens: float, draft_pass_tokens: Sequence[float],
                target_context_tokens: float | None = None) -> float:
         """Seconds for one step; ``draft_pass_tokens`` holds the tokens of each draft pass, in order.
 

@@ -17,8 +17,8 @@ import random
 from pathlib import Path
 
 from specserve.sim.config import Scenario
-from specserve.sim.steps import StepStats
 from specserve.sim.runner import simulate
+from specserve.sim.steps import StepStats
 from specserve.speculation.speckv.samples import record_samples
 from specserve.speculation.types import StepRecord
 

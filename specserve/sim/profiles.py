@@ -6,8 +6,10 @@ unknown keys are errors that name the key (``extra="forbid"``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
+from typing import Literal, overload
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -133,14 +135,23 @@ def dataset_profiles() -> dict[str, DatasetProfile]:
     return _load("datasets.yaml", DatasetProfile)
 
 
-def lookup(kind: str, name: str) -> object:
+@overload
+def lookup(kind: Literal["hardware"], name: str) -> HardwareProfile: ...
+@overload
+def lookup(kind: Literal["pair"], name: str) -> PairProfile: ...
+@overload
+def lookup(kind: Literal["model"], name: str) -> ModelProfile: ...
+@overload
+def lookup(kind: Literal["dataset"], name: str) -> DatasetProfile: ...
+def lookup(kind: str, name: str) -> _Closed:
     """One profile by kind ('hardware', 'pair', 'model', 'dataset') and name; the error lists known names."""
-    table = {
+    tables: dict[str, Callable[[], Mapping[str, _Closed]]] = {
         "hardware": hardware_profiles,
         "pair": pair_profiles,
         "model": model_profiles,
         "dataset": dataset_profiles,
-    }[kind]()
+    }
+    table = tables[kind]()
     if name not in table:
         raise ProfileError(f"unknown {kind} profile {name!r}; known: {', '.join(sorted(table))}")
     return table[name]

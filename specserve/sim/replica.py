@@ -118,6 +118,8 @@ class Replica:
     def end_step(self, now_s: float) -> None:
         """Apply the started step's tokens at its end time and let the policy learn from it."""
         pending, self._pending = self._pending, None
+        if pending is None:
+            raise RuntimeError(f"replica {self.index}: end_step without a started step")
         b, grant = self.batch, pending.grant
         b.num_blocks += grant.new_blocks
         b.num_computed += grant.tokens - grant.drafts + pending.accepted
@@ -185,10 +187,11 @@ class Replica:
         b, bs = self.batch, self.cfg.block_size
         remaining = b.prompt + b.num_output - b.num_computed
         decoding = (remaining == 1) & (b.num_output > 0)
+        drafts_per_row: int | np.ndarray = k
         if caps is not None:
             n = len(b)
-            k = caps[:n] if n <= len(caps) else np.concatenate((caps, np.full(n - len(caps), k)))
-        need = np.where(decoding, 1 + k, remaining)
+            drafts_per_row = caps[:n] if n <= len(caps) else np.concatenate((caps, np.full(n - len(caps), k)))
+        need = np.where(decoding, 1 + drafts_per_row, remaining)
         before = np.cumsum(need) - need
         tokens = np.minimum(np.maximum(self.cfg.max_num_batched_tokens - before, 0), need)
         if not self.cfg.enable_chunked_prefill:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from specserve.sim.config import Scenario
 from specserve.sim.kernel import PolicyFactory, SimResult, Simulator
 from specserve.sim.metrics import k_series, summarize
-from specserve.sim.steps import StepListener
 from specserve.sim.scenario import load_scenario, resolve
+from specserve.sim.steps import StepListener
 
 
 def simulate(
@@ -28,7 +30,7 @@ def run_scenario(
 ) -> dict:
     """Summary metrics of one run (metrics.summarize); with ``with_series`` also ``k_series`` per replica."""
     result = simulate(scenario, policy, seed)
-    summary = summarize(result)
+    summary: dict[str, Any] = summarize(result)
     if with_series:
         summary["k_series"] = k_series(result)
     return summary

@@ -1,7 +1,8 @@
 """Draft-side signals per drafted token, consistent with the target's verdicts.
 
 The simulated ground truth of acceptance (true_acceptance.py) gives drafted position j of request i the
-acceptance probability mu = alpha_i * decay**j (regimes enter through alpha_i). The generative story per drafted token is:
+acceptance probability mu = alpha_i * decay**j (regimes enter through alpha_i).
+The generative story per drafted token is:
 
 1. Confidence c ~ Beta(mu * kappa, (1 - mu) * kappa), the draft's probability of the token it drafted,
    centred on mu. It is the token's own acceptance probability, as AdaSpec's Eq. 7 (§4.2) treats it: P_j ~ prod c

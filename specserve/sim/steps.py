@@ -45,7 +45,11 @@ def step_record(now_s: float, k: int, duration_s: float, scheduled: np.ndarray, 
                 num_batched: int, num_passes: int, num_emitted: int, request_ids: tuple[str, ...],
                 drafts: Drafts | None) -> StepRecord:
     """The record the policy observes; ``request_ids`` and ``drafts`` are aligned with the drafting rows."""
-    drafted = accepted = confidence = entropy = kl = ()
+    drafted: tuple[int, ...] = ()
+    accepted: tuple[int, ...] = ()
+    confidence: tuple[tuple[float, ...], ...] = ()
+    entropy: tuple[tuple[float, ...], ...] = ()
+    kl: tuple[tuple[float, ...], ...] = ()
     if drafts is not None:
         drafted, accepted = tuple(drafts.drafted.tolist()), tuple(drafts.accepted.tolist())
         if drafts.signals is not None:

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from specserve.sim.config import LatencyConfig
 from specserve.experiments.latency_check import BEFORE, check, error_stats, load_points, predict
 from specserve.experiments.latency_report import PAPER_TITLES
+from specserve.sim.config import LatencyConfig
 from specserve.sim.profiles import hardware_profiles, model_profiles
 
 # The eager per-layer cost was fitted on SpecKV's five eager step times (gamma 2-10: one target forward plus gamma

@@ -1,11 +1,11 @@
-"""``specserve sim``: scenarios and compare on stdout, compare --json, the --policies splitting rule and exit status 2."""
+"""``specserve sim``: scenarios and compare on stdout, compare --json, the --policies splitting rule and exit
+status 2."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from sim_helpers import SMALL_YAML, sim_cli
 
 from specserve.sim import builtin_scenarios

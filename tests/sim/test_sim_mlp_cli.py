@@ -6,7 +6,6 @@ import json
 
 import pytest
 import yaml
-
 from sim_helpers import SMALL_YAML, sim_cli
 
 from specserve.sim.mlp_dump import collect_samples, default_policy

@@ -61,7 +61,8 @@ def test_tensor_parallel_splits_work_and_adds_allreduce() -> None:
 
 
 def test_kv_blocks_from_memory_for_nightjar_7b_on_4090() -> None:
-    # Nightjar §6 (N_draft): 56 KiB/token for the 7B (its config.json); the authors' fork runs 4,112-4,938 blocks on a 24 GB 4090.
+    # Nightjar §6 (N_draft): 56 KiB/token for the 7B (its config.json); the authors' fork runs 4,112-4,938 blocks on
+    # a 24 GB 4090.
     resolved = resolve(small_scenario(hardware="rtx4090", pair="deepseek-r1-distill-qwen-7b+0.5b",
                                       latency={"kind": "roofline"}))
     assert resolved.target.kv_bytes_per_token == 56 * 1024

@@ -61,7 +61,7 @@ def test_dsde_sweep_summary_worked_example() -> None:
     """Static-opt is the best fixed k per batch cap (the paper's per-dataset profiling); the Fig. 9 ratio is batch-64
     over batch-1 throughput. Batch 1: AR 40 s, best fixed k=4 at 16 s (2.50x), kld 16.4 s (2.44x, 2.5% slower).
     Batch 64: the cap halves p99 (10 -> 5 s) and kld scales 800 / 100 = 8x against 600 / 100 = 6x uncapped (+33.3%)."""
-    fixed = {f"fixed:k={k}": _row(e2e) for k, e2e in zip((2, 4, 6, 8, 10), (20.0, 16.0, 17.0, 18.0, 19.0))}
+    fixed = {f"fixed:k={k}": _row(e2e) for k, e2e in zip((2, 4, 6, 8, 10), (20.0, 16.0, 17.0, 18.0, 19.0), strict=True)}
     batch1 = {"fixed:k=0": _row(40.0), **fixed, "kld": _row(16.4), "kld:cap=false": _row(16.4)}
     batch64 = {"fixed:k=0": _row(8.0), **{spec: _row(6.0) for spec in fixed}, "fixed:k=2": _row(4.0),
                "kld": _row(5.0, p99_s=5.0, tok_s=800.0), "kld:cap=false": _row(6.4, p99_s=10.0, tok_s=600.0)}
@@ -83,9 +83,9 @@ def test_dsde_sweeps_batch_caps_1_to_64() -> None:
 def test_paper_files_name_builtin_scenarios_and_cite_every_number() -> None:
     for paper in PAPERS.values():
         assert paper.reference and paper.runs
-        for run in paper.runs:
-            assert run.scenario in builtin_scenarios()
-            numbers = [ref.metric or ref.speedup for ref in run.refs.values()]
+        for paper_run in paper.runs:
+            assert paper_run.scenario in builtin_scenarios()
+            numbers = [ref.metric or ref.speedup for ref in paper_run.refs.values()]
             assert all(number.cite for number in numbers if number is not None)
     assert all(number.cite for paper in PAPERS.values() for number in paper.numbers.values())
 

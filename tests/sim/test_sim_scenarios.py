@@ -124,7 +124,9 @@ def test_unknown_scenario_name_and_bad_file(tmp_path) -> None:
     with pytest.raises(ScenarioError, match=r"unknown scenario 'nope'"):
         load_scenario("nope")
     bad = tmp_path / "bad.yaml"
-    bad.write_text("hardware: h100\npair: llama2-7b+160m\nworkload: {arrivals: {kind: poisson}}\nacceptance: {mean: 0.5}\n")
+    bad.write_text(
+        "hardware: h100\npair: llama2-7b+160m\nworkload: {arrivals: {kind: poisson}}\nacceptance: {mean: 0.5}\n"
+    )
     with pytest.raises(ScenarioError, match=r"workload\.arrivals\.poisson\.rate_qps"):
         load_scenario(str(bad))
 

@@ -80,12 +80,12 @@ def flat_signals(steps):
     -1 past the first rejection (its verdict is unobserved)."""
     rows = []
     for record, _ in steps:
-        for conf, ent, kl, drafted, accepted in zip(
+        for conf, ent, kl, accepted in zip(
             record.draft_confidence_per_request, record.draft_entropy_per_request, record.kl_per_request,
-            record.num_drafted_per_request, record.num_accepted_per_request,
+            record.num_accepted_per_request, strict=True,
         ):
             rows.extend((c, h, d, 1 if j < accepted else 0 if j == accepted else -1)
-                        for j, (c, h, d) in enumerate(zip(conf, ent, kl)))
+                        for j, (c, h, d) in enumerate(zip(conf, ent, kl, strict=True)))
     return np.array(rows)
 
 
@@ -120,7 +120,7 @@ def test_signals_are_aligned_and_in_range() -> None:
         assert len(record.draft_confidence_per_request) == len(record.draft_entropy_per_request) == n
         assert len(record.kl_per_request) == n
         for conf, ent, kl, drafted in zip(record.draft_confidence_per_request, record.draft_entropy_per_request,
-                                          record.kl_per_request, record.num_drafted_per_request):
+                                          record.kl_per_request, record.num_drafted_per_request, strict=True):
             assert len(conf) == len(ent) == len(kl) == drafted
             assert all(0 < c < 1 for c in conf)
             assert all(h >= 0 for h in ent) and all(d >= 0 for d in kl)
@@ -176,7 +176,7 @@ def test_per_request_caps_are_honoured() -> None:
     result, steps = run_logged(small_scenario(), cap_by_id)
     num_capped = 0
     for record, _ in steps:
-        for rid, drafted in zip(record.request_ids, record.num_drafted_per_request):
+        for rid, drafted in zip(record.request_ids, record.num_drafted_per_request, strict=True):
             assert 1 <= drafted <= min(int(rid) % 4, 3)  # capped at 0: not drafting, so not listed
             num_capped += drafted < 3
         if record.num_drafted_per_request:
@@ -238,7 +238,7 @@ def test_invariants_hold_for_per_request_and_stopping_policies(policy) -> None:
     for record, stats in steps:
         assert record.num_emitted_tokens == record.num_accepted + stats.num_sampled
         assert all(0 <= a <= d <= record.k for d, a in zip(record.num_drafted_per_request,
-                                                            record.num_accepted_per_request))
+                                                            record.num_accepted_per_request, strict=True))
     again = simulate(small_scenario(engine={"num_kv_blocks": 96}), policy, 0)
     assert again.replicas[0].series_k == result.replicas[0].series_k
     assert again.replicas[0].series_time_s == result.replicas[0].series_time_s

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from sim_helpers import small_scenario
 
 from specserve.sim import simulate

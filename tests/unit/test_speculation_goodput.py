@@ -7,6 +7,7 @@ tokens per request, 5.75 ms per token against 7.4 ms without speculation, so k =
 from __future__ import annotations
 
 import random
+from itertools import pairwise
 
 import pytest
 from speculation_synthetic import make_record, true_step_s, varied_records
@@ -103,7 +104,7 @@ def test_settles_on_zero_and_still_probes() -> None:
     settled = chosen[50:]
     assert set(settled) == {0, 2}
     probe_steps = [i for i, k in enumerate(settled) if k == 2]
-    assert len(probe_steps) >= 3 and all(b - a in (100, 101) for a, b in zip(probe_steps, probe_steps[1:]))
+    assert len(probe_steps) >= 3 and all(b - a in (100, 101) for a, b in pairwise(probe_steps))
 
     # Settled: a probe is due 1 s after the previous one, then the clock restarts from the probe.
     probe_s = now_s + 2.0
@@ -219,7 +220,7 @@ def test_settled_policy_explores_one_neighbour_per_interval() -> None:
         now_s += record.duration_s
     assert set(chosen) == {3, 4}
     assert chosen.count(3) == policy.describe()["num_explorations"] == 19  # 10 s / 0.5 s, the first starts the clock
-    assert max(b - a for a, b in zip(chosen, chosen[1:])) == 1  # single steps: back to 4 right after
+    assert max(b - a for a, b in pairwise(chosen)) == 1  # single steps: back to 4 right after
 
 
 def test_explorer_alternates_and_restarts_after_gaps_or_moves() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import pairwise
 
 import pytest
 
@@ -53,7 +54,7 @@ def test_default_weights_are_synthetic_and_monotone_in_confidence() -> None:
                 curve.append(predict_acceptance(weights, (h, c, h, c, compression, gamma)))
             # A ReLU MLP is not monotone by construction: the shipped weights dip by at most 0.018 (gamma 6,
             # nf4, around c = 0.3) over this grid, so dips up to 0.02 per 0.05 of confidence are allowed.
-            assert all(b >= a - 0.02 for a, b in zip(curve, curve[1:]))
+            assert all(b >= a - 0.02 for a, b in pairwise(curve))
             assert curve[-1] > curve[0] + 0.5
 
 
@@ -69,7 +70,7 @@ def test_train_file_trains_on_jsonl_samples(tmp_path) -> None:
     lines = []
     for features, rate in synthetic_samples(60, seed=9):
         entry = dict(zip(("mean_draft_entropy", "mean_draft_confidence", "max_draft_entropy",
-                          "min_draft_confidence", "compression", "gamma"), features))
+                          "min_draft_confidence", "compression", "gamma"), features, strict=True))
         entry["compression"] = ("fp16", "int8", "nf4")[int(features[4])]
         lines.append(json.dumps({**entry, "acceptance_rate": rate}))
     lines.append(json.dumps({**entry, "accepted": True}))  # a flag is a 0/1 target

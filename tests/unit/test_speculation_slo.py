@@ -62,7 +62,7 @@ def test_k_falls_with_batch_size_and_is_the_argmax_of_the_model() -> None:
     policy = slo_policy()
     ks = [policy.choose(context(b)).k for b in (1, 16, 128)]
     assert ks[0] > ks[1] > ks[2]
-    for b, k in zip((1, 16, 128), ks):
+    for b, k in zip((1, 16, 128), ks, strict=True):
         effs = [b * sum(0.6**j for j in range(kk + 1)) / step_s(kk, b) for kk in range(9)]
         assert k == max(range(9), key=lambda kk: (effs[kk], -kk))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -131,7 +132,7 @@ def test_hinged_predictions_never_fall_with_more_tokens() -> None:
     for _ in range(500):  # noisy data that, unclipped, would fit negative slopes somewhere
         model.observe(roofline_record(rng.randint(1, 3000), 1, 8, duration_s=rng.uniform(0.01, 0.03)))
     predictions = [model.predict(0, n, 1, 8) for n in range(0, 5000, 50)]
-    assert all(b >= a - 1e-12 for a, b in zip(predictions, predictions[1:]))
+    assert all(b >= a - 1e-12 for a, b in pairwise(predictions))
 
 
 @pytest.mark.parametrize("features", [LINEAR, HINGED, StepFeatures((100,), ())])

@@ -109,7 +109,7 @@ class PositionAcceptance:
 
     def _solve(self) -> list[float]:
         alphas, previous = [], self.prior_alpha
-        for accepted, reached in zip(self._accepted, self._reached):
+        for accepted, reached in zip(self._accepted, self._reached, strict=True):
             denominator = reached + self.prior_weight
             previous = (accepted + self.prior_weight * previous) / denominator if denominator > 0 else previous
             alphas.append(previous)

@@ -175,7 +175,7 @@ class StepLatencyModel:
 
     def coefficients(self) -> dict[str, float]:
         """The clipped coefficients ``predict`` uses, by name, in seconds per unit of each feature."""
-        return dict(zip(self.features.names, self._current().tolist()))
+        return dict(zip(self.features.names, self._current().tolist(), strict=True))
 
     @property
     def num_samples(self) -> float:

@@ -206,7 +206,7 @@ class BanditPolicy(Policy):
         """lbar per arm for a context; ``inf`` for arms never played there."""
         counts = self._counts.get(bucket, [0] * (self.max_k + 1))
         means = self._means_s.get(bucket, [0.0] * (self.max_k + 1))
-        return [mean if count else float("inf") for mean, count in zip(means, counts)]
+        return [mean if count else float("inf") for mean, count in zip(means, counts, strict=True)]
 
     def describe(self) -> dict[str, float]:
         out = {

@@ -99,16 +99,18 @@ class KldPolicy(Policy):
         predictions = [self._predicted(rid) for rid in ctx.request_ids]
         cap = batch_cap(predictions) if self.params.cap else math.inf
         self._last_cap = cap
-        lengths = [self._final_length(rid, p, cap) for rid, p in zip(ctx.request_ids, predictions)]
+        lengths = [self._final_length(rid, p, cap) for rid, p in zip(ctx.request_ids, predictions, strict=True)]
         k = max(lengths)
-        return Decision(k=k, max_k_per_request=tuple((r, n) for r, n in zip(ctx.request_ids, lengths) if n < k))
+        return Decision(k=k, max_k_per_request=tuple((r, n) for r, n in zip(ctx.request_ids, lengths, strict=True) if n < k))
 
     def observe(self, record: StepRecord) -> None:
         self.fallback.observe(record)
         if not record.kl_per_request or not record.request_ids:
             return  # KL values without ids cannot be kept per sequence
         self.kl_seen = True
-        for rid, klds, num_accepted in zip(record.request_ids, record.kl_per_request, record.num_accepted_per_request):
+        for rid, klds, num_accepted in zip(
+            record.request_ids, record.kl_per_request, record.num_accepted_per_request, strict=True
+        ):
             if not klds:
                 continue
             state = self._sequences.get(rid)

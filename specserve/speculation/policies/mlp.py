@@ -123,12 +123,15 @@ class MlpPolicy(Policy):
         self.fallback.observe(record)
         per_request = [
             step_features(confidences, entropies)
-            for confidences, entropies in zip(record.draft_confidence_per_request, record.draft_entropy_per_request)
+            for confidences, entropies in zip(
+                record.draft_confidence_per_request, record.draft_entropy_per_request, strict=True
+            )
             if confidences and len(confidences) == len(entropies)
         ]
         if per_request:
             n = len(per_request)
-            self.features = tuple(sum(f[i] for f in per_request) / n for i in range(4))  # type: ignore[assignment]
+            mean_h, mean_c, max_h, min_c = (sum(f[i] for f in per_request) / n for i in range(4))
+            self.features = (mean_h, mean_c, max_h, min_c)
 
     def predicted_acceptance(self, gamma: int) -> float:
         """a-hat for ``gamma`` from the current (lagged) features; 0 before any features."""
@@ -153,5 +156,6 @@ class MlpPolicy(Policy):
         out: dict[str, float] = {"signals_seen": float(self.features is not None)}
         if self.features is not None:
             out.update({f"predicted_acceptance_k{g}": self.predicted_acceptance(g) for g in self.gammas})
-        out.update({f"score_k{g}": s for g, s in zip(self.gammas, self._last_scores)})
+        if self._last_scores:  # empty until a step is scored from features
+            out.update({f"score_k{g}": s for g, s in zip(self.gammas, self._last_scores, strict=True)})
         return out

@@ -128,7 +128,7 @@ class SloPolicy(Policy):
             lengths, _ = eliminate_drafts(confidences, k, step_seconds)
             self.num_trimmed_drafts += k * len(lengths) - sum(lengths)
             k = max(lengths)
-            caps = tuple((rid, n) for rid, n in zip(ctx.request_ids, lengths) if n < k)
+            caps = tuple((rid, n) for rid, n in zip(ctx.request_ids, lengths, strict=True) if n < k)
         if k > 0 and self.traits.asks_stop_drafting:
             self._draft_stop = SloDraftStop(ctx.num_running, k, step_seconds, slo_tpot_s, self.mean_confidence,
                                             best=efficiencies[0], emitted=ctx.num_running)

@@ -64,10 +64,10 @@ class MlpWeights:
 
 def predict_raw(weights: MlpWeights, features: Sequence[float]) -> float:
     """The network's output before clipping (what training fits)."""
-    z = [(x - m) / s for x, m, s in zip(features, weights.input_mean, weights.input_scale)]
+    z = [(x - m) / s for x, m, s in zip(features, weights.input_mean, weights.input_scale, strict=True)]
     out = weights.output_bias
-    for row, bias, w_out in zip(weights.hidden_weights, weights.hidden_bias, weights.output_weights):
-        h = bias + sum(w * x for w, x in zip(row, z))
+    for row, bias, w_out in zip(weights.hidden_weights, weights.hidden_bias, weights.output_weights, strict=True):
+        h = bias + sum(w * x for w, x in zip(row, z, strict=True))
         if h > 0.0:
             out += w_out * h
     return out

@@ -32,9 +32,12 @@ def record_samples(record: StepRecord, compression: str = "fp16") -> list[dict[s
     if compression not in COMPRESSION_CODES:
         raise ValueError(f"compression={compression!r} must be one of {', '.join(COMPRESSION_CODES)}")
     samples: list[dict[str, float | int | str]] = []
+    # strict=False: a record without signals (the vLLM engine's so far) has empty signal tuples, and the
+    # truncation to none is what yields no samples from it.
     for num_drafted, num_accepted, confidences, entropies in zip(
         record.num_drafted_per_request, record.num_accepted_per_request,
         record.draft_confidence_per_request, record.draft_entropy_per_request,
+        strict=False,
     ):
         if num_drafted == 0 or len(confidences) != num_drafted or len(entropies) != num_drafted:
             continue

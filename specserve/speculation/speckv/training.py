@@ -76,7 +76,7 @@ def train_mlp(
     n_in = len(FEATURE_NAMES)
     rng = random.Random(seed)
     means, scales = _standardisation(samples)
-    data = [([(v - m) / s for v, m, s in zip(x, means, scales)], float(y)) for x, y in samples]
+    data = [([(v - m) / s for v, m, s in zip(x, means, scales, strict=True)], float(y)) for x, y in samples]
     # Flat parameters: hidden weights (hidden * n_in), hidden biases, output weights, output bias.
     bound_in, bound_out = math.sqrt(6.0 / (n_in + hidden)), math.sqrt(6.0 / (hidden + 1))
     params = [rng.uniform(-bound_in, bound_in) for _ in range(hidden * n_in + hidden)]

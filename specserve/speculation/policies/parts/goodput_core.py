@@ -43,7 +43,7 @@ class GoodputCore:
     def goodputs(self, num_running: int, decode_seconds: Sequence[float]) -> list[float]:
         """Predicted tokens per second of the decodes for k = 0..max_k, from their seconds per k."""
         tokens = self.acceptance.expected_tokens_upto(self.max_k)
-        return [num_running * n / max(s, MIN_STEP_S) for n, s in zip(tokens, decode_seconds)]
+        return [num_running * n / max(s, MIN_STEP_S) for n, s in zip(tokens, decode_seconds, strict=True)]
 
     def best_k(self, goodputs: Sequence[float]) -> int:
         """The argmax, ties to the smaller k, or 0 if the best k > 0 adds less than ``min_gain`` over k = 0.

@@ -30,8 +30,8 @@ def weighted_variance(values: Sequence[float], decay: float) -> float:
     """Eqs. 5-7: variance with weights decay^(i-1), i = 1 the most recent (first) value."""
     weights = [decay**i for i in range(len(values))]
     total = sum(weights)
-    mean = sum(w * v for w, v in zip(weights, values)) / total
-    return sum(w * (v - mean) ** 2 for w, v in zip(weights, values)) / total
+    mean = sum(w * v for w, v in zip(weights, values, strict=True)) / total
+    return sum(w * (v - mean) ** 2 for w, v in zip(weights, values, strict=True)) / total
 
 
 def wvir(history: Sequence[float], decay: float, short_window: int, long_window: int) -> float:

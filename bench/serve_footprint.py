@@ -66,8 +66,17 @@ def main() -> int:
 
 def measure(args: argparse.Namespace, env: dict[str, str]) -> int:
     port = free_port()
-    cmd = [sys.executable, "-m", "specserve", "serve", "--port", str(port), "--metrics-port", str(free_port()),
-           *args.serve_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specserve",
+        "serve",
+        "--port",
+        str(port),
+        "--metrics-port",
+        str(free_port()),
+        *args.serve_args,
+    ]
     started = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     sampler = TreeSampler(proc.pid)
@@ -94,27 +103,33 @@ def measure(args: argparse.Namespace, env: dict[str, str]) -> int:
         latencies = sorted(pool.map(one, range(args.requests)))
     load_s = time.monotonic() - load_started
     time.sleep(2.0)  # one more telemetry round
-    status = subprocess.run([sys.executable, "-m", "specserve", "status", "--json"], env=env,
-                            capture_output=True, text=True, timeout=120)
+    status = subprocess.run(
+        [sys.executable, "-m", "specserve", "status", "--json"], env=env, capture_output=True, text=True, timeout=120
+    )
     replica = (json.loads(status.stdout)["replicas"] or [{}])[0] if status.returncode == 0 else {}
     stop_started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     exit_code = proc.wait(timeout=120)
     sampler.done.set()
-    print(json.dumps({
-        "ready_s": round(ready_s, 1),
-        "peak_rss_gib": round(sampler.peak_bytes / 2**30, 2),
-        "requests": args.requests,
-        "concurrency": args.concurrency,
-        "p50_latency_s": round(latencies[len(latencies) // 2], 3),
-        "max_latency_s": round(latencies[-1], 3),
-        "output_tokens_per_s": round(args.requests * args.max_tokens / load_s, 1),
-        "final_policy": replica.get("engine", {}).get("policy"),
-        "final_k": replica.get("engine", {}).get("k"),
-        "acceptance_position_0": replica.get("acceptance"),
-        "shutdown_s": round(time.monotonic() - stop_started, 1),
-        "exit_code": exit_code,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "ready_s": round(ready_s, 1),
+                "peak_rss_gib": round(sampler.peak_bytes / 2**30, 2),
+                "requests": args.requests,
+                "concurrency": args.concurrency,
+                "p50_latency_s": round(latencies[len(latencies) // 2], 3),
+                "max_latency_s": round(latencies[-1], 3),
+                "output_tokens_per_s": round(args.requests * args.max_tokens / load_s, 1),
+                "final_policy": replica.get("engine", {}).get("policy"),
+                "final_k": replica.get("engine", {}).get("k"),
+                "acceptance_position_0": replica.get("acceptance"),
+                "shutdown_s": round(time.monotonic() - stop_started, 1),
+                "exit_code": exit_code,
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

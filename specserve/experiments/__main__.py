@@ -6,7 +6,8 @@ import sys
 
 from specserve.experiments.cli import add_commands, run
 
-parser = argparse.ArgumentParser(prog="python -m specserve.experiments",
-                                 description="Discrete-event serving simulator and the paper campaign.")
+parser = argparse.ArgumentParser(
+    prog="python -m specserve.experiments", description="Discrete-event serving simulator and the paper campaign."
+)
 add_commands(parser, dest="sim_command")
 sys.exit(run(parser.parse_args()))

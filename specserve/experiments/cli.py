@@ -27,25 +27,40 @@ def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> 
     """The kernel's commands and the campaign's under ``parser``; returns the group."""
     commands = kernel_cli.add_commands(parser, dest)
     repro = commands.add_parser("reproduce", help="run each paper's closest scenarios and write reports beside it")
-    repro.add_argument("--seed-paper", action="append", metavar="NAME",
-                       help=f"one paper (repeatable; default: all of {', '.join(REPRODUCED)})")
-    repro.add_argument("--out", type=Path, default=Path("bench/results"),
-                       help="folder for <paper>.md and the PNGs (default: bench/results)")
+    repro.add_argument(
+        "--seed-paper",
+        action="append",
+        metavar="NAME",
+        help=f"one paper (repeatable; default: all of {', '.join(REPRODUCED)})",
+    )
+    repro.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench/results"),
+        help="folder for <paper>.md and the PNGs (default: bench/results)",
+    )
     repro.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
     repro.add_argument("--quick", action="store_true", help=f"squeeze every scenario's arrivals into {QUICK_S:g} s")
     repro.set_defaults(sim_handler=_reproduce)
-    latency = commands.add_parser("latency-check", help="price every step time the papers report with the "
-                                  "roofline timer and compare (experiments/papers/step_times.yaml)")
+    latency = commands.add_parser(
+        "latency-check",
+        help="price every step time the papers report with the "
+        "roofline timer and compare (experiments/papers/step_times.yaml)",
+    )
     latency.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     latency.add_argument("--out", type=Path, help="also write latency-check.md and latency-check.png here")
     latency.set_defaults(sim_handler=_latency_check)
-    board = commands.add_parser("leaderboard", help="one policy against the whole zoo: every static rate, the dynamic "
-                                "scenarios, k switches (the bar adaptive must clear)")
+    board = commands.add_parser(
+        "leaderboard",
+        help="one policy against the whole zoo: every static rate, the dynamic "
+        "scenarios, k switches (the bar adaptive must clear)",
+    )
     board.add_argument("--policy", default="adaptive", help="policy spec to test (default: adaptive)")
     board.add_argument("--scenarios", help="comma-separated built-in names or YAML files (default: all built-in)")
     board.add_argument("--seed", type=int, default=0, help="first run seed (default: 0)")
-    board.add_argument("--seeds", type=int, default=3,
-                       help="runs per cell, seeds SEED..SEED+N-1; each cell is their mean (default: 3)")
+    board.add_argument(
+        "--seeds", type=int, default=3, help="runs per cell, seeds SEED..SEED+N-1; each cell is their mean (default: 3)"
+    )
     board.add_argument("--out", type=Path, help="write <policy>.md and its PNGs here (e.g. bench/results)")
     board.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     board.set_defaults(sim_handler=_leaderboard)
@@ -77,8 +92,11 @@ def _leaderboard(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         raise CommandError(f"--seeds {args.seeds}: needs at least 1 run per cell")
     board = leaderboard.evaluate(args.policy, names, range(args.seed, args.seed + args.seeds))
-    written = [str(path) for path in leaderboard_report.write_report(board, args.out, _board_command(args))] \
-        if args.out else []
+    written = (
+        [str(path) for path in leaderboard_report.write_report(board, args.out, _board_command(args))]
+        if args.out
+        else []
+    )
     if args.json:
         print(json.dumps({**_board_json(board), "written": written}, indent=2))
     else:
@@ -92,19 +110,35 @@ def _leaderboard(args: argparse.Namespace) -> int:
 
 def _board_command(args: argparse.Namespace) -> str:
     """The command line that reproduces this leaderboard, naming only the options that differ from the defaults."""
-    return "specserve sim leaderboard" + (f" --policy {args.policy}" if args.policy != "adaptive" else "") + (
-        f" --scenarios {args.scenarios}" if args.scenarios else "") + (
-        f" --seed {args.seed}" if args.seed else "") + (f" --seeds {args.seeds}" if args.seeds != 3 else "") + (
-        f" --out {args.out}" if args.out else "")
+    return (
+        "specserve sim leaderboard"
+        + (f" --policy {args.policy}" if args.policy != "adaptive" else "")
+        + (f" --scenarios {args.scenarios}" if args.scenarios else "")
+        + (f" --seed {args.seed}" if args.seed else "")
+        + (f" --seeds {args.seeds}" if args.seeds != 3 else "")
+        + (f" --out {args.out}" if args.out else "")
+    )
 
 
 def _board_json(board: leaderboard.Leaderboard) -> dict:
-    return {"policy": board.policy, "passed": board.passed(), "static_pass": board.static_pass(),
-            "dynamic_pass": board.dynamic_pass(), "switches_pass": board.switches_pass(),
-            "static": [{"scenario": c.scenario, "rate_qps": c.rate_qps, "best_rival": c.best_rival(board.policy),
-                        "ratio": c.ratio(board.policy)} for c in board.static],
-            "dynamic_means": board.dynamic_means(),
-            "switches": [{"scenario": n, "ours": o, "bandit": b} for n, o, b in board.switches()]}
+    return {
+        "policy": board.policy,
+        "passed": board.passed(),
+        "static_pass": board.static_pass(),
+        "dynamic_pass": board.dynamic_pass(),
+        "switches_pass": board.switches_pass(),
+        "static": [
+            {
+                "scenario": c.scenario,
+                "rate_qps": c.rate_qps,
+                "best_rival": c.best_rival(board.policy),
+                "ratio": c.ratio(board.policy),
+            }
+            for c in board.static
+        ],
+        "dynamic_means": board.dynamic_means(),
+        "switches": [{"scenario": n, "ours": o, "bandit": b} for n, o, b in board.switches()],
+    }
 
 
 def _latency_check(args: argparse.Namespace) -> int:
@@ -116,12 +150,13 @@ def _latency_check(args: argparse.Namespace) -> int:
     print(f"{'POINT':<42} {'MEASURED':>9} {'PREDICTED':>9} {'RATIO':>6}  (step_s in ms)")
     for row in rows:
         scale = 1e3 if row.point.quantity == latency_check.ABSOLUTE else 1.0
-        print(f"{row.point.id:<42} {scale * row.point.measured:>9.3f} {scale * row.predicted:>9.3f} "
-              f"{row.ratio:>6.2f}")
+        print(f"{row.point.id:<42} {scale * row.point.measured:>9.3f} {scale * row.predicted:>9.3f} {row.ratio:>6.2f}")
     for absolute, label in ((True, "absolute"), (False, "shape")):
         before, now = latency_check.error_stats(rows, absolute, before=True), latency_check.error_stats(rows, absolute)
-        print(f"{label}: median |ln ratio| {before.median_log_error:.3f} -> {now.median_log_error:.3f}, "
-              f"max {before.max_log_error:.3f} -> {now.max_log_error:.3f} ({now.num_points} points)")
+        print(
+            f"{label}: median |ln ratio| {before.median_log_error:.3f} -> {now.median_log_error:.3f}, "
+            f"max {before.max_log_error:.3f} -> {now.max_log_error:.3f} ({now.num_points} points)"
+        )
     _log_written(written)
     return 0
 

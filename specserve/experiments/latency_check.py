@@ -140,14 +140,22 @@ def as_json(rows: list[Row]) -> dict:
         "data_file": str(STEP_TIMES_FILE),
         "error": stats,
         "rows": [
-            {**r.point.model_dump(), "predicted": r.predicted, "predicted_before": r.predicted_before,
-             "predicted_batch_expansion": r.predicted_batch_expansion,
-             "ratio": r.ratio, "log_error": r.log_error}
+            {
+                **r.point.model_dump(),
+                "predicted": r.predicted,
+                "predicted_before": r.predicted_before,
+                "predicted_batch_expansion": r.predicted_batch_expansion,
+                "ratio": r.ratio,
+                "log_error": r.log_error,
+            }
             for r in rows
         ],
     }
 
 
 def vars_of(stats: ErrorStats) -> dict:
-    return {"num_points": stats.num_points, "median_log_error": stats.median_log_error,
-            "max_log_error": stats.max_log_error}
+    return {
+        "num_points": stats.num_points,
+        "median_log_error": stats.median_log_error,
+        "max_log_error": stats.max_log_error,
+    }

@@ -15,8 +15,14 @@ from specserve.experiments.latency_check import ABSOLUTE, Row, error_stats, load
 from specserve.experiments.papers import PaperData, PaperPoint, reproduced_papers
 from specserve.sim.config import LatencyConfig
 
-PAPER_TITLES = {"turbospec": "TurboSpec", "nightjar": "Nightjar", "adaspec": "AdaSpec", "dsde": "DSDE",
-                "speckv": "SpecKV", "anchors": "anchors (vLLM)"}
+PAPER_TITLES = {
+    "turbospec": "TurboSpec",
+    "nightjar": "Nightjar",
+    "adaspec": "AdaSpec",
+    "dsde": "DSDE",
+    "speckv": "SpecKV",
+    "anchors": "anchors (vLLM)",
+}
 
 
 def write_report(rows: list[Row], out: Path, data: PaperData | None = None) -> list[Path]:
@@ -24,10 +30,14 @@ def write_report(rows: list[Row], out: Path, data: PaperData | None = None) -> l
     out.mkdir(parents=True, exist_ok=True)
     md, png = out / "latency-check.md", out / "latency-check.png"
     md.write_text(render_markdown(rows, data or load_points()))
-    plots.predicted_vs_measured(png, "Roofline step timer vs the papers (filled: now, hollow: before)", [
-        _panel(rows, True, "step times (absolute)", "ms", 1e3),
-        _panel(rows, False, "draft shares and step ratios (shape)", "ratio", 1.0),
-    ])
+    plots.predicted_vs_measured(
+        png,
+        "Roofline step timer vs the papers (filled: now, hollow: before)",
+        [
+            _panel(rows, True, "step times (absolute)", "ms", 1e3),
+            _panel(rows, False, "draft shares and step ratios (shape)", "ratio", 1.0),
+        ],
+    )
     return [md, png]
 
 
@@ -36,8 +46,14 @@ def _panel(rows: list[Row], absolute: bool, title: str, unit: str, scale: float)
     for paper in PAPER_TITLES:
         chosen = [r for r in rows if r.point.paper == paper and (r.point.quantity == ABSOLUTE) == absolute]
         if chosen:
-            series.append((PAPER_TITLES[paper], [r.point.measured for r in chosen], [r.predicted for r in chosen],
-                           [r.predicted_before for r in chosen]))
+            series.append(
+                (
+                    PAPER_TITLES[paper],
+                    [r.point.measured for r in chosen],
+                    [r.predicted for r in chosen],
+                    [r.predicted_before for r in chosen],
+                )
+            )
     return {"title": title, "unit": unit, "scale": scale, "series": series}
 
 
@@ -93,8 +109,10 @@ def _error_table(rows: list[Row]) -> list[str]:
     out = ["| points | n | before: median / max | now: median / max |", "|---|---|---|---|"]
     for label, chosen, absolute in table:
         before, now = error_stats(chosen, absolute, before=True), error_stats(chosen, absolute)
-        out.append(f"| {label} | {now.num_points} | {before.median_log_error:.3f} / {before.max_log_error:.3f} | "
-                   f"{now.median_log_error:.3f} / {now.max_log_error:.3f} |")
+        out.append(
+            f"| {label} | {now.num_points} | {before.median_log_error:.3f} / {before.max_log_error:.3f} | "
+            f"{now.median_log_error:.3f} / {now.max_log_error:.3f} |"
+        )
     return out
 
 
@@ -103,30 +121,42 @@ def _point_row(r: Row) -> str:
     fmt = _ms if p.quantity == ABSOLUTE else (lambda v: f"{v:.3f}")
     models = p.target + (f" + {p.draft}" if p.draft else "")
     k = f"k {p.k:g}" + (f" vs {p.k_ref:g}" if p.k_ref is not None else "")
-    setting = (f"{p.hardware}, {models}, TP {p.tp}, B {p.batch_size:g}, ctx {p.context_tokens:g}, {k}, "
-               f"{'CUDA graphs' if p.cuda_graphs else 'eager'}")
+    setting = (
+        f"{p.hardware}, {models}, TP {p.tp}, B {p.batch_size:g}, ctx {p.context_tokens:g}, {k}, "
+        f"{'CUDA graphs' if p.cuda_graphs else 'eager'}"
+    )
     kind = {"step_s": "step", "draft_share": "draft share", "step_ratio": "step ratio"}[p.quantity]
     tags = ", ".join(t for t, on in (("derived", p.derived), ("inferred", p.setting == "inferred")) if on)
     source = f"{p.cite}" + (f" ({tags})" if tags else "") + (f". {' '.join(p.note.split())}" if p.note else "")
-    return (f"| `{p.id}` ({kind}) | {setting} | {fmt(p.measured)} | {fmt(r.predicted_before)} | "
-            f"{fmt(r.predicted)} | {r.ratio:.2f} | {fmt(r.predicted_batch_expansion)} | {source} |")
+    return (
+        f"| `{p.id}` ({kind}) | {setting} | {fmt(p.measured)} | {fmt(r.predicted_before)} | "
+        f"{fmt(r.predicted)} | {r.ratio:.2f} | {fmt(r.predicted_batch_expansion)} | {source} |"
+    )
 
 
 def _discussion(rows: list[Row], cfg: LatencyConfig, data: PaperData) -> list[str]:
     """What the comparison shows, one paragraph per finding; every number is computed from the data and the model."""
     by_id = {r.point.id: r for r in rows}
-    return ["## What the comparison shows, and what changed", "",
-            _eager_finding(rows, cfg), "",
-            _graphs_finding(by_id, cfg, data), "",
-            _batch_expansion_finding(by_id), "",
-            _context_finding(by_id), "",
-            _nightjar_finding(rows, by_id), "",
-            f"**Changes.** `config.LatencyConfig`: `cuda_graphs`, `layer_overhead_s` ({_us(cfg.layer_overhead_s)}), "
-            f"`eager_layer_overhead_s` ({_us(cfg.eager_layer_overhead_s)}); `latency.RooflineForward` adds "
-            "num_layers times the mode's cost to every forward; `latency.roofline_timer` builds the timer for "
-            "`scenario.resolve` and this check alike; `llama3.1-8b` joins models.yaml; `speckv-3090-3b` runs eager. "
-            "Median absolute error "
-            f"{error_stats(rows, True, before=True).median_log_error:.3f} -> {error_stats(rows).median_log_error:.3f}."]
+    return [
+        "## What the comparison shows, and what changed",
+        "",
+        _eager_finding(rows, cfg),
+        "",
+        _graphs_finding(by_id, cfg, data),
+        "",
+        _batch_expansion_finding(by_id),
+        "",
+        _context_finding(by_id),
+        "",
+        _nightjar_finding(rows, by_id),
+        "",
+        f"**Changes.** `config.LatencyConfig`: `cuda_graphs`, `layer_overhead_s` ({_us(cfg.layer_overhead_s)}), "
+        f"`eager_layer_overhead_s` ({_us(cfg.eager_layer_overhead_s)}); `latency.RooflineForward` adds "
+        "num_layers times the mode's cost to every forward; `latency.roofline_timer` builds the timer for "
+        "`scenario.resolve` and this check alike; `llama3.1-8b` joins models.yaml; `speckv-3090-3b` runs eager. "
+        "Median absolute error "
+        f"{error_stats(rows, True, before=True).median_log_error:.3f} -> {error_stats(rows).median_log_error:.3f}.",
+    ]
 
 
 def _eager_finding(rows: list[Row], cfg: LatencyConfig) -> str:
@@ -148,13 +178,18 @@ def _eager_finding(rows: list[Row], cfg: LatencyConfig) -> str:
         "configuration names and left the per-GPU efficiencies alone, since no GPU here has a second measurement "
         "to separate the two. Scenarios say which mode they run in with `latency.cuda_graphs` (default true); "
         "`speckv-3090-3b` now sets it false, as SpecKV's runs did. DSDE's runs were eager too (DSDE §III-B: "
-        "vLLM 0.8.4, eager mode); its scenarios still run with CUDA graphs and should set it as well.")
+        "vLLM 0.8.4, eager mode); its scenarios still run with CUDA graphs and should set it as well."
+    )
 
 
 def _graphs_finding(by_id: dict[str, Row], cfg: LatencyConfig, data: PaperData) -> str:
     s1, s7 = by_id["turbospec-fig16-k1-share"], by_id["turbospec-fig16-k7-share"]
-    setup_s, pass_s, model_pass_s = _fig16_split(s1, s7, data.numbers["turbospec_fig16_target_share_k1"].mean,
-                                                 data.numbers["turbospec_fig16_target_share_k7"].mean)
+    setup_s, pass_s, model_pass_s = _fig16_split(
+        s1,
+        s7,
+        data.numbers["turbospec_fig16_target_share_k1"].mean,
+        data.numbers["turbospec_fig16_target_share_k7"].mean,
+    )
     anchor = by_id["anchors-vllm-v1-llama3.1-8b-h100-bs1"]
     return (
         "**2. CUDA-graph engines: a small per-layer floor, and small drafts are not launch-bound here.** Under "
@@ -172,15 +207,26 @@ def _graphs_finding(by_id: dict[str, Row], cfg: LatencyConfig, data: PaperData) 
         f"a cost paid once per speculative step (about {_ms(setup_s)} ms: proposer bookkeeping, rejection "
         f"sampling, in vLLM V0) plus passes of {_ms(pass_s)} ms (model: {_ms(model_pass_s)} ms) does. The "
         "step timer does not know whether a step speculates (k = 0 steps still run a draft pass), so this is "
-        "left as a finding, not a change.")
+        "left as a finding, not a change."
+    )
 
 
 def _batch_expansion_finding(by_id: dict[str, Row]) -> str:
     k0, k2 = by_id["turbospec-fig2-bs50-nospec"], by_id["turbospec-fig2-bs50-k2"]
     # A typical AdaSpec step: its A100 40 GB 7B configuration (Table 1) at a batch and context of our choosing.
-    adaspec = PaperPoint(id="adaspec-what-if", paper="adaspec", cite="", quantity="step_s", hardware="a100-40g",
-                         target="llama2-7b", draft="vicuna-68m", batch_size=16, context_tokens=500, k=3,
-                         measured=1.0)
+    adaspec = PaperPoint(
+        id="adaspec-what-if",
+        paper="adaspec",
+        cite="",
+        quantity="step_s",
+        hardware="a100-40g",
+        target="llama2-7b",
+        draft="vicuna-68m",
+        batch_size=16,
+        context_tokens=500,
+        k=3,
+        measured=1.0,
+    )
     ada_plain, ada_be = predict(adaspec), predict(adaspec, batch_expansion=True)
     low, high = reproduced_papers()["adaspec"].numbers["speedup_over_autoregressive"].values
     return (
@@ -196,7 +242,8 @@ def _batch_expansion_finding(by_id: dict[str, Row]) -> str:
         f"verifier and the paper's {low:g}-{high:g}x (§7.2, Fig. 10). The engine models it (`engine.scorer: "
         "batch_expansion`, priced per request in sim/replica.py); on it the AdaSpec scenario gives 1.36-1.63x "
         "(bench/results/adaspec.md). The other scenarios keep vLLM V1's single-pass verifier, which our serving "
-        "engine runs.")
+        "engine runs."
+    )
 
 
 def _context_finding(by_id: dict[str, Row]) -> str:
@@ -207,7 +254,8 @@ def _context_finding(by_id: dict[str, Row]) -> str:
         "read is as large as the weights. The no-speculation point is "
         f"{_ms(ctx[0])} / {_ms(ctx[150])} / {_ms(ctx[300])} ms at 0 / 150 / 300 cached tokens per request against "
         f"{1e3 * k0.point.measured:g} ms measured; we keep the repo's 300 (pairs.yaml), which over-predicts by "
-        f"{k0.ratio:.2f}x.")
+        f"{k0.ratio:.2f}x."
+    )
 
 
 def _nightjar_finding(rows: list[Row], by_id: dict[str, Row]) -> str:
@@ -223,7 +271,8 @@ def _nightjar_finding(rows: list[Row], by_id: dict[str, Row]) -> str:
         f"({sd.batch_size * (sd.k + 1):.0f} vs {nj.batch_size * (nj.k + 1):.0f}). They are means over a "
         "10 req/s serving run, with prefill steps and switching costs inside, and both the model (Vicuna-13B "
         "on an A100 40 GB) and the batch are our inference; we keep them, unfitted, and they set the maximum "
-        "error.")
+        "error."
+    )
 
 
 def _fig16_split(s1: Row, s7: Row, target_share_k1: float, target_share_k7: float) -> tuple[float, float, float]:

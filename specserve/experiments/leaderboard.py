@@ -57,7 +57,8 @@ def is_dynamic(scenario: Scenario) -> bool:
     """The arrival rate changes during the run. A trace counts as static: the built-in ones are offline
     batches (DSDE's 128 prompts at t = 0)."""
     return len(static_rates(scenario)) > 1 or (
-        not isinstance(scenario.workload.arrivals, PoissonArrivals | TraceArrivals) and len(static_rates(scenario)) > 0)
+        not isinstance(scenario.workload.arrivals, PoissonArrivals | TraceArrivals) and len(static_rates(scenario)) > 0
+    )
 
 
 def static_rates(scenario: Scenario) -> list[float]:
@@ -84,8 +85,9 @@ def at_static_rate(scenario: Scenario, rate_qps: float, window_s: float) -> Scen
     workload = scenario.workload.model_copy(update={"arrivals": arrivals})
     # Regime changes are set by arrival time on the dynamic run's clock; a static cell keeps the first regime.
     acceptance = scenario.acceptance.model_copy(update={"regimes": []})
-    return scenario.model_copy(update={"name": f"{scenario.name}@{rate_qps:g}qps", "workload": workload,
-                                       "acceptance": acceptance})
+    return scenario.model_copy(
+        update={"name": f"{scenario.name}@{rate_qps:g}qps", "workload": workload, "acceptance": acceptance}
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +125,10 @@ class Leaderboard:
         specs = set.intersection(*(set(cell.results) for cell in self.dynamic))
         means = {}
         for spec in specs:
-            ratios = [cell.results[spec]["throughput_tok_s"] / max(r["throughput_tok_s"] for r in cell.results.values())
-                      for cell in self.dynamic]
+            ratios = [
+                cell.results[spec]["throughput_tok_s"] / max(r["throughput_tok_s"] for r in cell.results.values())
+                for cell in self.dynamic
+            ]
             means[spec] = sum(ratios) / len(ratios)
         return dict(sorted(means.items(), key=lambda item: -item[1]))
 
@@ -134,8 +138,11 @@ class Leaderboard:
 
     def switches(self) -> list[tuple[str, int, int]]:
         """(scenario, switches of the policy, switches of bandit) for every whole scenario."""
-        return [(cell.scenario, cell.results[self.policy]["k_switches"], cell.results["bandit"]["k_switches"])
-                for cell in self.whole if "bandit" in cell.results]
+        return [
+            (cell.scenario, cell.results[self.policy]["k_switches"], cell.results["bandit"]["k_switches"])
+            for cell in self.whole
+            if "bandit" in cell.results
+        ]
 
     def switches_pass(self) -> bool:
         return all(ours < theirs for _, ours, theirs in self.switches())
@@ -174,11 +181,13 @@ def evaluate(
     workers = workers or max(1, min(len(seeded), os.cpu_count() or 1))
     with ProcessPoolExecutor(workers) as pool:
         runs = pool.map(_run, [(scenario, spec, seed) for (_, _, scenario, spec), seed in seeded], chunksize=1)
-        for ((label, rate, _, spec), _), summary in tqdm(zip(seeded, runs, strict=True), total=len(seeded), desc="leaderboard",
-                                                         unit="run", file=sys.stderr):
+        for ((label, rate, _, spec), _), summary in tqdm(
+            zip(seeded, runs, strict=True), total=len(seeded), desc="leaderboard", unit="run", file=sys.stderr
+        ):
             runs_by_cell.setdefault((label, rate), {}).setdefault(spec, []).append(summary)
-    results = {cell: {spec: _mean(summaries) for spec, summaries in by_spec.items()}
-               for cell, by_spec in runs_by_cell.items()}
+    results = {
+        cell: {spec: _mean(summaries) for spec, summaries in by_spec.items()} for cell, by_spec in runs_by_cell.items()
+    }
     whole = [Cell(label, None, res) for (label, rate), res in results.items() if rate is None]
     dynamic = [cell for cell in whole if cell.scenario in dynamic_labels]
     static = [Cell(label, rate, res) for (label, rate), res in results.items() if rate is not None]

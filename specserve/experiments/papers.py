@@ -48,7 +48,8 @@ class PaperRef(_Closed):
     label: str = Field(description="the paper's name for the method")
     quote: str = Field(description="its headline number(s) as the report shows them, each with its citation")
     metric: CitedNumber | None = Field(
-        None, description="the paper's value on its metric; the speedup is taken against the baseline's value")
+        None, description="the paper's value on its metric; the speedup is taken against the baseline's value"
+    )
     speedup: CitedNumber | None = Field(None, description="the speedup as the paper prints it, when it gives no value")
 
     @model_validator(mode="after")
@@ -74,7 +75,8 @@ class Paper(_Closed):
     higher_is_better: bool = Field(description="of our metric")
     baseline: str = Field(description="policy spec the speedups are relative to (ours and the paper's)")
     paper_metric_higher_is_better: bool = Field(
-        description="of the paper's numbers in refs.*.metric (throughput: true; latency: false)")
+        description="of the paper's numbers in refs.*.metric (throughput: true; latency: false)"
+    )
     runs: list[PaperRun] = Field(min_length=1)
     numbers: dict[str, CitedNumber] = Field(default_factory=dict, description="further numbers a summary quotes")
     summary: Literal["dsde_sweep"] | None = Field(None, description="markdown written before the per-run tables")

@@ -116,8 +116,9 @@ def predicted_vs_measured(path: Path, title: str, panels: list[dict]) -> Path:
     return path
 
 
-def ratio_bars(path: Path, title: str, labels: list[str], ratios: list[float], bar: float | None,
-               highlight: str | None = None) -> Path:
+def ratio_bars(
+    path: Path, title: str, labels: list[str], ratios: list[float], bar: float | None, highlight: str | None = None
+) -> Path:
     """Horizontal bars of ratios (1 = as good as the best); ``bar`` draws the pass line, ``highlight`` colours
     one label's bar."""
     plt = _pyplot()

@@ -28,8 +28,19 @@ from specserve.speculation.speckv.training import DEFAULT_EPOCHS, DEFAULT_LEARNI
 
 DEFAULT_POLICIES = "fixed:k=0,fixed:k=3,adaptive"
 # Columns of the compare table, in JSON key order.
-COLUMNS = ("throughput_tok_s", "goodput_tok_s", "slo_attainment", "mean_e2e_s", "p99_e2e_s", "mean_ttft_s",
-           "mean_tpot_s", "acceptance", "mean_k", "k_switches", "wall_s")
+COLUMNS = (
+    "throughput_tok_s",
+    "goodput_tok_s",
+    "slo_attainment",
+    "mean_e2e_s",
+    "p99_e2e_s",
+    "mean_ttft_s",
+    "mean_tpot_s",
+    "acceptance",
+    "mean_k",
+    "k_switches",
+    "wall_s",
+)
 
 
 class CommandError(Exception):
@@ -58,17 +69,26 @@ def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> 
     samples.add_argument("--policy", help="policy spec to run (default: cycle over gammas 2-4-6-8 up to max_k)")
     samples.add_argument("--out", type=Path, required=True, help="JSONL file to write")
     samples.add_argument("--seed", type=int, default=0, help="run and subsampling seed (default: 0)")
-    samples.add_argument("--compression", default="fp16", choices=tuple(COMPRESSION_CODES),
-                         help="the target's quantization, written into every sample (default: fp16)")
-    samples.add_argument("--max-samples", type=int, default=DEFAULT_MAX_SAMPLES,
-                         help=f"keep a seeded random subset of at most this many (default: {DEFAULT_MAX_SAMPLES})")
+    samples.add_argument(
+        "--compression",
+        default="fp16",
+        choices=tuple(COMPRESSION_CODES),
+        help="the target's quantization, written into every sample (default: fp16)",
+    )
+    samples.add_argument(
+        "--max-samples",
+        type=int,
+        default=DEFAULT_MAX_SAMPLES,
+        help=f"keep a seeded random subset of at most this many (default: {DEFAULT_MAX_SAMPLES})",
+    )
     samples.set_defaults(sim_handler=_mlp_samples)
     train = commands.add_parser("train-mlp", help="train the mlp policy's predictor on a samples JSONL file")
     train.add_argument("samples", type=Path, help="JSONL samples, e.g. from `sim mlp-samples`")
     train.add_argument("--out", type=Path, required=True, help="weights JSON to write; use it as mlp:weights=FILE")
     train.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS, help=f"default: {DEFAULT_EPOCHS}")
-    train.add_argument("--learning-rate", type=float, default=DEFAULT_LEARNING_RATE,
-                       help=f"default: {DEFAULT_LEARNING_RATE:g}")
+    train.add_argument(
+        "--learning-rate", type=float, default=DEFAULT_LEARNING_RATE, help=f"default: {DEFAULT_LEARNING_RATE:g}"
+    )
     train.add_argument("--seed", type=int, default=42, help="initialisation and shuffling seed (default: 42)")
     train.set_defaults(sim_handler=_train_mlp)
     return commands
@@ -127,8 +147,13 @@ def _compare(args: argparse.Namespace) -> int:
     results = []
     for spec in tqdm(specs, desc=scenario.name, unit="policy", file=sys.stderr):
         summary = summarize(simulate(scenario, spec, args.seed))
-        results.append({"policy": spec, **{key: summary[key] for key in COLUMNS},
-                        **{key: value for key, value in summary.items() if key not in COLUMNS and key != "policy"}})
+        results.append(
+            {
+                "policy": spec,
+                **{key: summary[key] for key in COLUMNS},
+                **{key: value for key, value in summary.items() if key not in COLUMNS and key != "policy"},
+            }
+        )
     if args.json:
         print(json.dumps({"scenario": scenario.name, "seed": args.seed, "results": results}, indent=2))
     else:
@@ -153,8 +178,10 @@ def _mlp_samples(args: argparse.Namespace) -> int:
     if not samples:
         raise CommandError(f"scenario {scenario.name!r} under {spec!r} ran no speculative step: no samples")
     _write(args.out, lambda path: write_samples(path, samples))
-    print(f"wrote {args.out}: {len(samples)} of {seen} samples ({scenario.name}, {spec}, seed {args.seed})",
-          file=sys.stderr)
+    print(
+        f"wrote {args.out}: {len(samples)} of {seen} samples ({scenario.name}, {spec}, seed {args.seed})",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -166,13 +193,17 @@ def _train_mlp(args: argparse.Namespace) -> int:
     if not args.learning_rate > 0:
         raise CommandError(f"--learning-rate {args.learning_rate} must be positive")
     try:
-        weights, samples = train_file(args.samples, epochs=args.epochs, learning_rate=args.learning_rate,
-                                      seed=args.seed)
+        weights, samples = train_file(
+            args.samples, epochs=args.epochs, learning_rate=args.learning_rate, seed=args.seed
+        )
     except ValueError as exc:
         raise CommandError(f"samples file {str(args.samples)!r}: {exc}") from None
     _write(args.out, lambda path: path.write_text(weights_to_json(weights)))
-    print(f"wrote {args.out}: {len(samples)} samples, training MSE {mean_squared_error(weights, samples):.4f}; "
-          f"use it as mlp:weights={args.out}", file=sys.stderr)
+    print(
+        f"wrote {args.out}: {len(samples)} samples, training MSE {mean_squared_error(weights, samples):.4f}; "
+        f"use it as mlp:weights={args.out}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -184,11 +215,28 @@ def _write(path: Path, write) -> None:
 
 
 def _print_table(name: str, results: list[dict]) -> None:
-    header = ("POLICY", "TOK/S", "GOODPUT", "SLO ATT", "E2E", "P99 E2E", "TTFT", "TPOT", "ACCEPT", "MEAN K", "SWITCHES",
-              "WALL")
+    header = (
+        "POLICY",
+        "TOK/S",
+        "GOODPUT",
+        "SLO ATT",
+        "E2E",
+        "P99 E2E",
+        "TTFT",
+        "TPOT",
+        "ACCEPT",
+        "MEAN K",
+        "SWITCHES",
+        "WALL",
+    )
     table = [header] + [
-        (r["policy"], *(f"{r[key]:.3f}" if isinstance(r[key], float) else "-" if r[key] is None else str(r[key])
-                        for key in COLUMNS))
+        (
+            r["policy"],
+            *(
+                f"{r[key]:.3f}" if isinstance(r[key], float) else "-" if r[key] is None else str(r[key])
+                for key in COLUMNS
+            ),
+        )
         for r in results
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]

@@ -28,9 +28,10 @@ class EngineConfig(_Closed):
     )
     enable_chunked_prefill: bool = Field(True, description="split long prompts across steps (vLLM V1 default)")
     scorer: Literal["single_pass", "batch_expansion"] = Field(
-        "single_pass", description="how the target verifies drafts: one pass over every request's k + 1 tokens (vLLM "
+        "single_pass",
+        description="how the target verifies drafts: one pass over every request's k + 1 tokens (vLLM "
         "V1, V0's MQA scorer), or vLLM V0's batch expansion, which scores position j of each request as its own "
-        "sequence with context + j cached tokens, so the target reads each request's KV k + 1 times (AdaSpec Eq. 4)"
+        "sequence with context + j cached tokens, so the target reads each request's KV k + 1 times (AdaSpec Eq. 4)",
     )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of device memory vLLM may use")
     reserved_gib: float = Field(1.5, ge=0, description="activations, CUDA graphs and workspace per GPU")
@@ -51,12 +52,16 @@ class LatencyConfig(_Closed):
     )
     # Both per-layer costs are fitted to the papers' step times (latency_check.py, bench/results/latency-check.md).
     layer_overhead_s: float = Field(
-        5e-6, ge=0, description="fixed cost per transformer layer per forward pass under CUDA graphs: the small "
-        "kernels (norms, rotary, activation, residual adds) that take microseconds whatever the model size (roofline)"
+        5e-6,
+        ge=0,
+        description="fixed cost per transformer layer per forward pass under CUDA graphs: the small "
+        "kernels (norms, rotary, activation, residual adds) that take microseconds whatever the model size (roofline)",
     )
     eager_layer_overhead_s: float = Field(
-        9e-5, ge=0, description="fixed cost per transformer layer per forward pass when eager: Python dispatch of "
-        "each layer's kernels, not hidden behind GPU work (roofline; SpecKV's vLLM enforce_eager runs)"
+        9e-5,
+        ge=0,
+        description="fixed cost per transformer layer per forward pass when eager: Python dispatch of "
+        "each layer's kernels, not hidden behind GPU work (roofline; SpecKV's vLLM enforce_eager runs)",
     )
 
 
@@ -142,8 +147,10 @@ class SignalsConfig(_Closed):
         True, description="generate them (the slo, kld and mlp policies read them); false: records carry none"
     )
     confidence_concentration: float = Field(
-        4.0, gt=0, description="kappa of the Beta confidences around each position's acceptance probability; "
-        "token-level corr(confidence, accepted) = 1/sqrt(kappa + 1)"
+        4.0,
+        gt=0,
+        description="kappa of the Beta confidences around each position's acceptance probability; "
+        "token-level corr(confidence, accepted) = 1/sqrt(kappa + 1)",
     )
     max_alternatives: float = Field(
         256.0, ge=1, description="the draft's remaining mass spreads over 1..this many tokens (log-uniform)"

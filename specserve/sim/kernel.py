@@ -91,20 +91,36 @@ class Simulator:
         acceptance = TrueAcceptance(scenario.acceptance, engine.max_k)
         table = RequestTable(workload, acceptance.draw_alphas(workload.arrival_s, alpha_rng))
         signals = SignalModel(scenario.acceptance.signals) if scenario.acceptance.signals.enabled else None
-        traits = EngineTraits(max_k=engine.max_k, k0_runs_draft_pass=engine.k0_runs_draft_pass,
-                              asks_stop_drafting=signals is not None, batch_expansion=engine.scorer == "batch_expansion")
+        traits = EngineTraits(
+            max_k=engine.max_k,
+            k0_runs_draft_pass=engine.k0_runs_draft_pass,
+            asks_stop_drafting=signals is not None,
+            batch_expansion=engine.scorer == "batch_expansion",
+        )
         slo_tpot_s = scenario.slo.max_tpot_s if scenario.slo is not None else None
         replicas = []
         for i, (verdict_rng, signal_rng) in enumerate(zip(verdict_rngs, signal_rngs, strict=True)):
             policy = self.policy_factory(traits)
             drafter = Drafter(acceptance, signals, verdict_rng, signal_rng, None)  # each step's Decision.draft_stop
-            replicas.append(Replica(i, engine, self.resolved.num_kv_blocks, self.resolved.timer, policy, drafter,
-                                    table, slo_tpot_s, self.on_step))
+            replicas.append(
+                Replica(
+                    i,
+                    engine,
+                    self.resolved.num_kv_blocks,
+                    self.resolved.timer,
+                    policy,
+                    drafter,
+                    table,
+                    slo_tpot_s,
+                    self.on_step,
+                )
+            )
         trace: list[TraceEntry] = []
         end_s = self._loop(workload, replicas, trace)
         spec = self.policy_spec or replicas[0].policy.spec
-        return SimResult(self.resolved, spec, self.seed, workload, table, replicas, end_s,
-                         time.perf_counter() - started, trace)
+        return SimResult(
+            self.resolved, spec, self.seed, workload, table, replicas, end_s, time.perf_counter() - started, trace
+        )
 
     def _loop(self, workload: Workload, replicas: list[Replica], trace: list[TraceEntry]) -> float:
         queue = EventQueue()
@@ -157,4 +173,3 @@ class Simulator:
                 f"{longest - engine.max_k} "
                 f"tokens never fits engine.max_num_batched_tokens={engine.max_num_batched_tokens}"
             )
-

@@ -126,8 +126,13 @@ class StepTimer:
     # Scheduling, sampling and output processing per step, outside any forward pass.
     step_overhead_s: float
 
-    def step_s(self, num_context_tokens: float, num_batched_tokens: float, draft_pass_tokens: Sequence[float],
-               target_context_tokens: float | None = None) -> float:
+    def step_s(
+        self,
+        num_context_tokens: float,
+        num_batched_tokens: float,
+        draft_pass_tokens: Sequence[float],
+        target_context_tokens: float | None = None,
+    ) -> float:
         """Seconds for one step; ``draft_pass_tokens`` holds the tokens of each draft pass, in order.
 
         The draft's first pass consumes the tokens new to it (prefill chunks, last step's bonus tokens,

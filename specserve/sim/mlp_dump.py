@@ -33,7 +33,10 @@ def default_policy(max_k: int) -> str:
 
 
 def collect_samples(
-    scenario: Scenario, policy_spec: str, seed: int = 0, compression: str = "fp16",
+    scenario: Scenario,
+    policy_spec: str,
+    seed: int = 0,
+    compression: str = "fp16",
     max_samples: int = DEFAULT_MAX_SAMPLES,
 ) -> tuple[list[dict], int]:
     """(kept samples in step order, samples the run produced). Reservoir sampling (Algorithm R), seeded."""

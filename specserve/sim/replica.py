@@ -139,8 +139,14 @@ class Replica:
         self.policy.observe(pending.record)
         if self.on_step is not None:
             used = self.num_kv_blocks_total - self.num_kv_blocks_free
-            stats = StepStats(self.index, int(pending.sampled.sum()), pending.num_preempted, num_finished, used,
-                              self.num_kv_blocks_total)
+            stats = StepStats(
+                self.index,
+                int(pending.sampled.sum()),
+                pending.num_preempted,
+                num_finished,
+                used,
+                self.num_kv_blocks_total,
+            )
             self.on_step(pending.record, stats)
 
     # -- pieces --------------------------------------------------------------------------------------
@@ -265,8 +271,18 @@ class Replica:
         duration_s = self.timer.step_s(num_context, num_batched, draft_pass_tokens, target_context)
         sampled = scheduled & (b.num_computed + new_tokens == b.prompt + b.num_output)
         request_ids = tuple(self.table.request_ids[b.ids[rows]]) if drafts is not None else ()
-        record = step_record(now_s, k, duration_s, scheduled, num_context, num_batched, num_passes,
-                             int(sampled.sum() + accepted.sum()), request_ids, drafts)
+        record = step_record(
+            now_s,
+            k,
+            duration_s,
+            scheduled,
+            num_context,
+            num_batched,
+            num_passes,
+            int(sampled.sum() + accepted.sum()),
+            request_ids,
+            drafts,
+        )
         self.num_drafted += record.num_drafted
         self.num_accepted += record.num_accepted
         self.series_time_s.append(now_s)

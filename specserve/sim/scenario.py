@@ -84,8 +84,9 @@ def resolve(scenario: Scenario) -> ResolvedScenario:
         raise ScenarioError(f"scenario {scenario.name!r}: {exc}") from None
     tp = scenario.tp or pair.tp
     block_bytes = scenario.engine.block_size * (target.kv_bytes_per_token / tp + draft.kv_bytes_per_token)
-    num_blocks = scenario.engine.num_kv_blocks or _kv_blocks_from_memory(scenario, hardware, target, draft, tp,
-                                                                         block_bytes)
+    num_blocks = scenario.engine.num_kv_blocks or _kv_blocks_from_memory(
+        scenario, hardware, target, draft, tp, block_bytes
+    )
     return ResolvedScenario(
         scenario=scenario,
         hardware=hardware,
@@ -100,7 +101,11 @@ def resolve(scenario: Scenario) -> ResolvedScenario:
 
 
 def _kv_blocks_from_memory(
-    scenario: Scenario, hardware: HardwareProfile, target: ModelProfile, draft: ModelProfile, tp: int,
+    scenario: Scenario,
+    hardware: HardwareProfile,
+    target: ModelProfile,
+    draft: ModelProfile,
+    tp: int,
     block_bytes: float,
 ) -> int:
     # Per GPU of the TP group. The draft runs unsharded (draft TP 1, as in Nightjar's scripts), so the rank
@@ -122,7 +127,11 @@ def _kv_blocks_from_memory(
 
 
 def _timer(
-    scenario: Scenario, hardware: HardwareProfile, pair: PairProfile, target: ModelProfile, draft: ModelProfile,
+    scenario: Scenario,
+    hardware: HardwareProfile,
+    pair: PairProfile,
+    target: ModelProfile,
+    draft: ModelProfile,
     tp: int,
 ) -> StepTimer:
     cfg = scenario.latency

@@ -41,9 +41,18 @@ def further_pass_tokens(drafts: Drafts | None, num_passes: int) -> list[int]:
     return (drafts.drafted[:, None] >= np.arange(2, num_passes + 1)).sum(axis=0).tolist()
 
 
-def step_record(now_s: float, k: int, duration_s: float, scheduled: np.ndarray, num_context: int,
-                num_batched: int, num_passes: int, num_emitted: int, request_ids: tuple[str, ...],
-                drafts: Drafts | None) -> StepRecord:
+def step_record(
+    now_s: float,
+    k: int,
+    duration_s: float,
+    scheduled: np.ndarray,
+    num_context: int,
+    num_batched: int,
+    num_passes: int,
+    num_emitted: int,
+    request_ids: tuple[str, ...],
+    drafts: Drafts | None,
+) -> StepRecord:
     """The record the policy observes; ``request_ids`` and ``drafts`` are aligned with the drafting rows."""
     drafted: tuple[int, ...] = ()
     accepted: tuple[int, ...] = ()

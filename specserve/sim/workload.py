@@ -44,11 +44,17 @@ def rate_segments(arrivals: object) -> list[RateSegment]:
     if isinstance(arrivals, PiecewiseArrivals):
         return list(arrivals.segments)
     if isinstance(arrivals, BurstArrivals):
-        return _peaks(arrivals.base_qps, arrivals.peak_qps, [arrivals.burst_start_s], arrivals.burst_duration_s,
-                      arrivals.duration_s)
+        return _peaks(
+            arrivals.base_qps,
+            arrivals.peak_qps,
+            [arrivals.burst_start_s],
+            arrivals.burst_duration_s,
+            arrivals.duration_s,
+        )
     if isinstance(arrivals, MultiPeakArrivals):
-        return _peaks(arrivals.base_qps, arrivals.peak_qps, arrivals.peak_starts_s, arrivals.peak_duration_s,
-                      arrivals.duration_s)
+        return _peaks(
+            arrivals.base_qps, arrivals.peak_qps, arrivals.peak_starts_s, arrivals.peak_duration_s, arrivals.duration_s
+        )
     if isinstance(arrivals, OscillationArrivals):
         half_s, segments, t = arrivals.period_s / 2, [], 0.0
         while t < arrivals.duration_s:

@@ -136,8 +136,11 @@ class StepRecord:
         # A request counts at every position below its number: drafts made, drafts up to and including the first
         # rejected one (min(d, a + 1)), drafts accepted. Counting each number once is O(B + k), not O(B k).
         reached = map(min, self.num_drafted_per_request, map((1).__add__, self.num_accepted_per_request))
-        return (_counts_below(self.num_drafted_per_request, max_k), _counts_below(reached, max_k),
-                _counts_below(self.num_accepted_per_request, max_k))
+        return (
+            _counts_below(self.num_drafted_per_request, max_k),
+            _counts_below(reached, max_k),
+            _counts_below(self.num_accepted_per_request, max_k),
+        )
 
 
 def _counts_below(numbers: Iterable[int], max_k: int) -> list[int]:

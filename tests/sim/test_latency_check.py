@@ -94,7 +94,9 @@ def test_eager_cost_only_applies_to_eager_points() -> None:
 
 
 def sim(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specserve", "sim", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "specserve", "sim", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_json_prints_one_document() -> None:
@@ -103,8 +105,11 @@ def test_cli_json_prints_one_document() -> None:
     doc = json.loads(out.stdout)
     assert len(doc["rows"]) == len(load_points().points)
     now = error_stats(check())
-    assert doc["error"]["absolute_after"] == {"num_points": now.num_points, "median_log_error": now.median_log_error,
-                                              "max_log_error": now.max_log_error}
+    assert doc["error"]["absolute_after"] == {
+        "num_points": now.num_points,
+        "median_log_error": now.median_log_error,
+        "max_log_error": now.max_log_error,
+    }
     assert doc["written"] == []
 
 

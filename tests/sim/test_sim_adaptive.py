@@ -19,9 +19,12 @@ WITHIN = 1.05
 
 SCENARIOS = {
     "h100-linear": small_scenario(),
-    "4090-roofline": small_scenario(hardware="rtx4090", pair="deepseek-r1-distill-qwen-7b+0.5b",
-                                    latency={"kind": "roofline"},
-                                    workload={"arrivals": {"kind": "poisson", "rate_qps": 20, "duration_s": 10}}),
+    "4090-roofline": small_scenario(
+        hardware="rtx4090",
+        pair="deepseek-r1-distill-qwen-7b+0.5b",
+        latency={"kind": "roofline"},
+        workload={"arrivals": {"kind": "poisson", "rate_qps": 20, "duration_s": 10}},
+    ),
 }
 
 

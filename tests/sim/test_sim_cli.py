@@ -18,7 +18,10 @@ sim = sim_cli
 def test_split_policies_keeps_parameters_with_their_policy() -> None:
     assert split_policies("fixed:k=0,fixed:k=3,adaptive") == ["fixed:k=0", "fixed:k=3", "adaptive"]
     assert split_policies("fixed:k=0,goodput:k_max=4,probe_k=1,adaptive") == [
-        "fixed:k=0", "goodput:k_max=4,probe_k=1", "adaptive"]
+        "fixed:k=0",
+        "goodput:k_max=4,probe_k=1",
+        "adaptive",
+    ]
     with pytest.raises(CommandError, match="k=1"):
         split_policies("k=1,fixed")
     with pytest.raises(CommandError, match="empty"):
@@ -39,14 +42,26 @@ def test_scenarios_lists_builtins_on_stdout() -> None:
 def test_compare_json(tmp_path) -> None:
     path = tmp_path / "small.yaml"
     path.write_text(SMALL)
-    out = sim("compare", "--scenario", str(path), "--policies", "fixed:k=0,goodput:k_max=3,probe_k=1", "--json",
-              "--seed", "3")
+    out = sim(
+        "compare", "--scenario", str(path), "--policies", "fixed:k=0,goodput:k_max=3,probe_k=1", "--json", "--seed", "3"
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["scenario"] == "small"
     assert [r["policy"] for r in doc["results"]] == ["fixed:k=0", "goodput:k_max=3,probe_k=1"]
-    keys = {"throughput_tok_s", "goodput_tok_s", "slo_attainment", "mean_e2e_s", "p99_e2e_s", "mean_ttft_s",
-            "mean_tpot_s", "acceptance", "mean_k", "k_switches", "wall_s"}
+    keys = {
+        "throughput_tok_s",
+        "goodput_tok_s",
+        "slo_attainment",
+        "mean_e2e_s",
+        "p99_e2e_s",
+        "mean_ttft_s",
+        "mean_tpot_s",
+        "acceptance",
+        "mean_k",
+        "k_switches",
+        "wall_s",
+    }
     assert all(keys <= set(r) for r in doc["results"])
     assert all(r["slo_attainment"] is None for r in doc["results"])  # the scenario has no TPOT SLO
     assert doc["results"][0]["mean_k"] == 0

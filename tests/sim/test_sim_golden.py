@@ -62,21 +62,39 @@ GOLDEN_RUNS = {
 
 def golden_scenario():
     """Twelve identical requests (64-token prompts, 16 output tokens) at 20 QPS for 0.5 s on two replicas."""
-    return small_scenario(num_replicas=2, workload={
-        "arrivals": {"kind": "poisson", "rate_qps": 20, "duration_s": 0.5},
-        "lengths": {"prompt_tokens": {"mean": 64, "std": 0}, "output_tokens": {"mean": 16, "std": 0}},
-    })
+    return small_scenario(
+        num_replicas=2,
+        workload={
+            "arrivals": {"kind": "poisson", "rate_qps": 20, "duration_s": 0.5},
+            "lengths": {"prompt_tokens": {"mean": 64, "std": 0}, "output_tokens": {"mean": 16, "std": 0}},
+        },
+    )
 
 
 def test_golden_events_and_steps() -> None:
     steps: list[tuple[StepRecord, StepStats]] = []
-    result = simulate(golden_scenario(), "cycle:ks=0-3-1", SEED, on_step=lambda r, s: steps.append((r, s)),
-                      max_trace_events=len(GOLDEN_EVENTS))
+    result = simulate(
+        golden_scenario(),
+        "cycle:ks=0-3-1",
+        SEED,
+        on_step=lambda r, s: steps.append((r, s)),
+        max_trace_events=len(GOLDEN_EVENTS),
+    )
     events = [(e.time_s, e.phase, e.replica, e.request) for e in result.trace]
     assert [e[1:] for e in events] == [g[1:] for g in GOLDEN_EVENTS]
     assert [e[0] for e in events] == pytest.approx([g[0] for g in GOLDEN_EVENTS], abs=1e-6)
-    got = [(s.replica, r.k, 1e3 * r.duration_s, r.num_batched_tokens, r.num_draft_passes, r.num_emitted_tokens,
-            r.num_accepted) for r, s in steps[: len(GOLDEN_STEPS)]]
+    got = [
+        (
+            s.replica,
+            r.k,
+            1e3 * r.duration_s,
+            r.num_batched_tokens,
+            r.num_draft_passes,
+            r.num_emitted_tokens,
+            r.num_accepted,
+        )
+        for r, s in steps[: len(GOLDEN_STEPS)]
+    ]
     assert [g[:2] + g[3:] for g in got] == [g[:2] + g[3:] for g in GOLDEN_STEPS]
     assert [g[2] for g in got] == pytest.approx([g[2] for g in GOLDEN_STEPS], abs=1e-4)
 
@@ -89,7 +107,9 @@ def test_golden_runs(policy: str) -> None:
     assert [len(r.series_k) for r in result.replicas] == steps
     assert int(result.table.num_output.sum()) == tokens == summarize(result)["num_requests"] * 16
     assert (sum(r.num_drafted for r in result.replicas), sum(r.num_accepted for r in result.replicas)) == (
-        drafted, accepted)
+        drafted,
+        accepted,
+    )
     assert result.table.replica.tolist() == routed
 
 

@@ -46,8 +46,10 @@ def test_emitted_is_accepted_plus_one_per_sampled_request(policy: str) -> None:
     for record, stats in steps:
         assert record.num_emitted_tokens == record.num_accepted + stats.num_sampled
         assert stats.num_sampled <= record.num_running
-        assert all(0 <= a <= d <= record.k for d, a in zip(record.num_drafted_per_request,
-                                                            record.num_accepted_per_request, strict=True))
+        assert all(
+            0 <= a <= d <= record.k
+            for d, a in zip(record.num_drafted_per_request, record.num_accepted_per_request, strict=True)
+        )
         assert record.duration_s > 0
 
 
@@ -69,10 +71,13 @@ def test_skipping_the_draft_at_k0_makes_it_catch_up_later() -> None:
 
 
 def test_tiny_kv_preempts_and_still_conserves_tokens() -> None:
-    scenario = small_scenario(engine={"num_kv_blocks": 40}, workload={
-        "lengths": {"prompt_tokens": {"mean": 200, "std": 0}, "output_tokens": {"mean": 200, "std": 0}},
-        "arrivals": {"kind": "poisson", "rate_qps": 8, "duration_s": 5},
-    })
+    scenario = small_scenario(
+        engine={"num_kv_blocks": 40},
+        workload={
+            "lengths": {"prompt_tokens": {"mean": 200, "std": 0}, "output_tokens": {"mean": 200, "std": 0}},
+            "arrivals": {"kind": "poisson", "rate_qps": 8, "duration_s": 5},
+        },
+    )
     result, steps = run_logged(scenario, "fixed:k=2")
     assert result.table.num_preemptions.sum() > 0
     assert sum(stats.num_preempted for _, stats in steps) == result.table.num_preemptions.sum()
@@ -181,8 +186,9 @@ def test_step_context_counts_only_the_prefill_that_can_run() -> None:
         policy.choose = lambda ctx: contexts.append(ctx) or choose(ctx)
         return policy
 
-    scenario = small_scenario(engine={"max_num_seqs": 2}, workload={"arrivals": {"kind": "poisson", "rate_qps": 40,
-                                                                                 "duration_s": 2}})
+    scenario = small_scenario(
+        engine={"max_num_seqs": 2}, workload={"arrivals": {"kind": "poisson", "rate_qps": 40, "duration_s": 2}}
+    )
     result, steps = run_logged(scenario, recording)
     assert result.policy_spec == "fixed:k=0"  # a factory's run is named by its policy's spec
     assert len(contexts) == len(steps)

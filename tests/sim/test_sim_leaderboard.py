@@ -17,16 +17,36 @@ from specserve.sim.scenario import load_scenario
 
 
 def two_rate_file(tmp_path):
-    scenario = small_scenario(workload={"arrivals": {"kind": "piecewise", "segments": [
-        {"duration_s": 4, "rate_qps": 2}, {"duration_s": 4, "rate_qps": 8}, {"duration_s": 4, "rate_qps": 2}]}})
+    scenario = small_scenario(
+        workload={
+            "arrivals": {
+                "kind": "piecewise",
+                "segments": [
+                    {"duration_s": 4, "rate_qps": 2},
+                    {"duration_s": 4, "rate_qps": 8},
+                    {"duration_s": 4, "rate_qps": 2},
+                ],
+            }
+        }
+    )
     path = tmp_path / "two-rates.yaml"
     path.write_text(yaml.safe_dump(scenario.model_dump(mode="json", exclude={"name"}, exclude_none=True)))
     return path
 
 
 def test_static_rates_and_cells() -> None:
-    scenario = small_scenario(workload={"arrivals": {"kind": "piecewise", "segments": [
-        {"duration_s": 4, "rate_qps": 2}, {"duration_s": 4, "rate_qps": 0}, {"duration_s": 4, "rate_qps": 8}]}})
+    scenario = small_scenario(
+        workload={
+            "arrivals": {
+                "kind": "piecewise",
+                "segments": [
+                    {"duration_s": 4, "rate_qps": 2},
+                    {"duration_s": 4, "rate_qps": 0},
+                    {"duration_s": 4, "rate_qps": 8},
+                ],
+            }
+        }
+    )
     assert is_dynamic(scenario) and static_rates(scenario) == [2, 8]
     steady = at_static_rate(scenario, 8, 30.0)
     assert not is_dynamic(steady)
@@ -38,8 +58,9 @@ def test_static_rates_and_cells() -> None:
 
 
 def test_cell_ratio_is_against_the_best_rival() -> None:
-    cell = Cell("s", None, {"a": {"throughput_tok_s": 99.0}, "b": {"throughput_tok_s": 100.0},
-                            "c": {"throughput_tok_s": 50.0}})
+    cell = Cell(
+        "s", None, {"a": {"throughput_tok_s": 99.0}, "b": {"throughput_tok_s": 100.0}, "c": {"throughput_tok_s": 50.0}}
+    )
     assert cell.best_rival("a") == "b" and cell.ratio("a") == pytest.approx(0.99)
     assert cell.best_rival("b") == "a" and cell.ratio("b") == pytest.approx(100 / 99)
 
@@ -74,19 +95,38 @@ def test_cells_hold_the_mean_over_seeds(tmp_path) -> None:
         evaluate("adaptive", [path], seeds=())
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--policy", "nosuch"], "unknown policy 'nosuch'"),
-    (["--seeds", "0"], "--seeds 0"),
-    (["--scenarios", "no-such-scenario"], "no-such-scenario"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--policy", "nosuch"], "unknown policy 'nosuch'"),
+        (["--seeds", "0"], "--seeds 0"),
+        (["--scenarios", "no-such-scenario"], "no-such-scenario"),
+    ],
+)
 def test_cli_errors_name_the_bad_value(args, message) -> None:
-    done = subprocess.run([sys.executable, "-m", "specserve", "sim", "leaderboard", *args], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "specserve", "sim", "leaderboard", *args], capture_output=True, text=True
+    )
     assert done.returncode == 2 and message in done.stderr
 
 
 def test_cli_json(tmp_path) -> None:
-    done = subprocess.run([sys.executable, "-m", "specserve", "sim", "leaderboard", "--scenarios",
-                           str(two_rate_file(tmp_path)), "--seeds", "1", "--json"], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specserve",
+            "sim",
+            "leaderboard",
+            "--scenarios",
+            str(two_rate_file(tmp_path)),
+            "--seeds",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode in (0, 1), done.stderr
     document = json.loads(done.stdout)
     assert document["policy"] == "adaptive" and len(document["static"]) == 2

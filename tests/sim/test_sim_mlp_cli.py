@@ -56,20 +56,35 @@ def test_samples_are_reproducible_and_subsampled_over_the_whole_run(scenario_fil
     assert positions == sorted(positions) and positions[-1] > seen // 2  # not just the run's first steps
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("train-mlp", "{tmp}/missing.jsonl", "--out", "{tmp}/w.json"), "missing.jsonl' not found"),
-    (("train-mlp", "{tmp}/bad.jsonl", "--out", "{tmp}/w.json"), "line 2: not a sample"),
-    (("train-mlp", "{tmp}/empty.jsonl", "--out", "{tmp}/w.json"), "holds no samples"),
-    (("train-mlp", "{tmp}/bad.jsonl", "--out", "{tmp}/w.json", "--epochs", "0"), "--epochs 0"),
-    (("compare", "--scenario", "{scenario}", "--policies", "mlp:weights={tmp}/missing.json"), "missing.json"),
-    (("compare", "--scenario", "{scenario}", "--policies", "mlp:weights={tmp}/bad.jsonl"), "not an mlp weights file"),
-    (("mlp-samples", "--scenario", "{scenario}", "--policy", "fixed:k=0", "--out", "{tmp}/s.jsonl"), "no samples"),
-    (("mlp-samples", "--scenario", "{scenario}", "--policy", "cycle:ks=9", "--out", "{tmp}/s.jsonl"), "max_k=4"),
-    (("mlp-samples", "--scenario", "{scenario}", "--out", "{tmp}/no/such/dir.jsonl"), "cannot write"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("train-mlp", "{tmp}/missing.jsonl", "--out", "{tmp}/w.json"), "missing.jsonl' not found"),
+        (("train-mlp", "{tmp}/bad.jsonl", "--out", "{tmp}/w.json"), "line 2: not a sample"),
+        (("train-mlp", "{tmp}/empty.jsonl", "--out", "{tmp}/w.json"), "holds no samples"),
+        (("train-mlp", "{tmp}/bad.jsonl", "--out", "{tmp}/w.json", "--epochs", "0"), "--epochs 0"),
+        (("compare", "--scenario", "{scenario}", "--policies", "mlp:weights={tmp}/missing.json"), "missing.json"),
+        (
+            ("compare", "--scenario", "{scenario}", "--policies", "mlp:weights={tmp}/bad.jsonl"),
+            "not an mlp weights file",
+        ),
+        (("mlp-samples", "--scenario", "{scenario}", "--policy", "fixed:k=0", "--out", "{tmp}/s.jsonl"), "no samples"),
+        (("mlp-samples", "--scenario", "{scenario}", "--policy", "cycle:ks=9", "--out", "{tmp}/s.jsonl"), "max_k=4"),
+        (("mlp-samples", "--scenario", "{scenario}", "--out", "{tmp}/no/such/dir.jsonl"), "cannot write"),
+    ],
+)
 def test_errors_are_one_line_and_exit_2(tmp_path, scenario_file, args, message) -> None:
-    good = json.dumps({"mean_draft_entropy": 1.0, "mean_draft_confidence": 0.7, "max_draft_entropy": 2.0,
-                       "min_draft_confidence": 0.5, "compression": "fp16", "gamma": 4, "acceptance_rate": 0.5})
+    good = json.dumps(
+        {
+            "mean_draft_entropy": 1.0,
+            "mean_draft_confidence": 0.7,
+            "max_draft_entropy": 2.0,
+            "min_draft_confidence": 0.5,
+            "compression": "fp16",
+            "gamma": 4,
+            "acceptance_rate": 0.5,
+        }
+    )
     (tmp_path / "bad.jsonl").write_text(good + "\n{not json\n")
     (tmp_path / "empty.jsonl").write_text("\n")
     out = sim(*(a.format(tmp=tmp_path, scenario=scenario_file) for a in args))

@@ -63,8 +63,9 @@ def test_tensor_parallel_splits_work_and_adds_allreduce() -> None:
 def test_kv_blocks_from_memory_for_nightjar_7b_on_4090() -> None:
     # Nightjar §6 (N_draft): 56 KiB/token for the 7B (its config.json); the authors' fork runs 4,112-4,938 blocks on
     # a 24 GB 4090.
-    resolved = resolve(small_scenario(hardware="rtx4090", pair="deepseek-r1-distill-qwen-7b+0.5b",
-                                      latency={"kind": "roofline"}))
+    resolved = resolve(
+        small_scenario(hardware="rtx4090", pair="deepseek-r1-distill-qwen-7b+0.5b", latency={"kind": "roofline"})
+    )
     assert resolved.target.kv_bytes_per_token == 56 * 1024
     assert 2500 < resolved.num_kv_blocks < 6000
     # Nightjar: N_draft ~ 1,077 target-only blocks; ours also hold the draft's KV (68 KiB/token), hence fewer.
@@ -73,8 +74,14 @@ def test_kv_blocks_from_memory_for_nightjar_7b_on_4090() -> None:
 
 def test_every_profile_loads() -> None:
     assert {"rtx4090", "a100-40g", "a100-80g", "l40s", "l20", "h100", "h200"} <= set(hardware_profiles())
-    assert {"llama2-7b+160m", "vicuna-13b+68m", "qwen2.5-32b+0.5b", "llama3.1-70b+1b",
-            "deepseek-r1-distill-qwen-7b+0.5b", "llama3.1-8b+eagle"} <= set(pair_profiles())
+    assert {
+        "llama2-7b+160m",
+        "vicuna-13b+68m",
+        "qwen2.5-32b+0.5b",
+        "llama3.1-70b+1b",
+        "deepseek-r1-distill-qwen-7b+0.5b",
+        "llama3.1-8b+eagle",
+    } <= set(pair_profiles())
     assert {"sharegpt", "alpaca", "specbench", "cnn-dailymail"} <= set(dataset_profiles())
     assert lookup("pair", "llama3.1-70b+1b").tp == 8
 
@@ -129,30 +136,48 @@ def test_acceptance_regimes_by_arrival_time() -> None:
 
 
 def test_poisson_piecewise_counts() -> None:
-    times = poisson_arrivals(rate_segments(small_scenario(workload={"arrivals": {
-        "kind": "piecewise", "segments": [{"duration_s": 40, "rate_qps": 1}, {"duration_s": 40, "rate_qps": 16},
-                                          {"duration_s": 40, "rate_qps": 48}]}}).workload.arrivals),
-        np.random.default_rng(0))
+    times = poisson_arrivals(
+        rate_segments(
+            small_scenario(
+                workload={
+                    "arrivals": {
+                        "kind": "piecewise",
+                        "segments": [
+                            {"duration_s": 40, "rate_qps": 1},
+                            {"duration_s": 40, "rate_qps": 16},
+                            {"duration_s": 40, "rate_qps": 48},
+                        ],
+                    }
+                }
+            ).workload.arrivals
+        ),
+        np.random.default_rng(0),
+    )
     counts = np.histogram(times, bins=[0, 40, 80, 120])[0]
     assert counts == pytest.approx([40, 640, 1920], rel=0.15)
     assert (np.diff(times) >= 0).all()
 
 
 def test_bursty_shapes_expand_to_rate_segments() -> None:
-    burst = rate_segments(BurstArrivals(kind="burst", base_qps=2, peak_qps=20, burst_start_s=10,
-                                        burst_duration_s=5, duration_s=30))
+    burst = rate_segments(
+        BurstArrivals(kind="burst", base_qps=2, peak_qps=20, burst_start_s=10, burst_duration_s=5, duration_s=30)
+    )
     assert [(s.duration_s, s.rate_qps) for s in burst] == [(10, 2), (5, 20), (15, 2)]
     wave = rate_segments(OscillationArrivals(kind="oscillation", high_qps=8, low_qps=1, period_s=10, duration_s=25))
     assert [(s.duration_s, s.rate_qps) for s in wave] == [(5, 8), (5, 1), (5, 8), (5, 1), (5, 8)]
-    peaks = rate_segments(MultiPeakArrivals(kind="multi_peak", base_qps=1, peak_qps=10, peak_starts_s=[5, 20],
-                                            peak_duration_s=3, duration_s=30))
+    peaks = rate_segments(
+        MultiPeakArrivals(
+            kind="multi_peak", base_qps=1, peak_qps=10, peak_starts_s=[5, 20], peak_duration_s=3, duration_s=30
+        )
+    )
     assert [(s.duration_s, s.rate_qps) for s in peaks] == [(5, 1), (3, 10), (12, 1), (3, 10), (7, 1)]
 
 
 def test_lognormal_lengths_match_sharegpt_moments() -> None:
     dist = dataset_profiles()["sharegpt"].output_tokens
-    lengths = sample_lengths(LengthDistribution(mean=dist.mean, std=dist.std, max_tokens=100000), 50000,
-                             np.random.default_rng(0))
+    lengths = sample_lengths(
+        LengthDistribution(mean=dist.mean, std=dist.std, max_tokens=100000), 50000, np.random.default_rng(0)
+    )
     assert lengths.mean() == pytest.approx(256, rel=0.05)
     assert lengths.std() == pytest.approx(249, rel=0.15)
 

@@ -63,8 +63,13 @@ def test_dsde_sweep_summary_worked_example() -> None:
     Batch 64: the cap halves p99 (10 -> 5 s) and kld scales 800 / 100 = 8x against 600 / 100 = 6x uncapped (+33.3%)."""
     fixed = {f"fixed:k={k}": _row(e2e) for k, e2e in zip((2, 4, 6, 8, 10), (20.0, 16.0, 17.0, 18.0, 19.0), strict=True)}
     batch1 = {"fixed:k=0": _row(40.0), **fixed, "kld": _row(16.4), "kld:cap=false": _row(16.4)}
-    batch64 = {"fixed:k=0": _row(8.0), **{spec: _row(6.0) for spec in fixed}, "fixed:k=2": _row(4.0),
-               "kld": _row(5.0, p99_s=5.0, tok_s=800.0), "kld:cap=false": _row(6.4, p99_s=10.0, tok_s=600.0)}
+    batch64 = {
+        "fixed:k=0": _row(8.0),
+        **{spec: _row(6.0) for spec in fixed},
+        "fixed:k=2": _row(4.0),
+        "kld": _row(5.0, p99_s=5.0, tok_s=800.0),
+        "kld:cap=false": _row(6.4, p99_s=10.0, tok_s=600.0),
+    }
     text = "\n".join(sweep_summary({"dsde-a100x8-70b-bs64": batch64, "dsde-a100x8-70b-bs1": batch1}))
     assert "| 1 | 40.0 | `fixed:k=4` | 2.50x | 2.44x | 2.5% slower | 2.44x |" in text
     assert "| 64 | 8.0 | `fixed:k=2` | 2.00x | 1.60x | 25.0% slower | 1.25x | 5.0 / 10.0 |" in text
@@ -103,8 +108,10 @@ def test_paper_speedups_come_from_the_cited_numbers() -> None:
 
 def test_a_bad_paper_file_is_named(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: bad\ntitle: Bad\nreference: r\nmetric: mean_e2e_s\nhigher_is_better: false\n"
-                   "baseline: fixed:k=0\npaper_metric_higher_is_better: false\n"
-                   "runs: [{scenario: s, policies: [fixed:k=1], not_comparable: n, shape: s}]\n")
+    bad.write_text(
+        "name: bad\ntitle: Bad\nreference: r\nmetric: mean_e2e_s\nhigher_is_better: false\n"
+        "baseline: fixed:k=0\npaper_metric_higher_is_better: false\n"
+        "runs: [{scenario: s, policies: [fixed:k=1], not_comparable: n, shape: s}]\n"
+    )
     with pytest.raises(PaperDataError, match="bad.yaml: .*run 's': baseline 'fixed:k=0'"):
         load_yaml(bad, Paper)

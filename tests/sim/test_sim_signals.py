@@ -81,11 +81,16 @@ def flat_signals(steps):
     rows = []
     for record, _ in steps:
         for conf, ent, kl, accepted in zip(
-            record.draft_confidence_per_request, record.draft_entropy_per_request, record.kl_per_request,
-            record.num_accepted_per_request, strict=True,
+            record.draft_confidence_per_request,
+            record.draft_entropy_per_request,
+            record.kl_per_request,
+            record.num_accepted_per_request,
+            strict=True,
         ):
-            rows.extend((c, h, d, 1 if j < accepted else 0 if j == accepted else -1)
-                        for j, (c, h, d) in enumerate(zip(conf, ent, kl, strict=True)))
+            rows.extend(
+                (c, h, d, 1 if j < accepted else 0 if j == accepted else -1)
+                for j, (c, h, d) in enumerate(zip(conf, ent, kl, strict=True))
+            )
     return np.array(rows)
 
 
@@ -119,8 +124,13 @@ def test_signals_are_aligned_and_in_range() -> None:
         assert len(record.request_ids) == n
         assert len(record.draft_confidence_per_request) == len(record.draft_entropy_per_request) == n
         assert len(record.kl_per_request) == n
-        for conf, ent, kl, drafted in zip(record.draft_confidence_per_request, record.draft_entropy_per_request,
-                                          record.kl_per_request, record.num_drafted_per_request, strict=True):
+        for conf, ent, kl, drafted in zip(
+            record.draft_confidence_per_request,
+            record.draft_entropy_per_request,
+            record.kl_per_request,
+            record.num_drafted_per_request,
+            strict=True,
+        ):
             assert len(conf) == len(ent) == len(kl) == drafted
             assert all(0 < c < 1 for c in conf)
             assert all(h >= 0 for h in ent) and all(d >= 0 for d in kl)
@@ -157,8 +167,7 @@ def test_context_carries_request_ids_and_the_tpot_slo() -> None:
     contexts = result.replicas[0].policy.contexts
     assert all(len(ctx.request_ids) == ctx.num_running for ctx in contexts)
     assert all(ctx.slo_tpot_s == 0.02 for ctx in contexts)
-    assert all(ctx.slo_tpot_s is None for ctx in simulate(small_scenario(), cap_by_id, 0).replicas[0]
-               .policy.contexts)
+    assert all(ctx.slo_tpot_s is None for ctx in simulate(small_scenario(), cap_by_id, 0).replicas[0].policy.contexts)
 
 
 def test_goodput_counts_requests_whose_mean_tpot_meets_the_slo() -> None:
@@ -228,8 +237,9 @@ def test_signal_policies_no_longer_fall_back_to_goodput(policy: str) -> None:
         assert described["mean_confidence"] != 0.6  # no longer the prior
 
 
-@pytest.mark.parametrize("policy", ["slo", "kld", "mlp", cap_by_id, stop_after_two],
-                         ids=["slo", "kld", "mlp", "cap-by-id", "stop-after-two"])
+@pytest.mark.parametrize(
+    "policy", ["slo", "kld", "mlp", cap_by_id, stop_after_two], ids=["slo", "kld", "mlp", "cap-by-id", "stop-after-two"]
+)
 def test_invariants_hold_for_per_request_and_stopping_policies(policy) -> None:
     result, steps = run_logged(small_scenario(engine={"num_kv_blocks": 96}), policy)
     assert np.array_equal(result.table.num_output, result.table.output_tokens)
@@ -237,8 +247,10 @@ def test_invariants_hold_for_per_request_and_stopping_policies(policy) -> None:
     assert steps[-1][1].num_kv_blocks_used == 0
     for record, stats in steps:
         assert record.num_emitted_tokens == record.num_accepted + stats.num_sampled
-        assert all(0 <= a <= d <= record.k for d, a in zip(record.num_drafted_per_request,
-                                                            record.num_accepted_per_request, strict=True))
+        assert all(
+            0 <= a <= d <= record.k
+            for d, a in zip(record.num_drafted_per_request, record.num_accepted_per_request, strict=True)
+        )
     again = simulate(small_scenario(engine={"num_kv_blocks": 96}), policy, 0)
     assert again.replicas[0].series_k == result.replicas[0].series_k
     assert again.replicas[0].series_time_s == result.replicas[0].series_time_s

@@ -26,8 +26,10 @@ def test_an_offline_batch_announces_each_prompt_once() -> None:
         policy.choose = lambda ctx: contexts.append(ctx) or choose(ctx)
         return policy
 
-    scenario = small_scenario(engine={"max_num_seqs": 2, "max_k": 4},
-                              workload={"arrivals": {"kind": "poisson", "rate_qps": 100_000, "duration_s": 1e-4}})
+    scenario = small_scenario(
+        engine={"max_num_seqs": 2, "max_k": 4},
+        workload={"arrivals": {"kind": "poisson", "rate_qps": 100_000, "duration_s": 1e-4}},
+    )
     result, steps = run_logged(scenario, recording)
     prompts = int(result.table.prompt_tokens.sum())
     assert len(result.table.prompt_tokens) >= 4

@@ -17,17 +17,36 @@ def draw_accepted(rng: random.Random, alpha: float, num_drafted: int) -> int:
     return num_accepted
 
 
-def true_step_s(coefficients: Sequence[float], num_context_tokens: int, num_batched_tokens: int,
-                num_draft_passes: int, num_running: int) -> float:
+def true_step_s(
+    coefficients: Sequence[float],
+    num_context_tokens: int,
+    num_batched_tokens: int,
+    num_draft_passes: int,
+    num_running: int,
+) -> float:
     """The ground-truth latency the tests generate durations from (the model's own functional form)."""
     c0, c1, c2, c3, c4 = coefficients
-    return (c0 + c1 * num_context_tokens + c2 * num_batched_tokens + c3 * num_draft_passes
-            + c4 * num_draft_passes * num_running)
+    return (
+        c0
+        + c1 * num_context_tokens
+        + c2 * num_batched_tokens
+        + c3 * num_draft_passes
+        + c4 * num_draft_passes * num_running
+    )
 
 
-def make_record(rng: random.Random, coefficients: Sequence[float], *, now_s: float, k: int, num_running: int,
-                alpha: float, num_context_tokens: int, num_prefill_tokens: int = 0,
-                k0_runs_draft_pass: bool = True) -> StepRecord:
+def make_record(
+    rng: random.Random,
+    coefficients: Sequence[float],
+    *,
+    now_s: float,
+    k: int,
+    num_running: int,
+    alpha: float,
+    num_context_tokens: int,
+    num_prefill_tokens: int = 0,
+    k0_runs_draft_pass: bool = True,
+) -> StepRecord:
     """One step of num_running requests each drafting k tokens, timed by the true latency."""
     accepted = tuple(draw_accepted(rng, alpha, k) for _ in range(num_running)) if k > 0 else ()
     drafted = (k,) * len(accepted)
@@ -55,11 +74,18 @@ def varied_records(
     records = []
     for step in range(num_steps):
         num_running = rng.choice((1, 2, 4, 8, 16, 32, 64, 128, 256))
-        records.append(make_record(
-            rng, coefficients, now_s=step * 0.01, k=rng.randint(0, max_k), num_running=num_running, alpha=alpha,
-            num_context_tokens=num_running * rng.randint(50, 2000),
-            num_prefill_tokens=rng.choice((0, 0, 0, 128, 512)),
-        ))
+        records.append(
+            make_record(
+                rng,
+                coefficients,
+                now_s=step * 0.01,
+                k=rng.randint(0, max_k),
+                num_running=num_running,
+                alpha=alpha,
+                num_context_tokens=num_running * rng.randint(50, 2000),
+                num_prefill_tokens=rng.choice((0, 0, 0, 128, 512)),
+            )
+        )
     return records
 
 
@@ -68,11 +94,20 @@ def roofline_s(num_batched: int, num_passes: int, num_running: int) -> float:
     return 0.002 + max(0.020, 1e-4 * num_batched) + num_passes * (5e-4 + 1e-6 * num_running)
 
 
-def roofline_record(num_batched: int, num_passes: int, num_running: int, k: int = 0,
-                    duration_s: float | None = None) -> StepRecord:
+def roofline_record(
+    num_batched: int, num_passes: int, num_running: int, k: int = 0, duration_s: float | None = None
+) -> StepRecord:
     duration = roofline_s(num_batched, num_passes, num_running) if duration_s is None else duration_s
-    return StepRecord(now_s=0.0, k=k, duration_s=duration, num_running=num_running, num_context_tokens=0,
-                      num_batched_tokens=num_batched, num_draft_passes=num_passes, num_emitted_tokens=num_running)
+    return StepRecord(
+        now_s=0.0,
+        k=k,
+        duration_s=duration,
+        num_running=num_running,
+        num_context_tokens=0,
+        num_batched_tokens=num_batched,
+        num_draft_passes=num_passes,
+        num_emitted_tokens=num_running,
+    )
 
 
 def kinked_steps(n: int = 3000, seed: int = 0) -> list[StepRecord]:

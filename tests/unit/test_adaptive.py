@@ -29,8 +29,9 @@ def test_bucket_correction_averages_residuals_and_falls_back_within_the_bucket()
         BucketCorrection(memory=0.5)
 
 
-def trained_policy(spec: str = "adaptive", alpha: float = 0.8, max_k: int = 4,
-                   asks_stop_drafting: bool = False) -> AdaptivePolicy:
+def trained_policy(
+    spec: str = "adaptive", alpha: float = 0.8, max_k: int = 4, asks_stop_drafting: bool = False
+) -> AdaptivePolicy:
     """A policy whose step-time fit has learned the kinked step cost (its correction has not: the steps go to the
     fit directly), then has observed steps with a steady acceptance of ``alpha``."""
     policy = make_policy(spec, EngineTraits(max_k=max_k, asks_stop_drafting=asks_stop_drafting))
@@ -41,17 +42,32 @@ def trained_policy(spec: str = "adaptive", alpha: float = 0.8, max_k: int = 4,
     for _ in range(200):
         k, batch = rng.randint(1, max_k), 8
         accepted = tuple(draw_accepted(rng, alpha, k) for _ in range(batch))
-        policy.observe(StepRecord(
-            now_s=0.0, k=k, duration_s=roofline_s(batch * (k + 1), k, batch), num_running=batch,
-            num_context_tokens=0, num_batched_tokens=batch * (k + 1), num_draft_passes=k,
-            num_emitted_tokens=batch + sum(accepted), num_drafted_per_request=(k,) * batch,
-            num_accepted_per_request=accepted))
+        policy.observe(
+            StepRecord(
+                now_s=0.0,
+                k=k,
+                duration_s=roofline_s(batch * (k + 1), k, batch),
+                num_running=batch,
+                num_context_tokens=0,
+                num_batched_tokens=batch * (k + 1),
+                num_draft_passes=k,
+                num_emitted_tokens=batch + sum(accepted),
+                num_drafted_per_request=(k,) * batch,
+                num_accepted_per_request=accepted,
+            )
+        )
     return policy
 
 
 def ctx(batch: int, prefill: int = 0, now_s: float = 0.0, resident: bool = True) -> StepContext:
-    return StepContext(now_s=now_s, num_running=batch, num_waiting=0, num_context_tokens=0,
-                       num_prefill_tokens=prefill, draft_resident=resident)
+    return StepContext(
+        now_s=now_s,
+        num_running=batch,
+        num_waiting=0,
+        num_context_tokens=0,
+        num_prefill_tokens=prefill,
+        draft_resident=resident,
+    )
 
 
 def test_small_batches_speculate_deep_and_big_batches_not_at_all() -> None:
@@ -106,8 +122,9 @@ def test_confidences_stop_the_draft_loop_only_where_the_engine_asks() -> None:
 
 
 def test_an_exploration_down_to_zero_is_not_extended() -> None:
-    policy = trained_policy("adaptive:explore_interval_s=0.5,switch_margin=0.0,min_gain=0.0", alpha=0.3,
-                            max_k=4, asks_stop_drafting=True)
+    policy = trained_policy(
+        "adaptive:explore_interval_s=0.5,switch_margin=0.0,min_gain=0.0", alpha=0.3, max_k=4, asks_stop_drafting=True
+    )
     decisions = [policy.choose(ctx(64, now_s=0.1 * step)) for step in range(40)]
     # k = 1 settled, granted 1 + 2 drafts; explorations ran k = 2 (granted 4) and k = 0, which runs as it is.
     assert {d.k for d in decisions} == {0, 3, 4}

@@ -40,8 +40,11 @@ def test_speculation_subpackages_import_no_framework(part: str) -> None:
     folder = PACKAGE_ROOT / "speculation" / part
     files = sorted(folder.glob("*.py"))
     assert (folder / "__init__.py") in files and len(files) > 1, f"specserve/speculation/{part} is not a package"
-    assert not {str(f.relative_to(PACKAGE_ROOT)): sorted(imported_roots(f) & FORBIDDEN) for f in files
-                if imported_roots(f) & FORBIDDEN}
+    assert not {
+        str(f.relative_to(PACKAGE_ROOT)): sorted(imported_roots(f) & FORBIDDEN)
+        for f in files
+        if imported_roots(f) & FORBIDDEN
+    }
 
 
 def test_scanner_sees_nested_and_dotted_imports(tmp_path: Path) -> None:

@@ -24,10 +24,16 @@ def record_of(pairs: list[tuple[int, int]], k: int) -> StepRecord:
     drafted = tuple(d for d, _ in pairs)
     accepted = tuple(a for _, a in pairs)
     return StepRecord(
-        now_s=0.0, k=k, duration_s=0.01, num_running=len(pairs), num_context_tokens=0,
-        num_batched_tokens=sum(drafted) + len(pairs), num_draft_passes=k,
+        now_s=0.0,
+        k=k,
+        duration_s=0.01,
+        num_running=len(pairs),
+        num_context_tokens=0,
+        num_batched_tokens=sum(drafted) + len(pairs),
+        num_draft_passes=k,
         num_emitted_tokens=sum(accepted) + len(pairs),
-        num_drafted_per_request=drafted, num_accepted_per_request=accepted,
+        num_drafted_per_request=drafted,
+        num_accepted_per_request=accepted,
     )
 
 

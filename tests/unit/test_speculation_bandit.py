@@ -26,38 +26,86 @@ INF = float("inf")
 
 
 def context(num_running: int, draft_resident: bool = True, context_per_request: int = 1000) -> StepContext:
-    return StepContext(now_s=0.0, num_running=num_running, num_waiting=0,
-                       num_context_tokens=context_per_request * num_running, draft_resident=draft_resident)
+    return StepContext(
+        now_s=0.0,
+        num_running=num_running,
+        num_waiting=0,
+        num_context_tokens=context_per_request * num_running,
+        draft_resident=draft_resident,
+    )
 
 
-def closed_loop(policy: BanditPolicy, coefficients, alpha: float, num_steps: int, num_running: int = 8,
-                k0_runs_draft_pass: bool = True) -> list[int]:
+def closed_loop(
+    policy: BanditPolicy,
+    coefficients,
+    alpha: float,
+    num_steps: int,
+    num_running: int = 8,
+    k0_runs_draft_pass: bool = True,
+) -> list[int]:
     rng, ks = random.Random(1), []
     for step in range(num_steps):
         k = policy.choose(context(num_running)).k
-        policy.observe(make_record(rng, coefficients, now_s=step * 0.01, k=k, num_running=num_running,
-                                   alpha=alpha, num_context_tokens=1000 * num_running,
-                                   k0_runs_draft_pass=k0_runs_draft_pass))
+        policy.observe(
+            make_record(
+                rng,
+                coefficients,
+                now_s=step * 0.01,
+                k=k,
+                num_running=num_running,
+                alpha=alpha,
+                num_context_tokens=1000 * num_running,
+                k0_runs_draft_pass=k0_runs_draft_pass,
+            )
+        )
         ks.append(k)
     return ks
 
 
-def record(k: int, latency_per_token_s: float, num_running: int = 32, draft_pass: bool = False,
-           prefill_tokens: int = 0, emitted_per_request: int = 1) -> StepRecord:
+def record(
+    k: int,
+    latency_per_token_s: float,
+    num_running: int = 32,
+    draft_pass: bool = False,
+    prefill_tokens: int = 0,
+    emitted_per_request: int = 1,
+) -> StepRecord:
     """A step whose tau * B / m is the given latency per token."""
     emitted = emitted_per_request * num_running
-    return StepRecord(now_s=0.0, k=k, duration_s=latency_per_token_s * emitted / num_running,
-                      num_running=num_running, num_context_tokens=100 * num_running,
-                      num_batched_tokens=num_running * (k + 1) + prefill_tokens,
-                      num_draft_passes=k if k else int(draft_pass), num_emitted_tokens=emitted)
+    return StepRecord(
+        now_s=0.0,
+        k=k,
+        duration_s=latency_per_token_s * emitted / num_running,
+        num_running=num_running,
+        num_context_tokens=100 * num_running,
+        num_batched_tokens=num_running * (k + 1) + prefill_tokens,
+        num_draft_passes=k if k else int(draft_pass),
+        num_emitted_tokens=emitted,
+    )
 
 
 # --- bucketing -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("batch", "bucket"), [
-    (1, 0), (2, 1), (3, 2), (4, 2), (5, 3), (8, 3), (9, 4), (16, 4), (17, 5), (512, 9), (513, 10),
-    (1024, 10), (1025, 11), (5000, 11),
-])
+
+@pytest.mark.parametrize(
+    ("batch", "bucket"),
+    [
+        (1, 0),
+        (2, 1),
+        (3, 2),
+        (4, 2),
+        (5, 3),
+        (8, 3),
+        (9, 4),
+        (16, 4),
+        (17, 5),
+        (512, 9),
+        (513, 10),
+        (1024, 10),
+        (1025, 11),
+        (5000, 11),
+    ],
+)
 def test_log2_buckets(batch: int, bucket: int) -> None:
     assert bucket_of(batch) == bucket
 
@@ -83,27 +131,40 @@ def test_contexts_advance_only_on_their_own_steps() -> None:
 TABLE = SwitchCostTable.parse(DEFAULT_SWITCH_COST_TABLE)
 
 
-@pytest.mark.parametrize(("length", "batch", "ms"), [
-    (128, 32, 17.87), (128, 64, 28.53), (256, 32, 20.65), (256, 64, 22.33), (512, 32, 24.30), (512, 64, 102.03),
-    (192, 32, (17.87 + 20.65) / 2),  # linear in L
-    (128, 2 ** 5.5, (17.87 + 28.53) / 2),  # linear in log2 B: 45.25 is halfway from 32 to 64
-    (384, 2 ** 5.5, ((20.65 + 22.33) / 2 + (24.30 + 102.03) / 2) / 2),  # bilinear: 42.3275
-    (64, 32, 17.87 / 2),  # toward 0 at L = 0
-    (1024, 32, 24.30 * 2), (1024, 64, 102.03 * 2),  # proportional past the grid
-    (128, 8, 17.87), (256, 128, 22.33),  # clamped in B
-    (0, 32, 0.0),
-])
+@pytest.mark.parametrize(
+    ("length", "batch", "ms"),
+    [
+        (128, 32, 17.87),
+        (128, 64, 28.53),
+        (256, 32, 20.65),
+        (256, 64, 22.33),
+        (512, 32, 24.30),
+        (512, 64, 102.03),
+        (192, 32, (17.87 + 20.65) / 2),  # linear in L
+        (128, 2**5.5, (17.87 + 28.53) / 2),  # linear in log2 B: 45.25 is halfway from 32 to 64
+        (384, 2**5.5, ((20.65 + 22.33) / 2 + (24.30 + 102.03) / 2) / 2),  # bilinear: 42.3275
+        (64, 32, 17.87 / 2),  # toward 0 at L = 0
+        (1024, 32, 24.30 * 2),
+        (1024, 64, 102.03 * 2),  # proportional past the grid
+        (128, 8, 17.87),
+        (256, 128, 22.33),  # clamped in B
+        (0, 32, 0.0),
+    ],
+)
 def test_switch_cost_interpolates_table_3(length: float, batch: float, ms: float) -> None:
     assert TABLE.cost_s(length, batch) * 1000 == pytest.approx(ms)
 
 
-@pytest.mark.parametrize(("table", "named"), [
-    ("128x32:17.87/128x64:28.53/256x32:20.65", "256x64"),  # missing grid point
-    ("128x32:17.87/128-64:28.53", "'128-64:28.53'"),
-    ("128x32:fast", "'128x32:fast'"),
-    ("0x32:1", "'0x32:1'"),
-    ("128x32:1/128x32:2", "repeats"),
-])
+@pytest.mark.parametrize(
+    ("table", "named"),
+    [
+        ("128x32:17.87/128x64:28.53/256x32:20.65", "256x64"),  # missing grid point
+        ("128x32:17.87/128-64:28.53", "'128-64:28.53'"),
+        ("128x32:fast", "'128x32:fast'"),
+        ("0x32:1", "'0x32:1'"),
+        ("128x32:1/128x32:2", "repeats"),
+    ],
+)
 def test_bad_switch_cost_tables_name_the_bad_part(table: str, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         make_policy(f"bandit:switch_cost_table={table}", EngineTraits(max_k=4))
@@ -132,6 +193,7 @@ def test_offloaded_draft_must_rebuild_the_whole_context() -> None:
 
 
 # --- Eq. (4) -------------------------------------------------------------------------------------------
+
 
 def test_exploit_rule_worked_example() -> None:
     latencies = [10e-3, 8e-3, 7e-3, 7.5e-3]
@@ -162,6 +224,7 @@ def test_switching_cost_holds_speculation_off() -> None:
 
 # --- schedule ------------------------------------------------------------------------------------------
 
+
 def test_block_and_bin_lengths() -> None:
     assert [block_rounds(j) for j in range(1, 8)] == [1, 2, 4, 8, 16, 32, 64]
     assert [bin_rounds(j) for j in range(1, 12)] == [1, 1, 2, 2, 4, 5, 8, 11, 16, 22, 32]
@@ -187,7 +250,7 @@ ROUNDS_TO_BLOCK_12 = sum(bin_rounds(j) * num_bins(j) for j in range(1, 12))
 
 
 def test_schedule_on_one_context() -> None:
-    assert ROUNDS_TO_BLOCK_12 == 2 ** 11 - 1 + 3 + 4 + 16  # blocks 6, 8 and 10 overshoot (35, 132, 528)
+    assert ROUNDS_TO_BLOCK_12 == 2**11 - 1 + 3 + 4 + 16  # blocks 6, 8 and 10 overshoot (35, 132, 528)
     bins = bin_log(seed=0, num_rounds=ROUNDS_TO_BLOCK_12)
     for block in range(1, 12):
         lengths = [rounds for j, _, rounds, _ in bins if j == block]
@@ -197,12 +260,17 @@ def test_schedule_on_one_context() -> None:
 
 @pytest.mark.parametrize(("schedule", "bin_index"), [("inv_sqrt", 4), ("inv_sqrt", 16), ("inv", 4)])
 def test_exploration_decays_with_the_bin_index(schedule: str, bin_index: int) -> None:
-    draws = [explored for seed in range(60) for _, i, _, explored in bin_log(seed, ROUNDS_TO_BLOCK_12, schedule)
-             if i == bin_index]
+    draws = [
+        explored
+        for seed in range(60)
+        for _, i, _, explored in bin_log(seed, ROUNDS_TO_BLOCK_12, schedule)
+        if i == bin_index
+    ]
     assert sum(draws) / len(draws) == pytest.approx(explore_probability(bin_index, schedule), abs=0.08)
 
 
 # --- closed loop ----------------------------------------------------------------------------------------
+
 
 def test_no_acceptance_converges_to_zero() -> None:
     policy = make_policy("bandit", EngineTraits(max_k=4))
@@ -238,22 +306,31 @@ def test_zero_without_draft_or_batch() -> None:
     assert policy.choose(context(0)).k == 0
 
 
-@pytest.mark.parametrize("spec", [
-    "bandit",
-    "bandit:seed=3,explore_schedule=inv,bucketing=exact",
-    "bandit:k_max=3,max_bucket=6,switch_cost_scale=0.5,switch_cost_table=128x32:10.0/256x32:20.0",
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "bandit",
+        "bandit:seed=3,explore_schedule=inv,bucketing=exact",
+        "bandit:k_max=3,max_bucket=6,switch_cost_scale=0.5,switch_cost_table=128x32:10.0/256x32:20.0",
+    ],
+)
 def test_spec_round_trips(spec: str) -> None:
     policy = make_policy(spec, EngineTraits(max_k=4))
     rebuilt = make_policy(policy.spec, EngineTraits(max_k=4))
     assert type(rebuilt) is type(policy) and rebuilt.params == policy.params and rebuilt.spec == policy.spec
 
 
-@pytest.mark.parametrize(("spec", "named"), [
-    ("bandit:explore_schedule=log", "explore_schedule"), ("bandit:bucketing=pow2", "bucketing"),
-    ("bandit:max_bucket=-1", "max_bucket"), ("bandit:switch_cost_scale=-1", "switch_cost_scale"),
-    ("bandit:k_max=-1", "k_max"), ("bandit:seed=x", "seed"),
-])
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        ("bandit:explore_schedule=log", "explore_schedule"),
+        ("bandit:bucketing=pow2", "bucketing"),
+        ("bandit:max_bucket=-1", "max_bucket"),
+        ("bandit:switch_cost_scale=-1", "switch_cost_scale"),
+        ("bandit:k_max=-1", "k_max"),
+        ("bandit:seed=x", "seed"),
+    ],
+)
 def test_bad_params(spec: str, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         make_policy(spec, EngineTraits(max_k=4))

@@ -27,8 +27,9 @@ def analytic_goodputs(coefficients, alpha: float, num_running: int, k_max: int) 
     goodputs = []
     for k in range(k_max + 1):
         tokens = k + 1 if alpha == 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
-        step_s = true_step_s(coefficients, CONTEXT_PER_REQUEST * num_running, num_running * (k + 1),
-                             max(k, 1), num_running)
+        step_s = true_step_s(
+            coefficients, CONTEXT_PER_REQUEST * num_running, num_running * (k + 1), max(k, 1), num_running
+        )
         goodputs.append(num_running * tokens / step_s)
     return goodputs
 
@@ -41,8 +42,9 @@ def trained_policy(coefficients, alpha: float, k_max: int = 6) -> GoodputPolicy:
 
 
 def context(num_running: int, now_s: float = 0.0) -> StepContext:
-    return StepContext(now_s=now_s, num_running=num_running, num_waiting=0,
-                       num_context_tokens=CONTEXT_PER_REQUEST * num_running)
+    return StepContext(
+        now_s=now_s, num_running=num_running, num_waiting=0, num_context_tokens=CONTEXT_PER_REQUEST * num_running
+    )
 
 
 @pytest.mark.parametrize("num_running", [1, 4, 16, 64, 256])
@@ -96,8 +98,11 @@ def test_settles_on_zero_and_still_probes() -> None:
     rng, now_s, chosen = random.Random(5), 0.0, []
     for _ in range(500):  # 5 s of 10 ms steps (float sums make a 1 s interval 100 or 101 steps)
         k = policy.choose(context(8, now_s)).k
-        policy.observe(make_record(rng, TRUE, now_s=now_s, k=k, num_running=8, alpha=0.0,
-                                   num_context_tokens=CONTEXT_PER_REQUEST * 8))
+        policy.observe(
+            make_record(
+                rng, TRUE, now_s=now_s, k=k, num_running=8, alpha=0.0, num_context_tokens=CONTEXT_PER_REQUEST * 8
+            )
+        )
         chosen.append(k)
         now_s += 0.01
     assert chosen[0] > 0  # the 0.5 prior makes small batches speculate at first
@@ -111,8 +116,17 @@ def test_settles_on_zero_and_still_probes() -> None:
     ks = []
     for dt in (0.0, 0.01, 0.99, 1.01, 1.02):
         ks.append(policy.choose(context(8, probe_s + dt)).k)
-        policy.observe(make_record(rng, TRUE, now_s=probe_s + dt, k=ks[-1], num_running=8, alpha=0.0,
-                                   num_context_tokens=CONTEXT_PER_REQUEST * 8))
+        policy.observe(
+            make_record(
+                rng,
+                TRUE,
+                now_s=probe_s + dt,
+                k=ks[-1],
+                num_running=8,
+                alpha=0.0,
+                num_context_tokens=CONTEXT_PER_REQUEST * 8,
+            )
+        )
     assert ks == [2, 0, 0, 2, 0]
 
 
@@ -123,8 +137,17 @@ def test_probe_lasts_until_its_drafts_are_verified() -> None:
 
     def step(now_s: float, verified_k: int) -> int:
         k = policy.choose(context(8, now_s)).k
-        policy.observe(make_record(rng, TRUE, now_s=now_s, k=verified_k, num_running=8, alpha=0.0,
-                                   num_context_tokens=CONTEXT_PER_REQUEST * 8))
+        policy.observe(
+            make_record(
+                rng,
+                TRUE,
+                now_s=now_s,
+                k=verified_k,
+                num_running=8,
+                alpha=0.0,
+                num_context_tokens=CONTEXT_PER_REQUEST * 8,
+            )
+        )
         return k
 
     assert step(0.0, 0) == 0  # the clock starts
@@ -178,15 +201,31 @@ def stuck_then_closed_loop(spec: str, seconds: float, seed: int = 0) -> list[tup
     rng, now_s = random.Random(seed), 0.0
     for step in range(200):
         num_running = 8 + step
-        policy.observe(make_record(rng, COMPUTE_BOUND, now_s=now_s, k=4, num_running=num_running, alpha=0.66,
-                                   num_context_tokens=CONTEXT_PER_REQUEST * num_running))
+        policy.observe(
+            make_record(
+                rng,
+                COMPUTE_BOUND,
+                now_s=now_s,
+                k=4,
+                num_running=num_running,
+                alpha=0.66,
+                num_context_tokens=CONTEXT_PER_REQUEST * num_running,
+            )
+        )
         now_s += 0.05
     start_s, chosen = now_s, []
     while now_s - start_s < seconds:
         num_running = rng.randint(224, 256)
         k = policy.choose(context(num_running, now_s)).k
-        record = make_record(rng, COMPUTE_BOUND, now_s=now_s, k=k, num_running=num_running, alpha=0.66,
-                             num_context_tokens=CONTEXT_PER_REQUEST * num_running)
+        record = make_record(
+            rng,
+            COMPUTE_BOUND,
+            now_s=now_s,
+            k=k,
+            num_running=num_running,
+            alpha=0.66,
+            num_context_tokens=CONTEXT_PER_REQUEST * num_running,
+        )
         policy.observe(record)
         chosen.append((now_s - start_s, k))
         now_s += record.duration_s
@@ -213,8 +252,9 @@ def test_settled_policy_explores_one_neighbour_per_interval() -> None:
     rng, now_s, chosen = random.Random(1), 0.0, []
     while now_s < 10.0:
         k = policy.choose(context(8, now_s)).k
-        record = make_record(rng, overhead, now_s=now_s, k=k, num_running=8, alpha=1.0,
-                             num_context_tokens=CONTEXT_PER_REQUEST * 8)
+        record = make_record(
+            rng, overhead, now_s=now_s, k=k, num_running=8, alpha=1.0, num_context_tokens=CONTEXT_PER_REQUEST * 8
+        )
         policy.observe(record)
         chosen.append(k)
         now_s += record.duration_s
@@ -240,6 +280,11 @@ def test_prefill_chunk_is_not_charged_to_k() -> None:
     the step, charging them to the decodes would amortise them like a fixed cost and favour k = 4."""
     policy = trained_policy(COMPUTE_BOUND, alpha=0.66, k_max=4)
     decode_only = context(240)
-    with_chunk = StepContext(now_s=0.0, num_running=240, num_waiting=50, num_prefill_tokens=8192,
-                             num_context_tokens=CONTEXT_PER_REQUEST * 240)
+    with_chunk = StepContext(
+        now_s=0.0,
+        num_running=240,
+        num_waiting=50,
+        num_prefill_tokens=8192,
+        num_context_tokens=CONTEXT_PER_REQUEST * 240,
+    )
     assert policy.choose(decode_only).k == policy.choose(with_chunk).k == 0

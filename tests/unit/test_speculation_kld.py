@@ -17,7 +17,16 @@ from specserve.speculation.policies.parts.kld_signals import (
 
 # A worked example (our arithmetic on DSDE Eqs. 1-11): per-step mean KLD, most recent first.
 HISTORY = [0.30, 0.25, 0.40, 0.35, 0.20, 0.30, 0.28, 0.33, 0.27, 0.31] + [
-    0.10, 0.12, 0.09, 0.11, 0.10, 0.13, 0.08, 0.12, 0.10, 0.11,
+    0.10,
+    0.12,
+    0.09,
+    0.11,
+    0.10,
+    0.13,
+    0.08,
+    0.12,
+    0.10,
+    0.11,
 ] * 2
 
 
@@ -35,10 +44,16 @@ def test_wvir_worked_example() -> None:
     assert wvir([0.3], 0.85, 10, 30) == 1.0 and wvir([0.2] * 12, 0.85, 10, 30) == 1.0
 
 
-@pytest.mark.parametrize(("mu", "sf", "penalty", "length"), [
-    (0.0, 0.0, 0.0, 7.20), (0.1, 0.2214, 0.0822, 6.77), (0.2, 0.4918, 0.1826, 6.25),
-    (0.3, 0.8221, 0.3053, 5.61), (0.5, 1.7183, 0.6381, 3.88),
-])
+@pytest.mark.parametrize(
+    ("mu", "sf", "penalty", "length"),
+    [
+        (0.0, 0.0, 0.0, 7.20),
+        (0.1, 0.2214, 0.0822, 6.77),
+        (0.2, 0.4918, 0.1826, 6.25),
+        (0.3, 0.8221, 0.3053, 5.61),
+        (0.5, 1.7183, 0.6381, 3.88),
+    ],
+)
 def test_prediction_table(mu: float, sf: float, penalty: float, length: float) -> None:
     ratio = wvir(HISTORY, 0.85, 10, 30)
     assert scale_factor(mu) == pytest.approx(sf, abs=1e-4)
@@ -55,16 +70,26 @@ def test_extreme_instability_gives_sl_min_and_cap_is_the_mean() -> None:
 def record(klds: dict[str, tuple[float, ...]], accepted: dict[str, int]) -> StepRecord:
     ids = tuple(klds)
     drafted = tuple(len(klds[r]) for r in ids)
-    return StepRecord(now_s=0.0, k=max(drafted), duration_s=0.01, num_running=len(ids), num_context_tokens=1000,
-                      num_batched_tokens=sum(drafted) + len(ids), num_draft_passes=max(drafted),
-                      num_emitted_tokens=sum(accepted.values()) + len(ids), num_drafted_per_request=drafted,
-                      num_accepted_per_request=tuple(accepted[r] for r in ids), request_ids=ids,
-                      kl_per_request=tuple(klds[r] for r in ids))
+    return StepRecord(
+        now_s=0.0,
+        k=max(drafted),
+        duration_s=0.01,
+        num_running=len(ids),
+        num_context_tokens=1000,
+        num_batched_tokens=sum(drafted) + len(ids),
+        num_draft_passes=max(drafted),
+        num_emitted_tokens=sum(accepted.values()) + len(ids),
+        num_drafted_per_request=drafted,
+        num_accepted_per_request=tuple(accepted[r] for r in ids),
+        request_ids=ids,
+        kl_per_request=tuple(klds[r] for r in ids),
+    )
 
 
 def context(ids: tuple[str, ...]) -> StepContext:
-    return StepContext(now_s=0.0, num_running=len(ids), num_waiting=0, num_context_tokens=1000 * len(ids),
-                       request_ids=ids)
+    return StepContext(
+        now_s=0.0, num_running=len(ids), num_waiting=0, num_context_tokens=1000 * len(ids), request_ids=ids
+    )
 
 
 def calibrated(spec: str = "kld", steps: int = 12, max_k: int = 8) -> KldPolicy:
@@ -100,8 +125,13 @@ def test_batch_cap_bounds_stragglers() -> None:
 
 def test_batch_of_one_is_not_capped() -> None:
     policy = calibrated("kld:cap=true")
-    assert policy.choose(context(("calm",))).k == policy.choose(StepContext(
-        now_s=0.0, num_running=1, num_waiting=0, num_context_tokens=1000, request_ids=("calm",))).k == 8
+    assert (
+        policy.choose(context(("calm",))).k
+        == policy.choose(
+            StepContext(now_s=0.0, num_running=1, num_waiting=0, num_context_tokens=1000, request_ids=("calm",))
+        ).k
+        == 8
+    )
 
 
 def test_new_and_finished_sequences() -> None:
@@ -115,9 +145,18 @@ def test_without_kl_it_is_goodput() -> None:
     ctx = context(("a", "b"))
     assert not policy.kl_seen
     assert policy.choose(ctx) == policy.fallback.choose(ctx)
-    plain = StepRecord(now_s=0.0, k=1, duration_s=0.01, num_running=2, num_context_tokens=2000,
-                       num_batched_tokens=4, num_draft_passes=1, num_emitted_tokens=3,
-                       num_drafted_per_request=(1, 1), num_accepted_per_request=(1, 0))
+    plain = StepRecord(
+        now_s=0.0,
+        k=1,
+        duration_s=0.01,
+        num_running=2,
+        num_context_tokens=2000,
+        num_batched_tokens=4,
+        num_draft_passes=1,
+        num_emitted_tokens=3,
+        num_drafted_per_request=(1, 1),
+        num_accepted_per_request=(1, 0),
+    )
     policy.observe(plain)
     assert not policy.kl_seen
 
@@ -129,10 +168,17 @@ def test_spec_round_trips(spec: str) -> None:
     assert type(rebuilt) is KldPolicy and rebuilt.params == policy.params and rebuilt.spec == policy.spec
 
 
-@pytest.mark.parametrize(("spec", "named"), [
-    ("kld:sl_min=0", "sl_min"), ("kld:decay=0", "decay"), ("kld:short_window=1", "short_window"),
-    ("kld:long_window=5", "long_window"), ("kld:calib_steps=0", "calib_steps"), ("kld:calib_k=1", "calib_k"),
-])
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        ("kld:sl_min=0", "sl_min"),
+        ("kld:decay=0", "decay"),
+        ("kld:short_window=1", "short_window"),
+        ("kld:long_window=5", "long_window"),
+        ("kld:calib_steps=0", "calib_steps"),
+        ("kld:calib_k=1", "calib_k"),
+    ],
+)
 def test_bad_params(spec: str, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         make_policy(spec, EngineTraits(max_k=8))

@@ -69,8 +69,20 @@ def test_training_reduces_loss_and_is_deterministic() -> None:
 def test_train_file_trains_on_jsonl_samples(tmp_path) -> None:
     lines = []
     for features, rate in synthetic_samples(60, seed=9):
-        entry = dict(zip(("mean_draft_entropy", "mean_draft_confidence", "max_draft_entropy",
-                          "min_draft_confidence", "compression", "gamma"), features, strict=True))
+        entry = dict(
+            zip(
+                (
+                    "mean_draft_entropy",
+                    "mean_draft_confidence",
+                    "max_draft_entropy",
+                    "min_draft_confidence",
+                    "compression",
+                    "gamma",
+                ),
+                features,
+                strict=True,
+            )
+        )
         entry["compression"] = ("fp16", "int8", "nf4")[int(features[4])]
         lines.append(json.dumps({**entry, "acceptance_rate": rate}))
     lines.append(json.dumps({**entry, "accepted": True}))  # a flag is a 0/1 target
@@ -90,11 +102,20 @@ def test_train_file_trains_on_jsonl_samples(tmp_path) -> None:
 
 def signal_record(confidence: float, num_running: int = 4, k: int = 4) -> StepRecord:
     entropy_nats = token_entropy_bits(confidence, 16) * math.log(2)
-    return StepRecord(now_s=0.0, k=k, duration_s=0.01, num_running=num_running, num_context_tokens=1000,
-                      num_batched_tokens=num_running * (k + 1), num_draft_passes=k, num_emitted_tokens=num_running,
-                      num_drafted_per_request=(k,) * num_running, num_accepted_per_request=(0,) * num_running,
-                      draft_confidence_per_request=((confidence,) * k,) * num_running,
-                      draft_entropy_per_request=((entropy_nats,) * k,) * num_running)
+    return StepRecord(
+        now_s=0.0,
+        k=k,
+        duration_s=0.01,
+        num_running=num_running,
+        num_context_tokens=1000,
+        num_batched_tokens=num_running * (k + 1),
+        num_draft_passes=k,
+        num_emitted_tokens=num_running,
+        num_drafted_per_request=(k,) * num_running,
+        num_accepted_per_request=(0,) * num_running,
+        draft_confidence_per_request=((confidence,) * k,) * num_running,
+        draft_entropy_per_request=((entropy_nats,) * k,) * num_running,
+    )
 
 
 def context(num_running: int = 4) -> StepContext:
@@ -116,12 +137,14 @@ def test_prefill_chunk_is_not_charged_to_gamma() -> None:
     """The cost objective's T(gamma) is the decode part only (goodput's module docstring): charging an 8192-token
     chunk (164 ms at 20 us per token) to every candidate would move the choice at B = 64 from gamma = 4 to 8."""
     latency = StepLatencyModel(prior=(5e-3, 1e-6, 20e-6, 1e-3, 10e-6), prior_weight=1e12)
-    policy = MlpPolicy(make_policy("mlp:gammas=0-2-4-6-8", EngineTraits(max_k=8)).params, EngineTraits(max_k=8),
-                       latency=latency)
+    policy = MlpPolicy(
+        make_policy("mlp:gammas=0-2-4-6-8", EngineTraits(max_k=8)).params, EngineTraits(max_k=8), latency=latency
+    )
     policy.observe(signal_record(0.6))
     decode_only = context(64)
-    with_chunk = StepContext(now_s=0.0, num_running=64, num_waiting=50, num_context_tokens=1000 * 64,
-                             num_prefill_tokens=8192)
+    with_chunk = StepContext(
+        now_s=0.0, num_running=64, num_waiting=50, num_context_tokens=1000 * 64, num_prefill_tokens=8192
+    )
     assert [policy.score(with_chunk, g) for g in policy.gammas] == [policy.score(decode_only, g) for g in policy.gammas]
     assert policy.choose(with_chunk) == policy.choose(decode_only)
 
@@ -138,8 +161,18 @@ def test_without_signals_it_is_goodput_and_gammas_capped_by_engine() -> None:
     policy = make_policy("mlp", EngineTraits(max_k=3))
     assert policy.gammas == (2, 3)
     assert policy.choose(context()) == policy.fallback.choose(context())
-    policy.observe(StepRecord(now_s=0.0, k=0, duration_s=0.01, num_running=4, num_context_tokens=4000,
-                              num_batched_tokens=4, num_draft_passes=1, num_emitted_tokens=4))
+    policy.observe(
+        StepRecord(
+            now_s=0.0,
+            k=0,
+            duration_s=0.01,
+            num_running=4,
+            num_context_tokens=4000,
+            num_batched_tokens=4,
+            num_draft_passes=1,
+            num_emitted_tokens=4,
+        )
+    )
     assert policy.features is None
 
 
@@ -150,10 +183,15 @@ def test_spec_round_trips(spec: str) -> None:
     assert type(rebuilt) is MlpPolicy and rebuilt.params == policy.params and rebuilt.spec == policy.spec
 
 
-@pytest.mark.parametrize(("spec", "named"), [
-    ("mlp:gammas=2-x", "gammas"), ("mlp:objective=speed", "objective"), ("mlp:compression=fp8", "compression"),
-    ("mlp:latency_half_life_steps=-1", "latency_half_life_steps"),
-])
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        ("mlp:gammas=2-x", "gammas"),
+        ("mlp:objective=speed", "objective"),
+        ("mlp:compression=fp8", "compression"),
+        ("mlp:latency_half_life_steps=-1", "latency_half_life_steps"),
+    ],
+)
 def test_bad_params(spec: str, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         make_policy(spec, EngineTraits(max_k=8))
@@ -166,26 +204,57 @@ def test_synthetic_samples_are_reproducible() -> None:
 def test_record_samples_round_trip_through_the_jsonl_parser() -> None:
     """One sample per drafting request, gamma its own draft count, features in bits; the parser reads them back."""
     confidences, entropies = (0.9, 0.5), (math.log(2), 2 * math.log(2))
-    record = StepRecord(now_s=0.0, k=2, duration_s=0.01, num_running=3, num_context_tokens=300, num_batched_tokens=9,
-                        num_draft_passes=2, num_emitted_tokens=5, num_drafted_per_request=(2, 0, 1),
-                        num_accepted_per_request=(1, 0, 1), request_ids=("a", "b", "c"),
-                        draft_confidence_per_request=(confidences, (), (0.8,)),
-                        draft_entropy_per_request=(entropies, (), (0.1,)))
+    record = StepRecord(
+        now_s=0.0,
+        k=2,
+        duration_s=0.01,
+        num_running=3,
+        num_context_tokens=300,
+        num_batched_tokens=9,
+        num_draft_passes=2,
+        num_emitted_tokens=5,
+        num_drafted_per_request=(2, 0, 1),
+        num_accepted_per_request=(1, 0, 1),
+        request_ids=("a", "b", "c"),
+        draft_confidence_per_request=(confidences, (), (0.8,)),
+        draft_entropy_per_request=(entropies, (), (0.1,)),
+    )
     samples = record_samples(record, "int8")
     assert [s["gamma"] for s in samples] == [2, 1] and [s["acceptance_rate"] for s in samples] == [0.5, 1.0]
     assert samples[0]["mean_draft_entropy"] == 1.5 and samples[0]["min_draft_confidence"] == 0.5
     features, target = parse_sample(json.dumps(samples[0]), 1)
     assert features == pytest.approx((1.5, 0.7, 2.0, 0.5, 1.0, 2.0)) and target == 0.5
-    assert record_samples(StepRecord(now_s=0.0, k=2, duration_s=0.01, num_running=1, num_context_tokens=1,
-                                     num_batched_tokens=3, num_draft_passes=2, num_emitted_tokens=1,
-                                     num_drafted_per_request=(2,), num_accepted_per_request=(0,))) == []
+    assert (
+        record_samples(
+            StepRecord(
+                now_s=0.0,
+                k=2,
+                duration_s=0.01,
+                num_running=1,
+                num_context_tokens=1,
+                num_batched_tokens=3,
+                num_draft_passes=2,
+                num_emitted_tokens=1,
+                num_drafted_per_request=(2,),
+                num_accepted_per_request=(0,),
+            )
+        )
+        == []
+    )
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    (None, "cannot read it"), ("not json", "not an mlp weights file"), ("[1]", "not an mlp weights file"),
-    (json.dumps({"format": "specserve-mlp-acceptance/1", "feature_names": list(FEATURE_NAMES)}),
-     "missing field 'input_mean'"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read it"),
+        ("not json", "not an mlp weights file"),
+        ("[1]", "not an mlp weights file"),
+        (
+            json.dumps({"format": "specserve-mlp-acceptance/1", "feature_names": list(FEATURE_NAMES)}),
+            "missing field 'input_mean'",
+        ),
+    ],
+)
 def test_weights_param_errors_name_the_file(tmp_path, content, message) -> None:
     path = tmp_path / "weights.json"
     if content is not None:

@@ -33,8 +33,14 @@ def slo_policy(spec: str = "slo", max_k: int = 8, coefficients=TRUE, **traits) -
 
 
 def context(num_running: int = 4, slo_tpot_s: float | None = None, request_ids: tuple[str, ...] = ()) -> StepContext:
-    return StepContext(now_s=0.0, num_running=num_running, num_waiting=0, num_context_tokens=1000 * num_running,
-                       request_ids=request_ids, slo_tpot_s=slo_tpot_s)
+    return StepContext(
+        now_s=0.0,
+        num_running=num_running,
+        num_waiting=0,
+        num_context_tokens=1000 * num_running,
+        request_ids=request_ids,
+        slo_tpot_s=slo_tpot_s,
+    )
 
 
 def step_s(k: int, num_running: int, coefficients=TRUE) -> float:
@@ -96,8 +102,14 @@ def test_prefill_chunk_is_not_charged_to_k() -> None:
     ids = tuple(f"r{i}" for i in range(128))
     plain, chunked = slo_policy(), slo_policy()
     decode_only = context(128, request_ids=ids)
-    with_chunk = StepContext(now_s=0.0, num_running=128, num_waiting=50, num_context_tokens=1000 * 128,
-                             num_prefill_tokens=8192, request_ids=ids)
+    with_chunk = StepContext(
+        now_s=0.0,
+        num_running=128,
+        num_waiting=50,
+        num_context_tokens=1000 * 128,
+        num_prefill_tokens=8192,
+        request_ids=ids,
+    )
     assert plain.choose(decode_only) == chunked.choose(with_chunk)
     efficiency = "predicted_efficiency_tokens_per_s"
     assert plain.describe()[efficiency] == chunked.describe()[efficiency]
@@ -106,8 +118,16 @@ def test_prefill_chunk_is_not_charged_to_k() -> None:
     # the chunk was charged) binds k exactly as it does without the chunk.
     slo = dict(slo_tpot_s=0.030)
     assert slo_policy().choose(context(128, request_ids=ids, **slo)) == slo_policy().choose(
-        StepContext(now_s=0.0, num_running=128, num_waiting=50, num_context_tokens=1000 * 128,
-                    num_prefill_tokens=8192, request_ids=ids, **slo))
+        StepContext(
+            now_s=0.0,
+            num_running=128,
+            num_waiting=50,
+            num_context_tokens=1000 * 128,
+            num_prefill_tokens=8192,
+            request_ids=ids,
+            **slo,
+        )
+    )
 
 
 def test_early_stop_fires_below_the_break_even_confidence() -> None:
@@ -141,10 +161,20 @@ def test_early_stop_at_the_chosen_k_and_dropped_pass_stays_out_of_mean_confidenc
     stop = policy.choose(context(4)).draft_stop
     assert stop.after_pass(0, 0.9) is False
     assert stop.after_pass(1, 0.01) is True  # f dropped at position 1
-    record = StepRecord(now_s=0.0, k=2, duration_s=0.01, num_running=1, num_context_tokens=1000,
-                        num_batched_tokens=3, num_draft_passes=2, num_emitted_tokens=2,
-                        num_drafted_per_request=(2,), num_accepted_per_request=(1,), request_ids=("a",),
-                        draft_confidence_per_request=((0.9, 0.01),))
+    record = StepRecord(
+        now_s=0.0,
+        k=2,
+        duration_s=0.01,
+        num_running=1,
+        num_context_tokens=1000,
+        num_batched_tokens=3,
+        num_draft_passes=2,
+        num_emitted_tokens=2,
+        num_drafted_per_request=(2,),
+        num_accepted_per_request=(1,),
+        request_ids=("a",),
+        draft_confidence_per_request=((0.9, 0.01),),
+    )
     policy.observe(record)
     assert policy.mean_confidence == pytest.approx(0.9)  # the 0.01 of the dropped pass is excluded
     policy.observe(record)  # the next step had no rule that saw a drop: every confidence counts
@@ -164,10 +194,20 @@ def test_elimination_drops_only_unlikely_drafts() -> None:
 def test_trimming_caps_low_confidence_requests() -> None:
     policy = slo_policy()
     ids = ("good", "bad")
-    record = StepRecord(now_s=0.0, k=3, duration_s=0.01, num_running=2, num_context_tokens=2000,
-                        num_batched_tokens=8, num_draft_passes=3, num_emitted_tokens=5,
-                        num_drafted_per_request=(3, 3), num_accepted_per_request=(3, 0), request_ids=ids,
-                        draft_confidence_per_request=((0.95, 0.95, 0.95), (0.1, 0.1, 0.1)))
+    record = StepRecord(
+        now_s=0.0,
+        k=3,
+        duration_s=0.01,
+        num_running=2,
+        num_context_tokens=2000,
+        num_batched_tokens=8,
+        num_draft_passes=3,
+        num_emitted_tokens=5,
+        num_drafted_per_request=(3, 3),
+        num_accepted_per_request=(3, 0),
+        request_ids=ids,
+        draft_confidence_per_request=((0.95, 0.95, 0.95), (0.1, 0.1, 0.1)),
+    )
     policy.observe(record)
     decision = policy.choose(context(2, request_ids=ids))
     caps = dict(decision.max_k_per_request)
@@ -191,12 +231,15 @@ def test_spec_round_trips(spec: str) -> None:
     assert type(rebuilt) is SloPolicy and rebuilt.params == policy.params and rebuilt.spec == policy.spec
 
 
-@pytest.mark.parametrize(("spec", "named"), [
-    ("slo:k_max=-1", "k_max"),
-    ("slo:default_confidence=1.5", "default_confidence"),
-    ("slo:latency_half_life_steps=0", "latency_half_life_steps"),
-    ("slo:trim=maybe", "trim"),
-])
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        ("slo:k_max=-1", "k_max"),
+        ("slo:default_confidence=1.5", "default_confidence"),
+        ("slo:latency_half_life_steps=0", "latency_half_life_steps"),
+        ("slo:trim=maybe", "trim"),
+    ],
+)
 def test_bad_params(spec: str, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         make_policy(spec, EngineTraits(max_k=8))
@@ -214,12 +257,13 @@ def test_on_a_batch_expansion_engine_context_prices_every_draft() -> None:
     plain, expanded = slo_policy(coefficients=kv_bound), slo_policy(coefficients=kv_bound, batch_expansion=True)
     k_plain, k_expanded = plain.choose(context(4)).k, expanded.choose(context(4)).k
     assert k_expanded < k_plain
+
     # f(k) under Eq. 4 at b = 4, C = 4000, c-bar = 0.6: the expanded policy's k is its first peak.
     def f(k: int) -> float:
         c0, c1, c2, c3, c4 = kv_bound
-        step_s = (c0 + c1 * batch_expansion_context(4000, 4, k) + c2 * 4 * (k + 1) + c3 * max(k, 1)
-                  + c4 * max(k, 1) * 4)
+        step_s = c0 + c1 * batch_expansion_context(4000, 4, k) + c2 * 4 * (k + 1) + c3 * max(k, 1) + c4 * max(k, 1) * 4
         return 4 * sum(0.6**j for j in range(k + 1)) / step_s
+
     assert k_expanded == first_peak([f(k) for k in range(9)])
 
 
@@ -230,9 +274,18 @@ def test_on_a_batch_expansion_engine_the_fit_learns_from_eq4_context() -> None:
     for step in range(400):
         b, k, cached = 1 + step % 7, step % 5, 500 * (1 + step % 11)
         read = batch_expansion_context(cached, b, k) if k else cached
-        policy.observe(StepRecord(now_s=0.0, k=k, duration_s=truth[0] + truth[1] * read, num_running=b,
-                                  num_context_tokens=cached, num_batched_tokens=b * (k + 1),
-                                  num_draft_passes=max(k, 1), num_emitted_tokens=b,
-                                  num_drafted_per_request=(k,) * b if k else (),
-                                  num_accepted_per_request=(0,) * b if k else ()))
+        policy.observe(
+            StepRecord(
+                now_s=0.0,
+                k=k,
+                duration_s=truth[0] + truth[1] * read,
+                num_running=b,
+                num_context_tokens=cached,
+                num_batched_tokens=b * (k + 1),
+                num_draft_passes=max(k, 1),
+                num_emitted_tokens=b,
+                num_drafted_per_request=(k,) * b if k else (),
+                num_accepted_per_request=(0,) * b if k else (),
+            )
+        )
     assert policy.describe()["latency_s_per_context_token"] == pytest.approx(truth[1], rel=0.02)

@@ -19,8 +19,13 @@ TRUE = (8e-3, 0.3e-6, 45e-6, 2.5e-3, 4e-6)
 
 def test_predicts_the_prior_before_data() -> None:
     model = StepLatencyModel()
-    assert list(model.coefficients()) == ["intercept_s", "s_per_context_token", "s_per_batched_token",
-                                          "s_per_draft_pass", "s_per_draft_pass_request"]
+    assert list(model.coefficients()) == [
+        "intercept_s",
+        "s_per_context_token",
+        "s_per_batched_token",
+        "s_per_draft_pass",
+        "s_per_draft_pass_request",
+    ]
     # 5 ms + 1000 * 1 us + 40 * 20 us + 2 * 1 ms + 2 * 8 * 10 us
     assert model.predict(1000, 40, 2, 8) == pytest.approx(8.96e-3)
     hinged = StepLatencyModel(HINGED)
@@ -33,8 +38,10 @@ def explicit_least_squares(records: list[StepRecord], half_life_steps: float, pr
     scales = np.array(LINEAR.scales())
     prior = np.array(LINEAR.default_prior())
     n = len(records)
-    rows = [np.array(LINEAR.row(r.num_context_tokens, r.num_batched_tokens, r.num_draft_passes, r.num_running))
-            / scales for r in records]
+    rows = [
+        np.array(LINEAR.row(r.num_context_tokens, r.num_batched_tokens, r.num_draft_passes, r.num_running)) / scales
+        for r in records
+    ]
     weights = np.sqrt([0.5 ** ((n - 1 - t) / half_life_steps) for t in range(n)])
     a = np.vstack([np.array(rows) * weights[:, None], np.sqrt(prior_weight) * np.eye(len(scales))])
     b = np.concatenate([np.array([r.duration_s for r in records]) * weights, np.sqrt(prior_weight) * prior * scales])
@@ -44,8 +51,10 @@ def explicit_least_squares(records: list[StepRecord], half_life_steps: float, pr
 
 def test_without_knots_the_fit_is_the_explicit_weighted_least_squares_solution() -> None:
     rng = random.Random(1)
-    noisy = [replace(r, duration_s=r.duration_s * rng.uniform(0.9, 1.1))
-             for r in varied_records(seed=5, coefficients=TRUE, alpha=0.6, max_k=6, num_steps=400)]
+    noisy = [
+        replace(r, duration_s=r.duration_s * rng.uniform(0.9, 1.1))
+        for r in varied_records(seed=5, coefficients=TRUE, alpha=0.6, max_k=6, num_steps=400)
+    ]
     model = StepLatencyModel(half_life_steps=50.0, prior_weight=3.0)
     for record in noisy:
         model.observe(record)
@@ -76,8 +85,16 @@ def test_constant_k_stays_identifiable_and_fits_the_data() -> None:
     # ridge decides how the fixed cost splits. Predictions at the observed shape must still be right.
     rng = random.Random(3)
     records = [
-        make_record(rng, TRUE, now_s=step * 0.01, k=3, num_running=16, alpha=0.7,
-                    num_context_tokens=rng.randint(1_000, 30_000), num_prefill_tokens=rng.choice((0, 128, 512)))
+        make_record(
+            rng,
+            TRUE,
+            now_s=step * 0.01,
+            k=3,
+            num_running=16,
+            alpha=0.7,
+            num_context_tokens=rng.randint(1_000, 30_000),
+            num_prefill_tokens=rng.choice((0, 128, 512)),
+        )
         for step in range(500)
     ]
     model = StepLatencyModel()
@@ -92,8 +109,9 @@ def test_constant_k_stays_identifiable_and_fits_the_data() -> None:
 def test_coefficients_are_clipped_non_negative() -> None:
     # Durations that fall as context grows would fit a negative per-token cost; predict must not use it.
     model = StepLatencyModel(prior_weight=1e-6)
-    for record in varied_records(seed=4, coefficients=(0.05, -1e-6, 20e-6, 1e-3, 1e-5), alpha=0.5,
-                                 max_k=4, num_steps=200):
+    for record in varied_records(
+        seed=4, coefficients=(0.05, -1e-6, 20e-6, 1e-3, 1e-5), alpha=0.5, max_k=4, num_steps=200
+    ):
         model.observe(record)
     assert model.coefficients()["s_per_context_token"] == 0.0
 

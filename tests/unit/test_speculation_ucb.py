@@ -23,16 +23,30 @@ BATCH = 8
 
 
 def context(num_running: int = BATCH, draft_resident: bool = True) -> StepContext:
-    return StepContext(now_s=0.0, num_running=num_running, num_waiting=0, num_context_tokens=1000 * num_running,
-                       draft_resident=draft_resident)
+    return StepContext(
+        now_s=0.0,
+        num_running=num_running,
+        num_waiting=0,
+        num_context_tokens=1000 * num_running,
+        draft_resident=draft_resident,
+    )
 
 
 def closed_loop(policy: UcbPolicy, coefficients, alpha: float, num_steps: int, seed: int = 1) -> list[int]:
     rng, ks = random.Random(seed), []
     for step in range(num_steps):
         k = policy.choose(context()).k
-        policy.observe(make_record(rng, coefficients, now_s=step * 0.01, k=k, num_running=BATCH, alpha=alpha,
-                                   num_context_tokens=1000 * BATCH))
+        policy.observe(
+            make_record(
+                rng,
+                coefficients,
+                now_s=step * 0.01,
+                k=k,
+                num_running=BATCH,
+                alpha=alpha,
+                num_context_tokens=1000 * BATCH,
+            )
+        )
         ks.append(k)
     return ks
 
@@ -51,8 +65,16 @@ def test_ties_go_to_the_smaller_k() -> None:
 
 
 def test_reward_is_tokens_per_second_per_request() -> None:
-    record = StepRecord(now_s=0.0, k=2, duration_s=0.012, num_running=8, num_context_tokens=8000,
-                        num_batched_tokens=24, num_draft_passes=2, num_emitted_tokens=24)
+    record = StepRecord(
+        now_s=0.0,
+        k=2,
+        duration_s=0.012,
+        num_running=8,
+        num_context_tokens=8000,
+        num_batched_tokens=24,
+        num_draft_passes=2,
+        num_emitted_tokens=24,
+    )
     assert step_reward(record) == pytest.approx(24 / 8 / 0.012)  # 250 tokens/s per request
 
 
@@ -76,8 +98,18 @@ def test_identical_arms_tie_to_the_smaller_k() -> None:
     policy = make_policy("ucb:k_max=3,exploration=0", EngineTraits(max_k=4))
     for _ in range(3):
         for k in range(4):
-            policy.observe(StepRecord(now_s=0.0, k=k, duration_s=0.01, num_running=4, num_context_tokens=400,
-                                      num_batched_tokens=4, num_draft_passes=1, num_emitted_tokens=4))
+            policy.observe(
+                StepRecord(
+                    now_s=0.0,
+                    k=k,
+                    duration_s=0.01,
+                    num_running=4,
+                    num_context_tokens=400,
+                    num_batched_tokens=4,
+                    num_draft_passes=1,
+                    num_emitted_tokens=4,
+                )
+            )
     assert policy.choose(context(4)).k == 0
 
 

@@ -10,9 +10,18 @@ from specserve.speculation.context import admissible_prefill_tokens, build_step_
 
 
 def context(**overrides):
-    inputs = dict(now_s=1.5, num_running=3, num_context_tokens=900, running_prefill_tokens=100, num_waiting=4,
-                  waiting_tokens=[50, 60, 70, 80], max_num_seqs=5, token_budget=512, num_kv_blocks_free=40,
-                  num_kv_blocks_total=64)
+    inputs = dict(
+        now_s=1.5,
+        num_running=3,
+        num_context_tokens=900,
+        running_prefill_tokens=100,
+        num_waiting=4,
+        waiting_tokens=[50, 60, 70, 80],
+        max_num_seqs=5,
+        token_budget=512,
+        num_kv_blocks_free=40,
+        num_kv_blocks_total=64,
+    )
     return build_step_context(**{**inputs, **overrides})
 
 

@@ -46,8 +46,9 @@ class BucketCorrection:
         found = [self._cells.get((bucket, k)) for k in range(num_k)]
         fallback = [0.0, 0.0]
         if None in found:
-            fallback = max((c for (b, _), c in self._cells.items() if b == bucket), key=lambda c: c[1],
-                           default=fallback)
+            fallback = max(
+                (c for (b, _), c in self._cells.items() if b == bucket), key=lambda c: c[1], default=fallback
+            )
         return [(fallback if cell is None else cell)[0] for cell in found]
 
     def num_samples(self, num_running: int, k: int) -> float:

@@ -64,23 +64,37 @@ class StepFeatures:
     @property
     def names(self) -> tuple[str, ...]:
         """Coefficient names in regressor order; a spline increment is named by its knot."""
-        return (*BASE_NAMES, *(f"s_per_batched_token_past_{k}" for k in self.token_knots), *DRAFT_NAMES,
-                *(f"s_per_draft_pass_request_past_{k}" for k in self.request_knots))
+        return (
+            *BASE_NAMES,
+            *(f"s_per_batched_token_past_{k}" for k in self.token_knots),
+            *DRAFT_NAMES,
+            *(f"s_per_draft_pass_request_past_{k}" for k in self.request_knots),
+        )
 
     def default_prior(self) -> tuple[float, ...]:
         """The straight line of ``BASE_PRIOR`` and ``DRAFT_PRIOR``: every increment starts at zero."""
         return (*BASE_PRIOR, *[0.0] * len(self.token_knots), *DRAFT_PRIOR, *[0.0] * len(self.request_knots))
 
     def scales(self) -> tuple[float, ...]:
-        return (*BASE_SCALES, *map(float, self.token_knots), *DRAFT_SCALES,
-                *(DRAFT_SCALES[0] * k for k in self.request_knots))
+        return (
+            *BASE_SCALES,
+            *map(float, self.token_knots),
+            *DRAFT_SCALES,
+            *(DRAFT_SCALES[0] * k for k in self.request_knots),
+        )
 
-    def row(self, num_context_tokens: float, num_batched_tokens: float, num_draft_passes: float,
-            num_running: float) -> list[float]:
+    def row(
+        self, num_context_tokens: float, num_batched_tokens: float, num_draft_passes: float, num_running: float
+    ) -> list[float]:
         n, passes, b = float(num_batched_tokens), float(num_draft_passes), float(num_running)
         return [
-            1.0, float(num_context_tokens), n, *(max(0.0, n - knot) for knot in self.token_knots),
-            passes, passes * b, *(passes * max(0.0, b - knot) for knot in self.request_knots),
+            1.0,
+            float(num_context_tokens),
+            n,
+            *(max(0.0, n - knot) for knot in self.token_knots),
+            passes,
+            passes * b,
+            *(passes * max(0.0, b - knot) for knot in self.request_knots),
         ]
 
 
@@ -93,8 +107,15 @@ HINGED = StepFeatures(TOKEN_KNOTS, REQUEST_KNOTS)
 class StepLatencyModel:
     """Predicts a step's seconds from its shape; learns from every ``StepRecord``."""
 
-    def __init__(self, features: StepFeatures = LINEAR, *, prior: Sequence[float] | None = None,
-                 half_life_steps: float = 1000.0, prior_weight: float = 1.0, refit_every: int = 1) -> None:
+    def __init__(
+        self,
+        features: StepFeatures = LINEAR,
+        *,
+        prior: Sequence[float] | None = None,
+        half_life_steps: float = 1000.0,
+        prior_weight: float = 1.0,
+        refit_every: int = 1,
+    ) -> None:
         prior = features.default_prior() if prior is None else tuple(prior)
         if len(prior) != len(features.names):
             raise ValueError(f"prior needs {len(features.names)} values, one per coefficient")
@@ -129,11 +150,22 @@ class StepLatencyModel:
 
     def observe(self, record: StepRecord) -> float:
         """Learn from one step. Returns the seconds the model predicted for it before learning from it."""
-        return self.observe_shape(record.num_context_tokens, record.num_batched_tokens, record.num_draft_passes,
-                                  record.num_running, record.duration_s)
+        return self.observe_shape(
+            record.num_context_tokens,
+            record.num_batched_tokens,
+            record.num_draft_passes,
+            record.num_running,
+            record.duration_s,
+        )
 
-    def observe_shape(self, num_context_tokens: float, num_batched_tokens: float, num_draft_passes: float,
-                      num_running: float, duration_s: float) -> float:
+    def observe_shape(
+        self,
+        num_context_tokens: float,
+        num_batched_tokens: float,
+        num_draft_passes: float,
+        num_running: float,
+        duration_s: float,
+    ) -> float:
         """``observe`` for a step given by its shape, for a caller that measures a feature its own way."""
         raw = np.array(self.features.row(num_context_tokens, num_batched_tokens, num_draft_passes, num_running))
         predicted_s = float(raw @ self._current())
@@ -144,14 +176,20 @@ class StepLatencyModel:
             self._coefficients = None
         return predicted_s
 
-    def predict(self, num_context_tokens: float, num_batched_tokens: float, num_draft_passes: float,
-                num_running: float) -> float:
+    def predict(
+        self, num_context_tokens: float, num_batched_tokens: float, num_draft_passes: float, num_running: float
+    ) -> float:
         """Predicted step seconds."""
         x = self.features.row(num_context_tokens, num_batched_tokens, num_draft_passes, num_running)
         return float(np.dot(self._current(), x))
 
-    def predict_many(self, num_context_tokens: float, num_batched_tokens: Sequence[float] | np.ndarray,
-                     num_draft_passes: Sequence[float] | np.ndarray, num_running: float) -> np.ndarray:
+    def predict_many(
+        self,
+        num_context_tokens: float,
+        num_batched_tokens: Sequence[float] | np.ndarray,
+        num_draft_passes: Sequence[float] | np.ndarray,
+        num_running: float,
+    ) -> np.ndarray:
         """``predict`` for several shapes at once that share the context and the batch (one row per k).
 
         The same linear form, grouped: fixed cost and context once, the token spline per row, and one draft pass
@@ -161,8 +199,11 @@ class StepLatencyModel:
         n = np.asarray(num_batched_tokens, dtype=np.float64)
         b = float(num_running)
         request_spline = phi[self._request_spline]
-        per_pass_s = phi[self._pass] + request_spline[0] * b + float(
-            request_spline[1:] @ np.maximum(b - self._request_knots, 0.0))
+        per_pass_s = (
+            phi[self._pass]
+            + request_spline[0] * b
+            + float(request_spline[1:] @ np.maximum(b - self._request_knots, 0.0))
+        )
         token_spline = phi[self._token_spline]
         tokens_s = token_spline[0] * n + np.maximum(n[:, None] - self._token_knots, 0.0) @ token_spline[1:]
         return phi[0] + phi[1] * float(num_context_tokens) + tokens_s + per_pass_s * np.asarray(num_draft_passes)
@@ -196,7 +237,7 @@ class StepLatencyModel:
         x = np.array([raw for raw, _ in self._pending]) / self._scales
         y = np.array([duration for _, duration in self._pending])
         weighted = x * (self._decay ** np.arange(m - 1, -1, -1))[:, None]
-        keep = self._decay ** m
+        keep = self._decay**m
         self._gram = keep * self._gram + weighted.T @ x
         self._moment = keep * self._moment + weighted.T @ y
         self._pending.clear()

@@ -100,8 +100,12 @@ class AdaptivePolicy(Policy):
         # Largest k searched: the engine's buffers cap what the user asked for.
         self.max_k = min(params.k_max, traits.max_k)
         self.core = GoodputCore(
-            self.max_k, ema_half_life_steps=params.ema_half_life_steps, prior_alpha=params.prior_alpha,
-            probe_interval_s=params.probe_interval_s, probe_k=params.probe_k, min_gain=params.min_gain,
+            self.max_k,
+            ema_half_life_steps=params.ema_half_life_steps,
+            prior_alpha=params.prior_alpha,
+            probe_interval_s=params.probe_interval_s,
+            probe_k=params.probe_k,
+            min_gain=params.min_gain,
             explore_interval_s=params.explore_interval_s,
         )
         # Refitted every 8 steps: a 17-coefficient solve per step would cost more than the rest of the policy.

@@ -94,6 +94,7 @@ def exploit_k(latencies_s: Sequence[float], switch_cost_s: float, speculation_of
 
     ``latencies_s[k]`` is lbar for arm k, ``inf`` if never played (it can then only win if all are).
     """
+
     def score(k: int) -> float:
         penalty = switch_cost_s / k if speculation_off and k > 0 else 0.0
         return latencies_s[k] + penalty
@@ -180,8 +181,7 @@ class BanditPolicy(Policy):
             if self._k_prev == 0 and record.k > 0:
                 self.num_reenables += 1
             self._k_prev = record.k
-        if (record.num_running <= 0 or record.duration_s <= 0 or record.num_emitted_tokens <= 0
-                or record.k > self.max_k):
+        if record.num_running <= 0 or record.duration_s <= 0 or record.num_emitted_tokens <= 0 or record.k > self.max_k:
             return  # no decode, nothing measured, or another policy's arm
         # Latency per token per request, tau * B / m (the authors' code's reward inverted).
         latency_s = record.duration_s * record.num_running / record.num_emitted_tokens

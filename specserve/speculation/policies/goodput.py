@@ -91,8 +91,12 @@ class GoodputPolicy(Policy):
         # Largest k searched: the engine's buffers cap what the user asked for.
         self.max_k = min(params.k_max, traits.max_k)
         self.core = GoodputCore(
-            self.max_k, ema_half_life_steps=params.ema_half_life_steps, prior_alpha=params.prior_alpha,
-            probe_interval_s=params.probe_interval_s, probe_k=params.probe_k, min_gain=params.min_gain,
+            self.max_k,
+            ema_half_life_steps=params.ema_half_life_steps,
+            prior_alpha=params.prior_alpha,
+            probe_interval_s=params.probe_interval_s,
+            probe_k=params.probe_k,
+            min_gain=params.min_gain,
             explore_interval_s=params.explore_interval_s,
         )
         # Injectable so a profiled fit (profiles are data) can seed the prior; the default is generic. Every

@@ -101,7 +101,9 @@ class KldPolicy(Policy):
         self._last_cap = cap
         lengths = [self._final_length(rid, p, cap) for rid, p in zip(ctx.request_ids, predictions, strict=True)]
         k = max(lengths)
-        return Decision(k=k, max_k_per_request=tuple((r, n) for r, n in zip(ctx.request_ids, lengths, strict=True) if n < k))
+        return Decision(
+            k=k, max_k_per_request=tuple((r, n) for r, n in zip(ctx.request_ids, lengths, strict=True) if n < k)
+        )
 
     def observe(self, record: StepRecord) -> None:
         self.fallback.observe(record)

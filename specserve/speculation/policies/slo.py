@@ -130,8 +130,15 @@ class SloPolicy(Policy):
             k = max(lengths)
             caps = tuple((rid, n) for rid, n in zip(ctx.request_ids, lengths, strict=True) if n < k)
         if k > 0 and self.traits.asks_stop_drafting:
-            self._draft_stop = SloDraftStop(ctx.num_running, k, step_seconds, slo_tpot_s, self.mean_confidence,
-                                            best=efficiencies[0], emitted=ctx.num_running)
+            self._draft_stop = SloDraftStop(
+                ctx.num_running,
+                k,
+                step_seconds,
+                slo_tpot_s,
+                self.mean_confidence,
+                best=efficiencies[0],
+                emitted=ctx.num_running,
+            )
         return Decision(k=k, max_k_per_request=caps, draft_stop=self._draft_stop)
 
     def observe(self, record: StepRecord) -> None:
@@ -139,8 +146,9 @@ class SloPolicy(Policy):
         if self.traits.batch_expansion and record.num_drafted_per_request:
             mean_k = record.num_drafted / len(record.num_drafted_per_request)
             context = batch_expansion_context(context, len(record.num_drafted_per_request), mean_k)
-        self.latency.observe_shape(context, record.num_batched_tokens, record.num_draft_passes, record.num_running,
-                                   record.duration_s)
+        self.latency.observe_shape(
+            context, record.num_batched_tokens, record.num_draft_passes, record.num_running, record.duration_s
+        )
         dropped = self._draft_stop.dropped_position if self._draft_stop is not None else None
         for i, values in enumerate(record.draft_confidence_per_request):
             kept = values if dropped is None else values[:dropped]

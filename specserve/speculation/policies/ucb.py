@@ -51,7 +51,10 @@ def ucb_pick(mean_rewards: Sequence[float], counts: Sequence[int], exploration: 
             return arm
     log_total = math.log(sum(counts))
     scale = max_reward if max_reward > 0 else 1.0
-    scores = [mean / scale + math.sqrt(exploration * log_total / count) for mean, count in zip(mean_rewards, counts, strict=True)]
+    scores = [
+        mean / scale + math.sqrt(exploration * log_total / count)
+        for mean, count in zip(mean_rewards, counts, strict=True)
+    ]
     return argmax_smallest(scores)
 
 

@@ -85,17 +85,23 @@ def step_features(confidences: Sequence[float], entropies_nats: Sequence[float])
 
 
 def weights_to_json(weights: MlpWeights) -> str:
-    return json.dumps({
-        "format": WEIGHTS_FORMAT,
-        "feature_names": list(FEATURE_NAMES),
-        "provenance": weights.provenance,
-        "input_mean": list(weights.input_mean),
-        "input_scale": list(weights.input_scale),
-        "hidden_weights": [list(row) for row in weights.hidden_weights],
-        "hidden_bias": list(weights.hidden_bias),
-        "output_weights": list(weights.output_weights),
-        "output_bias": weights.output_bias,
-    }, indent=1) + "\n"
+    return (
+        json.dumps(
+            {
+                "format": WEIGHTS_FORMAT,
+                "feature_names": list(FEATURE_NAMES),
+                "provenance": weights.provenance,
+                "input_mean": list(weights.input_mean),
+                "input_scale": list(weights.input_scale),
+                "hidden_weights": [list(row) for row in weights.hidden_weights],
+                "hidden_bias": list(weights.hidden_bias),
+                "output_weights": list(weights.output_weights),
+                "output_bias": weights.output_bias,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 def weights_from_json(text: str) -> MlpWeights:

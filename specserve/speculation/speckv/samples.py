@@ -35,18 +35,26 @@ def record_samples(record: StepRecord, compression: str = "fp16") -> list[dict[s
     # strict=False: a record without signals (the vLLM engine's so far) has empty signal tuples, and the
     # truncation to none is what yields no samples from it.
     for num_drafted, num_accepted, confidences, entropies in zip(
-        record.num_drafted_per_request, record.num_accepted_per_request,
-        record.draft_confidence_per_request, record.draft_entropy_per_request,
+        record.num_drafted_per_request,
+        record.num_accepted_per_request,
+        record.draft_confidence_per_request,
+        record.draft_entropy_per_request,
         strict=False,
     ):
         if num_drafted == 0 or len(confidences) != num_drafted or len(entropies) != num_drafted:
             continue
         mean_h, mean_c, max_h, min_c = step_features(confidences, entropies)
-        samples.append({
-            "mean_draft_entropy": round(mean_h, 4), "mean_draft_confidence": round(mean_c, 4),
-            "max_draft_entropy": round(max_h, 4), "min_draft_confidence": round(min_c, 4),
-            "compression": compression, "gamma": num_drafted, "acceptance_rate": num_accepted / num_drafted,
-        })
+        samples.append(
+            {
+                "mean_draft_entropy": round(mean_h, 4),
+                "mean_draft_confidence": round(mean_c, 4),
+                "max_draft_entropy": round(max_h, 4),
+                "min_draft_confidence": round(min_c, 4),
+                "compression": compression,
+                "gamma": num_drafted,
+                "acceptance_rate": num_accepted / num_drafted,
+            }
+        )
     return samples
 
 

@@ -59,7 +59,13 @@ def synthetic_samples(num_samples: int, seed: int = 0) -> list[Sample]:
         while accepted < gamma and rng.random() < acceptance_probability(*tokens[accepted]):
             accepted += 1
         confidences, entropies = [c for c, _ in tokens], [h for _, h in tokens]
-        features = (sum(entropies) / gamma, sum(confidences) / gamma, max(entropies), min(confidences),
-                    float(compression), float(gamma))
+        features = (
+            sum(entropies) / gamma,
+            sum(confidences) / gamma,
+            max(entropies),
+            min(confidences),
+            float(compression),
+            float(gamma),
+        )
         samples.append((features, accepted / gamma))
     return samples

@@ -88,12 +88,12 @@ def train_mlp(
     for _ in range(epochs):
         rng.shuffle(order)
         for start in range(0, len(order), size):
-            batch = [data[index] for index in order[start:start + size]]
+            batch = [data[index] for index in order[start : start + size]]
             adam.step(params, _gradients(params, batch, hidden, l2))
     return MlpWeights(
         input_mean=means,
         input_scale=scales,
-        hidden_weights=tuple(tuple(params[j * n_in:(j + 1) * n_in]) for j in range(hidden)),
+        hidden_weights=tuple(tuple(params[j * n_in : (j + 1) * n_in]) for j in range(hidden)),
         hidden_bias=tuple(params[hb:ow]),
         output_weights=tuple(params[ow:ob]),
         output_bias=params[ob],
@@ -124,8 +124,9 @@ def _gradients(params: list[float], batch: list[tuple[list[float], float]], hidd
     return grads
 
 
-def train_file(path: Path, *, epochs: int = DEFAULT_EPOCHS, learning_rate: float = DEFAULT_LEARNING_RATE,
-               seed: int = DEFAULT_SEED) -> tuple[MlpWeights, list[Sample]]:
+def train_file(
+    path: Path, *, epochs: int = DEFAULT_EPOCHS, learning_rate: float = DEFAULT_LEARNING_RATE, seed: int = DEFAULT_SEED
+) -> tuple[MlpWeights, list[Sample]]:
     """Weights trained on a samples file, and the samples; a bad line or an empty file raises ValueError."""
     samples = read_samples(path)
     if not samples:
@@ -135,10 +136,17 @@ def train_file(path: Path, *, epochs: int = DEFAULT_EPOCHS, learning_rate: float
     return weights, samples
 
 
-def train_synthetic(num_samples: int = DEFAULT_SYNTHETIC_SAMPLES, *, epochs: int = DEFAULT_EPOCHS,
-                    learning_rate: float = DEFAULT_LEARNING_RATE, seed: int = DEFAULT_SEED) -> MlpWeights:
+def train_synthetic(
+    num_samples: int = DEFAULT_SYNTHETIC_SAMPLES,
+    *,
+    epochs: int = DEFAULT_EPOCHS,
+    learning_rate: float = DEFAULT_LEARNING_RATE,
+    seed: int = DEFAULT_SEED,
+) -> MlpWeights:
     """Weights trained on ``speckv.synthetic`` samples; with the defaults, the packaged default weights."""
     samples = synthetic_samples(num_samples, seed=seed)
-    provenance = (f"synthetic: speckv.synthetic.synthetic_samples({num_samples}, seed={seed}), epochs={epochs}, "
-                  f"learning_rate={learning_rate}; not trained on real logs")
+    provenance = (
+        f"synthetic: speckv.synthetic.synthetic_samples({num_samples}, seed={seed}), epochs={epochs}, "
+        f"learning_rate={learning_rate}; not trained on real logs"
+    )
     return train_mlp(samples, epochs=epochs, learning_rate=learning_rate, seed=seed, provenance=provenance)

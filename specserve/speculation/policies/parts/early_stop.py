@@ -30,8 +30,14 @@ class StopCounter:
 class ConfidenceStop:
     """One step's draft loop, a ``DraftStop``: ``after_pass`` says whether to stop after each pass."""
 
-    def __init__(self, num_running: int, decode_seconds: Sequence[float], alphas: Sequence[float],
-                 max_passes: int, counter: StopCounter | None = None) -> None:
+    def __init__(
+        self,
+        num_running: int,
+        decode_seconds: Sequence[float],
+        alphas: Sequence[float],
+        max_passes: int,
+        counter: StopCounter | None = None,
+    ) -> None:
         """``decode_seconds[n]``: the decodes' time with n passes, n = 0..max_passes at least;
         ``alphas[j]``: the predicted conditional acceptance at position j, for positions not yet drafted."""
         if not 1 <= max_passes < len(decode_seconds):

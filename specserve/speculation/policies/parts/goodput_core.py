@@ -27,12 +27,22 @@ MIN_STEP_S = 1e-9
 class GoodputCore:
     """The acceptance estimate, the argmax of predicted goodput, the probe at k = 0 and neighbour exploration."""
 
-    def __init__(self, max_k: int, *, ema_half_life_steps: float, prior_alpha: float, probe_interval_s: float,
-                 probe_k: int, min_gain: float, explore_interval_s: float) -> None:
+    def __init__(
+        self,
+        max_k: int,
+        *,
+        ema_half_life_steps: float,
+        prior_alpha: float,
+        probe_interval_s: float,
+        probe_k: int,
+        min_gain: float,
+        explore_interval_s: float,
+    ) -> None:
         # The largest k searched: the policy's k_max capped by the engine's max_k.
         self.max_k = max_k
-        self.acceptance = PositionAcceptance(max_k=max(1, max_k), half_life_steps=ema_half_life_steps,
-                                             prior_alpha=prior_alpha)
+        self.acceptance = PositionAcceptance(
+            max_k=max(1, max_k), half_life_steps=ema_half_life_steps, prior_alpha=prior_alpha
+        )
         self.probe = ZeroProbe(probe_interval_s)
         self.explorer = NeighbourExplorer(explore_interval_s)
         self.probe_k = probe_k

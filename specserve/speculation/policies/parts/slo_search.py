@@ -79,9 +79,7 @@ class SloDraftStop:
         return (self.best * step_s - self.emitted) / (self.num_running * self.survive)
 
 
-def eliminate_drafts(
-    confidences: Sequence[float], k: int, step_seconds: StepSeconds
-) -> tuple[list[int], float]:
+def eliminate_drafts(confidences: Sequence[float], k: int, step_seconds: StepSeconds) -> tuple[list[int], float]:
     """Algorithm 2: drop the least likely draft while that raises f; returns (k_i per request, final f).
 
     Request i's drafts are predicted at its own confidence c_i, so P_{i,j} = c_i^j falls with j and the

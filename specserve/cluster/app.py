@@ -57,8 +57,10 @@ def build_app(resolved: ResolvedServe) -> Any:
     """The OpenAI-compatible application (unstarted): /v1/models, /v1/completions, /v1/chat/completions."""
     from ray.serve.llm import build_openai_app
 
-    return build_openai_app({
-        "llm_configs": [llm_config(resolved)],
-        # The ingress only routes; giving it a CPU would starve the engines on small machines.
-        "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0}},
-    })
+    return build_openai_app(
+        {
+            "llm_configs": [llm_config(resolved)],
+            # The ingress only routes; giving it a CPU would starve the engines on small machines.
+            "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0}},
+        }
+    )

@@ -130,10 +130,21 @@ def status_table(snapshots: list[Any]) -> list[str]:
         e = s.engine
         used = e.num_kv_blocks_total - e.num_kv_blocks_free
         acceptance = "-" if e.acceptance is None else f"{e.acceptance:.2f}"
-        table.append((s.replica_id, s.node_id[:12], e.policy, str(e.k), acceptance, str(e.num_running),
-                      str(e.num_waiting), f"{used}/{e.num_kv_blocks_total}", e.draft_state))
+        table.append(
+            (
+                s.replica_id,
+                s.node_id[:12],
+                e.policy,
+                str(e.k),
+                acceptance,
+                str(e.num_running),
+                str(e.num_waiting),
+                f"{used}/{e.num_kv_blocks_total}",
+                e.draft_state,
+            )
+        )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in table]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in table]
 
 
 def _policy_set(args: argparse.Namespace) -> int:

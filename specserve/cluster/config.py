@@ -18,8 +18,12 @@ from specserve.speculation import EngineTraits, make_policy
 class ServeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str | None = Field(None, description="Target model: a Hugging Face model folder. Default: the bundled tiny target.")
-    draft: str | None = Field(None, description="Draft model folder sharing the target's tokenizer. Required with `model`.")
+    model: str | None = Field(
+        None, description="Target model: a Hugging Face model folder. Default: the bundled tiny target."
+    )
+    draft: str | None = Field(
+        None, description="Draft model folder sharing the target's tokenizer. Required with `model`."
+    )
     model_id: str = Field("specserve-tiny", description="Name clients use in the OpenAI `model` field.")
     policy: str = Field("adaptive", description="Speculation policy, NAME[:key=value,...], e.g. `fixed:k=3`.")
     k_max: int = Field(4, ge=1, le=16, description="Largest speculation length k; sizes vLLM's buffers.")
@@ -27,11 +31,19 @@ class ServeConfig(BaseModel):
     tp: int = Field(1, ge=1, description="Tensor-parallel size of each engine.")
     host: str = Field("127.0.0.1", description="Address the HTTP ingress binds.")
     port: int = Field(8000, ge=1, le=65535, description="Port of the OpenAI-compatible HTTP endpoint.")
-    metrics_port: int = Field(8080, ge=1, le=65535, description="Ray's Prometheus metrics export port (local cluster only).")
+    metrics_port: int = Field(
+        8080, ge=1, le=65535, description="Ray's Prometheus metrics export port (local cluster only)."
+    )
     max_model_len: int = Field(512, ge=16, description="Longest prompt + output, in tokens.")
     max_num_seqs: int = Field(8, ge=1, description="Largest decode batch per engine.")
-    num_cpus: int | None = Field(None, ge=1, description="CPUs of the local Ray cluster. Default: this machine's, at least what the replicas need.")
-    kv_cache_space_gib: int = Field(1, ge=1, description="CPU only: KV cache size per engine, GiB (VLLM_CPU_KVCACHE_SPACE).")
+    num_cpus: int | None = Field(
+        None,
+        ge=1,
+        description="CPUs of the local Ray cluster. Default: this machine's, at least what the replicas need.",
+    )
+    kv_cache_space_gib: int = Field(
+        1, ge=1, description="CPU only: KV cache size per engine, GiB (VLLM_CPU_KVCACHE_SPACE)."
+    )
     engine_start_timeout_s: float = Field(600.0, gt=0, description="How long `serve` waits for the endpoint to answer.")
 
     @field_validator("policy")

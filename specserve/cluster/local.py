@@ -40,7 +40,7 @@ def has_gpu() -> bool:
 
 
 def resolve(config: ServeConfig, tmp_dir: str) -> ResolvedServe:
-    if config.model is None:
+    if config.model is None or config.draft is None:  # the config allows both or neither
         from specserve.models import cached_pair
 
         log("specserve: using the bundled tiny trained pair (built once, then cached)")
@@ -192,8 +192,12 @@ def _write_state(gcs_address: str, endpoint: str) -> None:
     path = state_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     # Ray 2.60 turns token authentication on for new local clusters; clients must then ask for it.
-    state = {"ray_address": gcs_address, "endpoint": endpoint, "pid": os.getpid(),
-             "ray_auth_mode": os.environ.get("RAY_AUTH_MODE")}
+    state = {
+        "ray_address": gcs_address,
+        "endpoint": endpoint,
+        "pid": os.getpid(),
+        "ray_auth_mode": os.environ.get("RAY_AUTH_MODE"),
+    }
     path.write_text(json.dumps(state))
 
 

@@ -35,7 +35,8 @@ class ClusterController:
 
 
 def get_or_create_controller() -> ray.actor.ActorHandle:
-    return ClusterController.options(
+    # ray.remote turned the class into an actor class with .options; the checker sees the plain class.
+    return ClusterController.options(  # type: ignore[attr-defined]
         name=CONTROLLER_NAME, namespace=CONTROLLER_NAMESPACE, lifetime="detached", get_if_exists=True
     ).remote()
 

@@ -1,8 +1,8 @@
 """Command line: build, fetch from cache, or measure tiny model pairs. Prints JSON on stdout.
 
-    python -m specserve.models make --kind trained --out DIR
-    python -m specserve.models cached --kind self
-    python -m specserve.models measure --target DIR/target --draft DIR/draft [--k 4]
+python -m specserve.models make --kind trained --out DIR
+python -m specserve.models cached --kind self
+python -m specserve.models measure --target DIR/target --draft DIR/draft [--k 4]
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from specserve.models.cache import cached_pair
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m specserve.models", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m specserve.models", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_commands(parser, dest="command")
     return parser
 

@@ -39,10 +39,12 @@ BUILD_THREADS = 2
 SAVE_DTYPE = torch.bfloat16  # what vLLM runs (dtype="bfloat16"), and half the size of fp32
 
 # Llama shapes. Both have head_dim 64 and share the vocabulary; the draft costs ~1/5 of the target.
-TARGET_SHAPE = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                    intermediate_size=512)
-DRAFT_SHAPE = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                   intermediate_size=256)
+TARGET_SHAPE = dict(
+    hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512
+)
+DRAFT_SHAPE = dict(
+    hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=256
+)
 MAX_POSITION_EMBEDDINGS = 2048
 
 # Corpus prefixes whose target continuations give the build's acceptance estimate.
@@ -92,8 +94,7 @@ def save_model(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, mode
 
 
 def write_build_info(out_dir: Path, kind: str, seed: int, started_s: float, **extra: object) -> None:
-    info = dict(kind=kind, version=BUILD_VERSION, seed=seed, build_s=round(time.monotonic() - started_s, 1),
-                **extra)
+    info = dict(kind=kind, version=BUILD_VERSION, seed=seed, build_s=round(time.monotonic() - started_s, 1), **extra)
     (out_dir / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
 
@@ -154,29 +155,52 @@ def make_trained_pair(
     def windows(batch_size: int) -> training.Batch:
         return training.corpus_windows(data, batch_size, recipe.seq_len, gen)
 
-    with torch_threads(BUILD_THREADS), tqdm(
-        total=recipe.target_steps + recipe.draft_steps, desc="target", file=sys.stderr, disable=not progress
-    ) as bar:
+    with (
+        torch_threads(BUILD_THREADS),
+        tqdm(
+            total=recipe.target_steps + recipe.draft_steps, desc="target", file=sys.stderr, disable=not progress
+        ) as bar,
+    ):
         target = random_model(TARGET_SHAPE, tokenizer, seed)
-        target_loss = training.train(target, training.forever(lambda: windows(recipe.batch_size)),
-                                     training.lm_loss, steps=recipe.target_steps, lr=recipe.target_lr,
-                                     warmup_steps=recipe.warmup_steps, bar=bar)
+        target_loss = training.train(
+            target,
+            training.forever(lambda: windows(recipe.batch_size)),
+            training.lm_loss,
+            steps=recipe.target_steps,
+            lr=recipe.target_lr,
+            warmup_steps=recipe.warmup_steps,
+            bar=bar,
+        )
         bar.set_description("rollouts")
         prefixes = windows(recipe.num_rollouts)[:, : recipe.rollout_prefix_len]
         rollouts = training.greedy_rollouts(target, prefixes, recipe.seq_len)
         bar.set_description("draft")
         draft = random_model(DRAFT_SHAPE, tokenizer, seed + 1)
         batches = training.mixed_batches(rollouts, windows, recipe.batch_size, recipe.rollout_fraction, gen)
-        draft_loss = training.train(draft, batches, training.distill_loss(target), steps=recipe.draft_steps,
-                                    lr=recipe.draft_lr, warmup_steps=recipe.warmup_steps, bar=bar)
+        draft_loss = training.train(
+            draft,
+            batches,
+            training.distill_loss(target),
+            steps=recipe.draft_steps,
+            lr=recipe.draft_lr,
+            warmup_steps=recipe.warmup_steps,
+            bar=bar,
+        )
 
         target, draft = target.to(SAVE_DTYPE), draft.to(SAVE_DTYPE)
         eval_prefixes = windows(NUM_EVAL_PREFIXES)[:, : recipe.rollout_prefix_len]
         agreement = training.greedy_agreement(target, draft, eval_prefixes, recipe.rollout_prefix_len + 64)
         save_model(target, tokenizer, paths.target)
         save_model(draft, tokenizer, paths.draft)
-    write_build_info(Path(out_dir), "trained", seed, started, target_loss=round(target_loss, 4),
-                     draft_kl=round(draft_loss, 4), greedy_agreement_bf16=round(agreement, 4))
+    write_build_info(
+        Path(out_dir),
+        "trained",
+        seed,
+        started,
+        target_loss=round(target_loss, 4),
+        draft_kl=round(draft_loss, 4),
+        greedy_agreement_bf16=round(agreement, 4),
+    )
     return paths
 
 

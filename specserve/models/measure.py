@@ -25,15 +25,13 @@ PROMPTS = (
     "        return self.",
     "from collections import ",
     "    try:\n        ",
-    "def _check(value):\n    \"\"\"Return ",
+    'def _check(value):\n    """Return ',
     "        if not isinstance(",
     "    @property\n    def ",
 )
 
 
-def measure_acceptance(
-    pair: PairPaths, *, k: int = 4, num_prompts: int = 8, max_tokens: int = 64
-) -> dict[str, object]:
+def measure_acceptance(pair: PairPaths, *, k: int = 4, num_prompts: int = 8, max_tokens: int = 64) -> dict[str, object]:
     """Greedy-decode ``num_prompts`` prompts with draft-model speculation and return acceptance stats."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
@@ -52,6 +50,5 @@ def measure_acceptance(
         "max_tokens": max_tokens,
         **run,
         "acceptance_per_pos": [round(a / num_drafts, 4) if num_drafts else 0.0 for a in accepted_per_pos],
-        "mean_acceptance_length": (round(1.0 + run["num_accepted_tokens"] / num_drafts, 4)
-                                   if num_drafts else 1.0),
+        "mean_acceptance_length": (round(1.0 + run["num_accepted_tokens"] / num_drafts, 4) if num_drafts else 1.0),
     }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +42,7 @@ class TrainRecipe:
     rollout_fraction: float = 0.5
 
 
-Batch = torch.Tensor  # [batch_size, seq_len] token ids
+Batch: TypeAlias = torch.Tensor  # [batch_size, seq_len] token ids
 LossFn = Callable[[LlamaForCausalLM, Batch], torch.Tensor]
 
 
@@ -64,7 +65,10 @@ def forever(make: Callable[[], Batch]) -> Iterator[Batch]:
 
 
 def mixed_batches(
-    rollouts: Batch, windows: Callable[[int], Batch], batch_size: int, rollout_fraction: float,
+    rollouts: Batch,
+    windows: Callable[[int], Batch],
+    batch_size: int,
+    rollout_fraction: float,
     gen: torch.Generator,
 ) -> Iterator[Batch]:
     """Endless batches of ``rollout_fraction`` random rollout rows plus fresh corpus windows."""
@@ -88,9 +92,7 @@ def distill_loss(target: LlamaForCausalLM) -> LossFn:
             teacher = F.log_softmax(target(input_ids=batch).logits.float(), dim=-1)
         student = F.log_softmax(draft(input_ids=batch).logits.float(), dim=-1)
         vocab = student.size(-1)
-        return F.kl_div(
-            student.reshape(-1, vocab), teacher.reshape(-1, vocab), log_target=True, reduction="batchmean"
-        )
+        return F.kl_div(student.reshape(-1, vocab), teacher.reshape(-1, vocab), log_target=True, reduction="batchmean")
 
     return loss
 
@@ -153,9 +155,7 @@ def greedy_rollouts(model: LlamaForCausalLM, prefixes: Batch, total_len: int, ch
 
 
 @torch.no_grad()
-def greedy_agreement(
-    target: LlamaForCausalLM, draft: LlamaForCausalLM, prefixes: Batch, total_len: int
-) -> float:
+def greedy_agreement(target: LlamaForCausalLM, draft: LlamaForCausalLM, prefixes: Batch, total_len: int) -> float:
     """Share of positions on the target's greedy path where the draft's argmax equals the target's.
 
     This is an estimate of the position-0 acceptance rate under greedy speculative decoding.

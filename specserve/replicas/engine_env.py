@@ -21,7 +21,11 @@ SCRATCH_KEYS = ("VLLM_CACHE_ROOT", "TMPDIR")
 
 
 def engine_env(
-    scratch_dir: str | Path, *, tp: int = 1, num_cpus: int | None = None, kv_cache_space_gib: int = 1,
+    scratch_dir: str | Path,
+    *,
+    tp: int = 1,
+    num_cpus: int | None = None,
+    kv_cache_space_gib: int = 1,
     on_gpu: bool = False,
 ) -> dict[str, str]:
     """Variables for an engine of ``tp`` ranks on a machine of ``num_cpus`` cores (default: this one's)."""

@@ -8,7 +8,8 @@ denominators; take ratios in PromQL, for example
         rate(ray_specserve_accepted_tokens_total{position="p"}[1m])
       / rate(ray_specserve_reached_draft_tokens_total{position="p"}[1m])
     share of steps at each k:
-        rate(ray_specserve_steps_total[1m]) / ignoring(k) group_left sum without(k) (rate(ray_specserve_steps_total[1m]))
+        rate(ray_specserve_steps_total[1m])
+      / ignoring(k) group_left sum without(k) (rate(ray_specserve_steps_total[1m]))
 """
 
 from __future__ import annotations
@@ -34,26 +35,36 @@ class ReplicaMetrics:
         self._k = _gauge("specserve_speculation_k", "Speculation length k chosen for the latest step.", tags)
         self._max_k = _gauge("specserve_speculation_max_k", "Largest k the engine was started with.", tags)
         self._policy = metrics.Gauge(
-            "specserve_policy_info", description="1 for the policy currently running (label: policy).",
+            "specserve_policy_info",
+            description="1 for the policy currently running (label: policy).",
             tag_keys=(*_TAGS, "policy"),
         )
         self._policy.set_default_tags(tags)
         self._acceptance = _gauge(
-            "specserve_acceptance_ema", "EMA of the conditional acceptance rate per draft position (0-1).",
-            tags, extra=("position",),
+            "specserve_acceptance_ema",
+            "EMA of the conditional acceptance rate per draft position (0-1).",
+            tags,
+            extra=("position",),
         )
-        self._drafted = _counter("specserve_draft_tokens_total", "Draft tokens verified, by position.", tags, "position")
+        self._drafted = _counter(
+            "specserve_draft_tokens_total", "Draft tokens verified, by position.", tags, "position"
+        )
         self._reached = _counter(
             "specserve_reached_draft_tokens_total",
             "Draft tokens verified whose whole prefix was accepted, by position (acceptance denominator).",
-            tags, "position",
+            tags,
+            "position",
         )
-        self._accepted = _counter("specserve_accepted_tokens_total", "Draft tokens accepted, by position.", tags, "position")
+        self._accepted = _counter(
+            "specserve_accepted_tokens_total", "Draft tokens accepted, by position.", tags, "position"
+        )
         self._steps = _counter("specserve_steps_total", "Engine steps, by the k chosen.", tags, "k")
         self._emitted = _counter("specserve_emitted_tokens_total", "Output tokens produced by engine steps.", tags)
         self._step_time = metrics.Histogram(
-            "specserve_step_duration_seconds", description="Wall time of one engine step.",
-            boundaries=_STEP_BOUNDARIES_S, tag_keys=_TAGS,
+            "specserve_step_duration_seconds",
+            description="Wall time of one engine step.",
+            boundaries=_STEP_BOUNDARIES_S,
+            tag_keys=_TAGS,
         )
         self._step_time.set_default_tags(tags)
         self._kv_total = _gauge("specserve_kv_blocks_total", "KV cache blocks in the target's pool.", tags)
@@ -85,10 +96,10 @@ class ReplicaMetrics:
             if now.num_reached_per_pos[pos] > 0:  # before any verdict the EMA is only its prior
                 self._acceptance.set(alpha, tags={"position": str(pos)})
         before = self._last
-        _add_deltas(self._drafted, "position", now.num_drafted_per_pos, before and before.num_drafted_per_pos)
-        _add_deltas(self._reached, "position", now.num_reached_per_pos, before and before.num_reached_per_pos)
-        _add_deltas(self._accepted, "position", now.num_accepted_per_pos, before and before.num_accepted_per_pos)
-        _add_deltas(self._steps, "k", now.num_steps_by_k, before and before.num_steps_by_k)
+        _add_deltas(self._drafted, "position", now.num_drafted_per_pos, before.num_drafted_per_pos if before else ())
+        _add_deltas(self._reached, "position", now.num_reached_per_pos, before.num_reached_per_pos if before else ())
+        _add_deltas(self._accepted, "position", now.num_accepted_per_pos, before.num_accepted_per_pos if before else ())
+        _add_deltas(self._steps, "k", now.num_steps_by_k, before.num_steps_by_k if before else ())
         emitted = now.num_emitted_tokens - (before.num_emitted_tokens if before else 0)
         if emitted > 0:
             self._emitted.inc(emitted)
@@ -109,7 +120,8 @@ def _counter(name: str, description: str, tags: dict[str, str], extra: str | Non
     return counter
 
 
-def _add_deltas(counter: metrics.Counter, key: str, now: tuple[int, ...], before: tuple[int, ...] | None) -> None:
+def _add_deltas(counter: metrics.Counter, key: str, now: tuple[int, ...], before: tuple[int, ...]) -> None:
+    """Add what each labelled count grew by since ``before`` (empty before the first read)."""
     for index, value in enumerate(now):
         delta = value - (before[index] if before else 0)
         if delta > 0:

@@ -25,8 +25,9 @@ from specserve.replicas.engine_args import SET_POLICY_UTILITY, TELEMETRY_UTILITY
 # Plain vLLM draft-model speculation at the sizes `specserve serve` uses by default (EngineSpec):
 # bf16, eager (torch.compile would add about 35 s to each start on CPU), 512-token context,
 # 8 sequences. Stats logging on: the measurement reads vLLM's own counters.
-MEASURE_ENGINE_KWARGS = dict(dtype="bfloat16", enforce_eager=True, max_model_len=512, max_num_seqs=8,
-                             disable_log_stats=False, seed=0)
+MEASURE_ENGINE_KWARGS = dict(
+    dtype="bfloat16", enforce_eager=True, max_model_len=512, max_num_seqs=8, disable_log_stats=False, seed=0
+)
 
 
 @contextmanager

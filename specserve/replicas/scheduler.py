@@ -22,15 +22,14 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.outputs import ModelRunnerOutput
 
+from specserve.messages import EngineTelemetry
 from specserve.replicas.engine_args import (
     ADDITIONAL_CONFIG_KEY,
     SET_POLICY_UTILITY,
     TELEMETRY_UTILITY,
     EngineControlConfig,
 )
-from specserve.messages import EngineTelemetry
 from specserve.replicas.telemetry import StepCounters
-from specserve.speculation.context import build_step_context
 from specserve.speculation import (
     Decision,
     EngineTraits,
@@ -40,6 +39,7 @@ from specserve.speculation import (
     StepRecord,
     make_policy,
 )
+from specserve.speculation.context import build_step_context
 
 logger = init_logger(__name__)
 
@@ -101,7 +101,9 @@ class AdaptiveKScheduler(Scheduler):
             num_running=len(self.running),
             num_context_tokens=sum(r.num_computed_tokens for r in self.running),
             # A decoding request has exactly one token to compute; more means a prefill (or a recompute) runs.
-            running_prefill_tokens=sum(n for n in (r.num_tokens - r.num_computed_tokens for r in self.running) if n > 1),
+            running_prefill_tokens=sum(
+                n for n in (r.num_tokens - r.num_computed_tokens for r in self.running) if n > 1
+            ),
             num_waiting=len(self.waiting),
             # A preempted request recomputes its outputs too, so it asks for all its tokens.
             waiting_tokens=(r.num_tokens - r.num_computed_tokens for r in self.waiting),
@@ -119,8 +121,10 @@ class AdaptiveKScheduler(Scheduler):
         if decision.max_k_per_request:
             self.counters.num_steps_caps_ignored += 1
             if self.counters.num_steps_caps_ignored == 1:
-                logger.warning("specserve: policy %s asks for per-request caps; this engine applies only "
-                               "the batch-wide k", self.policy.spec)
+                logger.warning(
+                    "specserve: policy %s asks for per-request caps; this engine applies only the batch-wide k",
+                    self.policy.spec,
+                )
         return max(0, min(decision.k, self.num_spec_tokens))
 
     def _truncate_drafts(self, k: int) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from specserve.messages import EngineTelemetry
 from specserve.replicas import offline
@@ -41,8 +41,9 @@ class Engine:
 @contextmanager
 def running_engine(pair, policy: str, max_k: int = 4, max_num_seqs: int = 8) -> Iterator[Engine]:
     kwargs = speculative_engine_kwargs(
-        EngineSpec(target=str(pair.target), draft=str(pair.draft), policy=policy, max_k=max_k,
-                   max_num_seqs=max_num_seqs)
+        EngineSpec(
+            target=str(pair.target), draft=str(pair.draft), policy=policy, max_k=max_k, max_num_seqs=max_num_seqs
+        )
     )
     with offline.offline_llm(**kwargs) as llm:
         yield Engine(llm)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from engine_helpers import running_engine
 
 
@@ -14,7 +13,7 @@ def engine(trained_pair):
 
 
 def delta(after, before):
-    return [a - b for a, b in zip(after, before)]
+    return [a - b for a, b in zip(after, before, strict=True)]
 
 
 def test_greedy_output_is_identical_whatever_k(engine):

@@ -34,7 +34,7 @@ def test_goodput_turns_speculation_off_with_a_useless_draft_and_keeps_probing(ra
         time.sleep(0.6)  # the probe clock runs on time, not on steps
         engine.generate(max_tokens=64)
         after = engine.telemetry()
-    steps = [a - b for a, b in zip(after.num_steps_by_k, before.num_steps_by_k)]
+    steps = [a - b for a, b in zip(after.num_steps_by_k, before.num_steps_by_k, strict=True)]
     probes = after.policy_info["num_probes"] - before.policy_info["num_probes"]
     assert after.acceptance < 0.1
     assert steps[0] > 2 * steps[1] and steps[2:] == [0, 0, 0], steps

@@ -34,8 +34,14 @@ def weights(model_dir: Path) -> dict[str, torch.Tensor]:
 def test_pair_folders_load_with_transformers(built, kind):
     pair = built[kind]
     for model_dir in (pair.target, pair.draft):
-        for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                     "tokenizer_config.json", CHAT_TEMPLATE_FILE):
+        for name in (
+            "config.json",
+            "model.safetensors",
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            CHAT_TEMPLATE_FILE,
+        ):
             assert (model_dir / name).is_file(), name
         config = AutoConfig.from_pretrained(model_dir)
         assert config.model_type == "llama"
@@ -56,8 +62,9 @@ def test_tokenizer_has_specials_and_chat_template(built):
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (1, 2, 3)
     text = "def main():\n    return 1\n"
     assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                         add_generation_prompt=True)
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert chat == "user: hi\nassistant:"
 
 
@@ -102,15 +109,17 @@ def test_cache_builds_once_and_returns_the_same_folder(tmp_path, monkeypatch):
     assert (second.target / "model.safetensors").stat().st_mtime_ns == stamp
     assert first.target.parent == tmp_path / cache.cache_key("self")
     # Nothing is left behind but the pair and its lock file.
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([cache.cache_key("self"),
-                                                                 f".{cache.cache_key('self')}.lock"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [cache.cache_key("self"), f".{cache.cache_key('self')}.lock"]
+    )
 
 
 def test_concurrent_cache_builders_build_once(tmp_path, monkeypatch):
     calls = []
     real_make_pair = cache.make_pair
-    monkeypatch.setattr(cache, "make_pair",
-                        lambda kind, out, **kw: calls.append(kind) or real_make_pair(kind, out, **kw))
+    monkeypatch.setattr(
+        cache, "make_pair", lambda kind, out, **kw: calls.append(kind) or real_make_pair(kind, out, **kw)
+    )
     results: list[PairPaths] = []
 
     def fetch() -> None:
@@ -137,9 +146,11 @@ def test_cli_make_prints_paths_and_names_bad_values(tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed == {"target": str(tmp_path / "p" / "target"), "draft": str(tmp_path / "p" / "draft")}
     measure = ["measure", "--target", printed["target"], "--draft", printed["draft"]]
-    for argv, bad in ((["make", "--kind", "bogus", "--out", "x"], "'bogus'"),
-                      (["measure", "--target", str(tmp_path / "nope"), "--draft", "x"], "nope"),
-                      ([*measure, "--k", "0"], "'0'")):
+    for argv, bad in (
+        (["make", "--kind", "bogus", "--out", "x"], "'bogus'"),
+        (["measure", "--target", str(tmp_path / "nope"), "--draft", "x"], "nope"),
+        ([*measure, "--k", "0"], "'0'"),
+    ):
         with pytest.raises(SystemExit):
             build_parser().parse_args(argv)
         assert bad in capsys.readouterr().err

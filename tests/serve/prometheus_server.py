@@ -26,9 +26,14 @@ class PrometheusServer:
             f"scrape_configs: [{{job_name: specserve, static_configs: [{{targets: ['{self.scrape_target}']}}]}}]\n"
         )
         self.proc = subprocess.Popen(
-            [self.binary(), f"--config.file={config}", f"--storage.tsdb.path={self.workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=subprocess.DEVNULL, stderr=(self.workdir / "prometheus.log").open("w"),
+            [
+                self.binary(),
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=(self.workdir / "prometheus.log").open("w"),
         )
 
     def query(self, promql: str) -> list[dict]:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import psutil
 
-
 # Below Linux's ephemeral range (32768-60999), which Ray's own processes bind at random while a cluster starts,
 # and above Ray's worker ports (10002-19999): a port found free here is not taken before Serve binds it.
 _PORT_RANGE = (20000, 32000)
@@ -43,8 +42,9 @@ class TrackedProcess:
         self.lines: list[str] = []
 
     def launch(self, cmd: list[str]) -> None:
-        self.proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         threading.Thread(target=self._read, daemon=True).start()
 
     def wait_for_line(self, pattern: str, timeout_s: float) -> re.Match:

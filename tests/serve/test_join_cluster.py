@@ -11,7 +11,6 @@ import sys
 import pytest
 import requests
 from openai import OpenAI
-
 from serve_process import ServeProcess, TrackedProcess, free_port
 
 
@@ -23,8 +22,7 @@ def head(tmp_path):
     env.pop("RAY_ADDRESS", None)
     process = TrackedProcess(env, tmp_path / "head.log")
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
-    process.launch([ray, "start", "--head", f"--port={port}", "--num-cpus=3", "--include-dashboard=false",
-                    "--block"])
+    process.launch([ray, "start", "--head", f"--port={port}", "--num-cpus=3", "--include-dashboard=false", "--block"])
     process.wait_for_line(r".*This command will now block", timeout_s=120)
     process.address = f"127.0.0.1:{port}"
     try:
@@ -58,7 +56,8 @@ def test_serve_deploys_onto_an_existing_cluster_and_leaves_it_running(head, tmp_
     # The cluster and its specserve controller keep running for the next deployment.
     names = [p.name() for p in head.descendants()]
     assert "raylet" in names and any(name.startswith("ray::ClusterCon") for name in names)
-    status = subprocess.run([sys.executable, "-m", "specserve", "status", "--json"], env=env,
-                            capture_output=True, text=True, timeout=120)
+    status = subprocess.run(
+        [sys.executable, "-m", "specserve", "status", "--json"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout) == {"replicas": []}, "a stopped replica unregisters itself"

@@ -11,7 +11,6 @@ import time
 import pytest
 import requests
 from openai import OpenAI
-
 from prometheus_server import PrometheusServer
 from serve_process import ServeProcess, free_port
 
@@ -38,8 +37,13 @@ def client(server) -> OpenAI:
 
 
 def cli(server, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specserve.cluster.cli", *args], env=server.env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "specserve.cluster.cli", *args],
+        env=server.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_models_lists_the_served_model(client):
@@ -54,23 +58,32 @@ def test_completion(client):
 
 
 def test_completion_streamed(client):
-    chunks = list(client.completions.create(model=MODEL, prompt="import os\n", max_tokens=24, temperature=0,
-                                            stream=True))
+    chunks = list(
+        client.completions.create(model=MODEL, prompt="import os\n", max_tokens=24, temperature=0, stream=True)
+    )
     assert len(chunks) >= 2
     assert "".join(c.choices[0].text for c in chunks if c.choices)
 
 
 def test_chat_completion(client):
-    result = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "print hello"}],
-                                            max_tokens=16, temperature=0)
+    result = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "print hello"}], max_tokens=16, temperature=0
+    )
     assert result.object == "chat.completion"
     assert result.choices[0].message.role == "assistant"
     assert result.choices[0].message.content
 
 
 def test_chat_completion_streamed(client):
-    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "sort a list"}],
-                                                 max_tokens=16, temperature=0, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "sort a list"}],
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+        )
+    )
     assert all(c.object == "chat.completion.chunk" for c in chunks)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
@@ -86,7 +99,7 @@ def test_same_greedy_output_as_without_speculation(server, client):
     after = wait_for_replica(server, until=lambda r: r["engine"]["num_emitted_tokens"] >= emitted)["engine"]
     assert cli(server, "policy", "set", "adaptive").returncode == 0
     assert plain.choices[0].text == speculative.choices[0].text
-    steps = [a - b for a, b in zip(after["num_steps_by_k"], before["num_steps_by_k"])]
+    steps = [a - b for a, b in zip(after["num_steps_by_k"], before["num_steps_by_k"], strict=True)]
     assert after["k"] == 0 and steps[0] > 0 and sum(steps[1:]) == 0, f"steps by k during the request: {steps}"
 
 
@@ -104,8 +117,9 @@ BAD_REQUESTS = {
 def test_bad_input_gets_a_4xx_with_a_message_and_the_replica_keeps_serving(server, client, case):
     path, body = BAD_REQUESTS[case]
     data = body if isinstance(body, str) else json.dumps(body)
-    response = requests.post(server.endpoint + path, data=data, headers={"Content-Type": "application/json"},
-                             timeout=60)
+    response = requests.post(
+        server.endpoint + path, data=data, headers={"Content-Type": "application/json"}, timeout=60
+    )
     assert 400 <= response.status_code < 500, response.text
     payload = response.json()
     message = payload.get("error", {}).get("message") if "error" in payload else payload.get("detail")
@@ -151,11 +165,14 @@ def test_policy_set_reaches_the_replica(server):
     assert cli(server, "policy", "set", "adaptive").returncode == 0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["policy", "set", "nope"], "unknown policy 'nope'"),
-    (["policy", "set", "fixed:k=two"], "k='two'"),
-    (["policy", "set", "fixed:k=1", "--replica", "ghost"], "unknown replica 'ghost'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["policy", "set", "nope"], "unknown policy 'nope'"),
+        (["policy", "set", "fixed:k=two"], "k='two'"),
+        (["policy", "set", "fixed:k=1", "--replica", "ghost"], "unknown replica 'ghost'"),
+    ],
+)
 def test_policy_set_errors_name_the_bad_value(server, args, message):
     done = cli(server, *args)
     assert done.returncode == 2
@@ -166,8 +183,13 @@ def test_metrics_url_serves_specserve_and_vllm_metrics(server, client):
     metrics_url = server.line_matching(r"metrics: ").split()[1]
     client.completions.create(model=MODEL, prompt="while True:\n", max_tokens=32)
     deadline = time.monotonic() + 60  # Ray exports on a ~10 s cycle
-    wanted = ["ray_specserve_speculation_k", "ray_specserve_draft_tokens_total", "ray_specserve_steps_total",
-              "ray_specserve_kv_blocks_total", "ray_vllm_spec_decode_num_drafts_total"]
+    wanted = [
+        "ray_specserve_speculation_k",
+        "ray_specserve_draft_tokens_total",
+        "ray_specserve_steps_total",
+        "ray_specserve_kv_blocks_total",
+        "ray_vllm_spec_decode_num_drafts_total",
+    ]
     while True:
         text = requests.get(metrics_url, timeout=10).text
         missing = [name for name in wanted if name not in text]

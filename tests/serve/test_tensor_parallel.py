@@ -7,7 +7,6 @@ import os
 
 import pytest
 from openai import OpenAI
-
 from serve_process import ServeProcess, free_port
 
 pytestmark = pytest.mark.slow

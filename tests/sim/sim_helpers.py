@@ -6,7 +6,8 @@ import subprocess
 import sys
 from typing import Any
 
-from specserve.sim import Scenario, parse_scenario
+from specserve.sim import PolicyFactory, Scenario, parse_scenario
+from specserve.speculation import EngineTraits, Policy, StepContext, make_policy
 
 
 def small_scenario(**overrides: Any) -> Scenario:
@@ -51,3 +52,15 @@ acceptance: {mean: 0.7}
 def sim_cli(*args: str) -> subprocess.CompletedProcess:
     """``python -m specserve sim ARGS`` (the command users type) with stdout and stderr captured apart."""
     return subprocess.run([sys.executable, "-m", "specserve", "sim", *args], capture_output=True, text=True, timeout=60)
+
+
+def recording_policy(spec: str, contexts: list[StepContext]) -> PolicyFactory:
+    """A policy factory for the simulator whose policies append every StepContext they are asked about."""
+
+    def build(traits: EngineTraits) -> Policy:
+        policy = make_policy(spec, traits)
+        choose = policy.choose
+        policy.choose = lambda ctx: contexts.append(ctx) or choose(ctx)
+        return policy
+
+    return build

@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 import pytest
-from sim_helpers import small_scenario
+from sim_helpers import recording_policy, small_scenario
 
 from specserve.sim import StepStats, simulate, summarize
-from specserve.speculation import StepRecord, make_policy, policy_names
+from specserve.speculation import StepContext, StepRecord, policy_names
 
 POLICIES = ("fixed:k=0", "fixed:k=3", "adaptive", "cycle:ks=0-4-1")
 
@@ -178,18 +178,11 @@ def test_every_registered_policy_runs_in_the_simulator(name: str) -> None:
 def test_step_context_counts_only_the_prefill_that_can_run() -> None:
     # Overloaded with two seats: a long queue waits while both seats decode. The queue's prompts cannot join
     # such a step, so its context must not announce them (policies price k against the step's prefill).
-    contexts = []
-
-    def recording(traits):
-        policy = make_policy("fixed:k=0", traits)
-        choose = policy.choose
-        policy.choose = lambda ctx: contexts.append(ctx) or choose(ctx)
-        return policy
-
+    contexts: list[StepContext] = []
     scenario = small_scenario(
         engine={"max_num_seqs": 2}, workload={"arrivals": {"kind": "poisson", "rate_qps": 40, "duration_s": 2}}
     )
-    result, steps = run_logged(scenario, recording)
+    result, steps = run_logged(scenario, recording_policy("fixed:k=0", contexts))
     assert result.policy_spec == "fixed:k=0"  # a factory's run is named by its policy's spec
     assert len(contexts) == len(steps)
     assert max(ctx.num_waiting for ctx in contexts) > 10
@@ -214,3 +207,22 @@ def test_batch_expansion_rereads_the_kv_once_per_scored_position() -> None:
     assert compared > 50
     k0 = [run_logged(small_scenario(engine={"scorer": s}), "fixed:k=0")[1] for s in ("single_pass", "batch_expansion")]
     assert [r.duration_s for r, _ in k0[0]] == [r.duration_s for r, _ in k0[1]]
+
+
+def test_an_offline_batch_announces_each_prompt_once() -> None:
+    # Requests arrive at once for two seats. A waiting prompt may be announced only on the step that admits
+    # it, so the announced prefill over the run adds up to the prompts, as on the real engine
+    # (tests/engine/test_step_context.py). Counting the whole queue would announce it on every step.
+    contexts: list[StepContext] = []
+    scenario = small_scenario(
+        engine={"max_num_seqs": 2, "max_k": 4},
+        workload={"arrivals": {"kind": "poisson", "rate_qps": 100_000, "duration_s": 1e-4}},
+    )
+    result, steps = run_logged(scenario, recording_policy("fixed:k=0", contexts))
+    prompts = int(result.table.prompt_tokens.sum())
+    assert len(result.table.prompt_tokens) >= 4
+    assert max(ctx.num_waiting for ctx in contexts) >= 2
+    assert sum(stats.num_preempted for _, stats in steps) == 0
+    assert sum(ctx.num_prefill_tokens for ctx in contexts) == prompts
+    full = [ctx for ctx in contexts if ctx.num_running == 2]
+    assert full and all(ctx.num_prefill_tokens == 0 for ctx in full)

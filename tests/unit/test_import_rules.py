@@ -41,14 +41,17 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 }
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Every module a file imports anywhere, as written (``from a.b import c`` gives ``a.b``)."""
+def imported_modules(path: Path, root: Path = PACKAGE_ROOT) -> set[str]:
+    """Every module a file under the package ``root`` imports anywhere, relative imports resolved
+    (``from a.b import c`` gives ``a.b``)."""
+    package = ".".join(path.relative_to(root.parent).with_suffix("").parts[:-1])
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            found.add(".".join(part for part in (base, node.module or "") if part))
     return found
 
 
@@ -75,10 +78,13 @@ def test_every_package_has_a_rule() -> None:
     assert packages <= set(FORBIDDEN), f"packages without an import rule: {sorted(packages - set(FORBIDDEN))}"
 
 
-def test_the_scanner_sees_nested_and_dotted_imports(tmp_path: Path) -> None:
-    module = tmp_path / "m.py"
-    module.write_text("import os\nfrom vllm.v1 import x\n\ndef f():\n    import torch.cuda\n")
-    assert imported_modules(module) == {"os", "vllm.v1", "torch.cuda"}
+def test_the_scanner_sees_nested_dotted_and_relative_imports(tmp_path: Path) -> None:
+    module = tmp_path / "specserve" / "sim" / "m.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(
+        "import os\nfrom vllm.v1 import x\nfrom ..experiments import y\n\ndef f():\n    import torch.cuda\n"
+    )
+    assert imported_modules(module, tmp_path / "specserve") == {"os", "vllm.v1", "specserve.experiments", "torch.cuda"}
     assert breaks("vllm.v1", FRAMEWORKS) and not breaks("vllmx", FRAMEWORKS)
 
 

@@ -23,16 +23,19 @@ def test_defaults_and_override_order(tmp_path):
     assert (config.policy, config.port, config.k_max, config.host) == ("fixed:k=2", 9100, 3, "127.0.0.1")
 
 
-@pytest.mark.parametrize("text, message", [
-    ("polcy: adaptive\n", "polcy: unknown key"),
-    ("k_max: 0\n", "k_max: Input should be greater than or equal to 1"),
-    ("port: http\n", "port: Input should be a valid integer"),
-    ("policy: bogus\n", "policy: unknown policy 'bogus'"),
-    ("policy: 'fixed:k=-1'\n", "k=-1 must be non-negative"),
-    ("model: /nonexistent\n", "`model` and `draft` go together"),
-    ("- a\n- b\n", "expected a mapping"),
-    ("port: [\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("polcy: adaptive\n", "polcy: unknown key"),
+        ("k_max: 0\n", "k_max: Input should be greater than or equal to 1"),
+        ("port: http\n", "port: Input should be a valid integer"),
+        ("policy: bogus\n", "policy: unknown policy 'bogus'"),
+        ("policy: 'fixed:k=-1'\n", "k=-1 must be non-negative"),
+        ("model: /nonexistent\n", "`model` and `draft` go together"),
+        ("- a\n- b\n", "expected a mapping"),
+        ("port: [\n", "not valid YAML"),
+    ],
+)
 def test_bad_config_names_the_problem(tmp_path, text, message):
     path = tmp_path / "serve.yaml"
     path.write_text(text)
@@ -47,8 +50,12 @@ def test_model_folder_must_hold_a_model(tmp_path):
 
 
 def test_cli_reports_config_errors_with_exit_status_2(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "specserve", "serve", "--policy", "fixed:k=x"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "specserve", "serve", "--policy", "fixed:k=x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert "policy: policy 'fixed': k='x' is not a valid int" in done.stderr
 
@@ -58,8 +65,12 @@ def test_busy_port_is_a_cli_error_naming_the_flag():
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "specserve", "serve", "--port", str(port)],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "specserve", "serve", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 2
     assert f"--port {port}: cannot bind 127.0.0.1:{port}" in done.stderr
 
@@ -68,8 +79,9 @@ def test_cli_errors_go_to_stderr_and_leave_stdout_empty(tmp_path):
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     env["SPECSERVE_STATE_DIR"] = str(tmp_path)  # no `specserve serve` recorded a cluster here
     for command in (["status"], ["status", "--json"], ["policy", "set", "fixed:k=1"]):
-        done = subprocess.run([sys.executable, "-m", "specserve", *command], env=env,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "specserve", *command], env=env, capture_output=True, text=True, timeout=60
+        )
         assert done.returncode == 2
         assert done.stdout == ""
         assert "no running specserve cluster" in done.stderr
@@ -77,14 +89,30 @@ def test_cli_errors_go_to_stderr_and_leave_stdout_empty(tmp_path):
 
 def test_status_table_has_a_header_and_one_line_per_replica():
     engine = EngineTelemetry(
-        policy="fixed:k=2", k=2, max_k=4, num_running=3, num_waiting=1, num_kv_blocks_total=100,
-        num_kv_blocks_free=60, draft_state="resident", num_steps=5, num_emitted_tokens=20,
-        num_steps_by_k=(0, 0, 5, 0, 0), num_drafted_per_pos=(5, 5, 0, 0), num_reached_per_pos=(5, 4, 0, 0),
-        num_accepted_per_pos=(4, 3, 0, 0), acceptance_ema_per_pos=(0.8, 0.75, 0.5, 0.5),
-        step_durations_s=(), policy_info={}, num_prefill_tokens_announced=0, num_steps_caps_ignored=0,
+        policy="fixed:k=2",
+        k=2,
+        max_k=4,
+        num_running=3,
+        num_waiting=1,
+        num_kv_blocks_total=100,
+        num_kv_blocks_free=60,
+        draft_state="resident",
+        num_steps=5,
+        num_emitted_tokens=20,
+        num_steps_by_k=(0, 0, 5, 0, 0),
+        num_drafted_per_pos=(5, 5, 0, 0),
+        num_reached_per_pos=(5, 4, 0, 0),
+        num_accepted_per_pos=(4, 3, 0, 0),
+        acceptance_ema_per_pos=(0.8, 0.75, 0.5, 0.5),
+        step_durations_s=(),
+        policy_info={},
+        num_prefill_tokens_announced=0,
+        num_steps_caps_ignored=0,
     )
-    snapshots = [ReplicaSnapshot(replica_id=name, node_id="0123456789abcdef", model_id="m", engine=engine)
-                 for name in ("r1", "replica-2")]
+    snapshots = [
+        ReplicaSnapshot(replica_id=name, node_id="0123456789abcdef", model_id="m", engine=engine)
+        for name in ("r1", "replica-2")
+    ]
     header, *rows = status_table(snapshots)
     assert header.split() == ["REPLICA", "NODE", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV", "USED/TOTAL", "DRAFT"]
     assert rows[0].split() == ["r1", "0123456789ab", "fixed:k=2", "2", "0.80", "3", "1", "40/100", "resident"]
@@ -98,8 +126,10 @@ def test_engine_environment_is_one_definition_with_the_differences_as_parameters
     assert cpu["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert cpu["VLLM_CPU_OMP_THREADS_BIND"] == "0-1|2-3"
     assert engine_env(tmp_path, num_cpus=2)["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
-    assert engine_env(tmp_path, on_gpu=True) == {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
-                                                 "TMPDIR": str(tmp_path)}
+    assert engine_env(tmp_path, on_gpu=True) == {
+        "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+        "TMPDIR": str(tmp_path),
+    }
 
 
 def test_an_applied_engine_environment_keeps_the_operators_choices_and_is_undone(tmp_path, monkeypatch):

@@ -48,23 +48,22 @@ class Drafter:
         signals: SignalModel | None,
         verdict_rng: np.random.Generator,
         signal_rng: np.random.Generator,
-        stop: StopHook | None,
     ) -> None:
         self.acceptance = acceptance
         self.signals = signals
         self.verdict_rng = verdict_rng
         self.signal_rng = signal_rng
-        self.stop = stop if signals is not None else None
 
-    def draft(self, alphas: np.ndarray, planned: np.ndarray) -> Drafts:
-        """Draft for rows with ``planned`` >= 1 drafts each (aligned with ``alphas``)."""
+    def draft(self, alphas: np.ndarray, planned: np.ndarray, stop: StopHook | None = None) -> Drafts:
+        """Draft for rows with ``planned`` >= 1 drafts each (aligned with ``alphas``); ``stop`` is the step's
+        draft-loop rule (``Decision.draft_stop``), asked only when signals give it confidences."""
         probs = self.acceptance.position_probs(alphas, int(planned.max()))
         passed = self.acceptance.sample_passed(probs, planned, self.verdict_rng)
         signals = None if self.signals is None else self.signals.sample(probs, passed, self.signal_rng)
-        if self.stop is None or signals is None:  # the constructor and the replica set a stop only with signals
+        if stop is None or signals is None:
             num_passes = passed.shape[1]
         else:
-            num_passes = self._num_passes(planned, signals.confidence, self.stop)
+            num_passes = self._num_passes(planned, signals.confidence, stop)
         if num_passes == passed.shape[1]:
             return Drafts(planned, accepted_prefix(passed), signals)
         passed = passed[:, :num_passes]

@@ -101,7 +101,7 @@ class Simulator:
         replicas = []
         for i, (verdict_rng, signal_rng) in enumerate(zip(verdict_rngs, signal_rngs, strict=True)):
             policy = self.policy_factory(traits)
-            drafter = Drafter(acceptance, signals, verdict_rng, signal_rng, None)  # each step's Decision.draft_stop
+            drafter = Drafter(acceptance, signals, verdict_rng, signal_rng)
             replicas.append(
                 Replica(
                     i,

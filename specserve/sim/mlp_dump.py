@@ -1,6 +1,6 @@
 """SpecKV training samples from a simulator run: ``specserve sim mlp-samples``.
 
-Every speculative step of the run yields one sample per drafting request (speculation.mlp_samples); a
+Every speculative step of the run yields one sample per drafting request (speculation.speckv.samples); a
 seeded reservoir keeps at most ``max_samples`` of them, spread over the whole run rather than its start,
 because training is pure Python (10k samples x 100 epochs take about 15 s on one core).
 

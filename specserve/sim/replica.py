@@ -24,7 +24,7 @@ import numpy as np
 
 from specserve.sim.batch import RequestTable, RunningBatch
 from specserve.sim.config import EngineConfig
-from specserve.sim.drafting import Drafter, Drafts
+from specserve.sim.drafting import Drafter, Drafts, StopHook
 from specserve.sim.latency import StepTimer
 from specserve.sim.steps import StepListener, StepStats, further_pass_tokens, step_record
 from specserve.speculation import Decision, Policy, StepContext, StepRecord
@@ -99,7 +99,6 @@ class Replica:
             return None  # an idle engine runs no step, so its policy is not asked
         ctx = self._context(now_s)
         decision = self.policy.choose(ctx)
-        self.drafter.stop = decision.draft_stop.after_pass if decision.draft_stop and self.drafter.signals else None
         k = decision.k
         if not 0 <= k <= self.cfg.max_k:
             raise ValueError(f"policy {self.policy.spec!r} chose k={k} outside 0..{self.cfg.max_k}")
@@ -112,7 +111,8 @@ class Replica:
         self.num_kv_blocks_free -= int(grant.new_blocks.sum())
         if self.num_kv_blocks_free < 0:
             raise RuntimeError(f"replica {self.index}: KV over capacity by {-self.num_kv_blocks_free} blocks")
-        self._pending = self._price(now_s, k, grant, num_preempted)
+        stop = decision.draft_stop.after_pass if decision.draft_stop else None
+        self._pending = self._price(now_s, k, grant, num_preempted, stop)
         return self._pending.record.duration_s
 
     def end_step(self, now_s: float) -> None:
@@ -245,13 +245,13 @@ class Replica:
             self.batch.extend(admitted, self.table)
         return bool(admitted)
 
-    def _price(self, now_s: float, k: int, grant: _Grant, num_preempted: int) -> _Pending:
+    def _price(self, now_s: float, k: int, grant: _Grant, num_preempted: int, stop: StopHook | None) -> _Pending:
         b = self.batch
         rows = np.flatnonzero(grant.drafts)
         accepted = np.zeros(len(b), dtype=np.int64)
         drafts = None
         if len(rows):
-            drafts = self.drafter.draft(b.alpha[rows], grant.drafts[rows])
+            drafts = self.drafter.draft(b.alpha[rows], grant.drafts[rows], stop)
             accepted[rows] = drafts.accepted
             if drafts.stopped_early:
                 grant = self._verify_only_drafted(grant, rows, drafts.drafted)

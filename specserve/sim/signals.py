@@ -13,7 +13,7 @@ The generative story per drafted token is:
 2. Verdict: accepted with probability c. Marginally that is probability mu, exactly the old model.
 3. Entropy H (nats) of a draft distribution with top-1 mass c and the other 1 - c spread evenly over
    m ~ logU(1, max_alternatives) tokens: H = -c ln c - (1 - c) ln((1 - c) / m) (SpecKV §4.2
-   defines H and c over the same softmax; this is speculation/mlp_synthetic's shape, in nats, so the
+   defines H and c over the same softmax; this is speculation/speckv/synthetic.py's shape, in nats, so the
    packaged mlp weights see inputs from their training range). H >= 0, falls as c rises (SpecKV:
    entropy r = -0.55 with acceptance), and m adds the noise.
 4. KL(target || draft) = kl_scale * (1 - c)**2 * E, E ~ Exp(1), in nats (DSDE §III-A does not state the

@@ -212,7 +212,7 @@ def test_batch_expansion_rereads_the_kv_once_per_scored_position() -> None:
 def test_an_offline_batch_announces_each_prompt_once() -> None:
     # Requests arrive at once for two seats. A waiting prompt may be announced only on the step that admits
     # it, so the announced prefill over the run adds up to the prompts, as on the real engine
-    # (tests/engine/test_step_context.py). Counting the whole queue would announce it on every step.
+    # (tests/engine/test_engine_step_context.py). Counting the whole queue would announce it on every step.
     contexts: list[StepContext] = []
     scenario = small_scenario(
         engine={"max_num_seqs": 2, "max_k": 4},

@@ -39,6 +39,7 @@ def test_goodput_turns_speculation_off_with_a_useless_draft_and_keeps_probing(ra
     assert after.acceptance < 0.1
     assert steps[0] > 2 * steps[1] and steps[2:] == [0, 0, 0], steps
     # Every k > 0 step is a probe (one lasts until its drafts are verified, at most 4 steps)...
-    assert 0 < steps[1] <= 4 * probes, (steps, probes)
+    # A probe already running when the window opened counts in the steps but not in the probes: one more.
+    assert 0 < steps[1] <= 4 * (probes + 1), (steps, probes)
     # ...and probes are worth something only because their drafts do get verified.
     assert after.num_reached_per_pos[0] > before.num_reached_per_pos[0]

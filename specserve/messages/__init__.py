@@ -74,6 +74,11 @@ class EngineTelemetry:
     num_prefill_tokens_announced: int
     # Steps whose policy asked for per-request caps, which vLLM 0.32's batch-wide k cannot apply yet.
     num_steps_caps_ignored: int
+    # k = 0 decode steps that ran without the draft's forward pass (0 where the engine does not skip it).
+    num_steps_draft_skipped: int = 0
+    # Draft lists cut to nothing before verification because the request's draft KV has a hole left by
+    # skipped passes: such a request does not speculate again (no draft-KV catch-up yet).
+    num_drafts_cut_for_lag: int = 0
 
     @property
     def acceptance(self) -> float | None:

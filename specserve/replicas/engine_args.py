@@ -12,6 +12,8 @@ from typing import Any
 #: process, where the scheduler reads them (no environment variables, so engines can differ).
 ADDITIONAL_CONFIG_KEY = "specserve"
 SCHEDULER_CLS = "specserve.replicas.scheduler.AdaptiveKScheduler"
+# Mixed into vLLM's worker class; importing its module makes k = 0 decode steps skip the draft pass.
+WORKER_EXTENSION_CLS = "specserve.replicas.draft_skip.DraftSkipWorkerExtension"
 # EngineCore utility methods that scheduler.py adds; called with
 # ``await engine_core.call_utility_async(NAME, *args)``.
 SET_POLICY_UTILITY = "specserve_set_policy"
@@ -24,9 +26,12 @@ class EngineControlConfig:
 
     # Initial policy spec, e.g. "adaptive" or "fixed:k=3".
     policy: str
+    # Skip the draft's forward pass on k = 0 decode steps (specserve.speculation.draft_sync); requests
+    # whose draft KV then has a hole draft nothing until they finish. False: vLLM's own behaviour.
+    skip_k0_draft_pass: bool = True
 
     def to_additional_config(self) -> dict[str, Any]:
-        return {"policy": self.policy}
+        return {"policy": self.policy, "skip_k0_draft_pass": self.skip_k0_draft_pass}
 
     @classmethod
     def from_additional_config(cls, data: dict[str, Any] | None) -> EngineControlConfig:
@@ -35,7 +40,7 @@ class EngineControlConfig:
                 f"additional_config[{ADDITIONAL_CONFIG_KEY!r}] is missing: build engine arguments with "
                 "specserve.replicas.engine_args.speculative_engine_kwargs"
             )
-        return cls(policy=str(data["policy"]))
+        return cls(policy=str(data["policy"]), skip_k0_draft_pass=bool(data.get("skip_k0_draft_pass", True)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +58,8 @@ class EngineSpec:
     # CUDA graphs on GPU; on CPU eager mode avoids a ~35 s torch.compile at start.
     enforce_eager: bool = True
     seed: int = 0
+    # See EngineControlConfig.skip_k0_draft_pass.
+    skip_k0_draft_pass: bool = True
     extra: tuple[tuple[str, Any], ...] = ()
 
 
@@ -71,7 +78,10 @@ def speculative_engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
         enable_prefix_caching=False,
         disable_log_stats=False,
         scheduler_cls=SCHEDULER_CLS,
-        additional_config={ADDITIONAL_CONFIG_KEY: EngineControlConfig(spec.policy).to_additional_config()},
+        worker_extension_cls=WORKER_EXTENSION_CLS,
+        additional_config={
+            ADDITIONAL_CONFIG_KEY: EngineControlConfig(spec.policy, spec.skip_k0_draft_pass).to_additional_config()
+        },
         speculative_config={
             "method": "draft_model",
             "model": spec.draft,

@@ -8,7 +8,11 @@ vLLM imports this module in the EngineCore process when it resolves ``scheduler_
 Nothing here crosses a process boundary on the hot path. Private vLLM interfaces used:
 ``Scheduler.schedule`` / ``update_from_output``, ``SchedulerOutput.num_spec_tokens_to_schedule`` and
 ``scheduled_spec_decode_tokens``, ``Request.spec_token_ids`` / ``num_computed_tokens``,
-``kv_cache_manager.block_pool``, and ``EngineCore`` utility methods (added below).
+``kv_cache_manager.block_pool``, ``Scheduler.requests``, and ``EngineCore`` utility methods (added below).
+
+k = 0 decode steps skip the draft's forward pass in the worker (``draft_skip.py``); this side applies
+the same rule (``k0_skip.py``) to keep each request's draft-KV bookkeeping (``DraftKVTracker``) and cuts
+the drafts of requests whose draft KV has a hole (the lag rule; see ``speculation/draft_sync.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from specserve.replicas.engine_args import (
     TELEMETRY_UTILITY,
     EngineControlConfig,
 )
+from specserve.replicas.k0_skip import skipping_enabled, step_skips_draft_pass
 from specserve.replicas.telemetry import StepCounters
 from specserve.speculation import (
     Decision,
@@ -40,6 +45,7 @@ from specserve.speculation import (
     make_policy,
 )
 from specserve.speculation.context import build_step_context
+from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest
 
 logger = init_logger(__name__)
 
@@ -56,7 +62,10 @@ class AdaptiveKScheduler(Scheduler):
         control = EngineControlConfig.from_additional_config(
             self.vllm_config.additional_config.get(ADDITIONAL_CONFIG_KEY)
         )
-        self.traits = EngineTraits(max_k=self.num_spec_tokens, k0_runs_draft_pass=True)
+        # Read as the worker extension reads it, so both sides skip the same steps.
+        self.skips_k0_draft_pass = skipping_enabled(self.vllm_config)
+        self.draft_kv = DraftKVTracker()
+        self.traits = EngineTraits(max_k=self.num_spec_tokens, k0_runs_draft_pass=not self.skips_k0_draft_pass)
         self.policy: Policy = make_policy(control.policy, self.traits)
         self.counters = StepCounters(max_k=self.num_spec_tokens)
         # Telemetry's acceptance estimate is the same for every policy, so operators can compare them.
@@ -64,7 +73,12 @@ class AdaptiveKScheduler(Scheduler):
         self.k = 0
         self._step_ctx: StepContext | None = None
         self._step_started_s = 0.0
-        logger.info("specserve: policy %s, k_max %d", self.policy.spec, self.num_spec_tokens)
+        logger.info(
+            "specserve: policy %s, k_max %d, k=0 draft pass %s",
+            self.policy.spec,
+            self.num_spec_tokens,
+            "skipped" if self.skips_k0_draft_pass else "run",
+        )
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -84,13 +98,24 @@ class AdaptiveKScheduler(Scheduler):
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput):
         ctx = self._step_ctx
+        skipped = step_skips_draft_pass(self.skips_k0_draft_pass, scheduler_output)
         if ctx is not None and scheduler_output.num_scheduled_tokens:
-            record = self._record(ctx, scheduler_output, model_runner_output)
+            record = self._record(ctx, scheduler_output, model_runner_output, skipped)
             self.policy.observe(record)
             self.acceptance.observe(record)
             self.counters.add(record)
+            self.counters.num_steps_draft_skipped += int(skipped)
             self._step_ctx = None
-        return super().update_from_output(scheduler_output, model_runner_output)
+        # vLLM advanced num_computed_tokens by the scheduled tokens at schedule time: the step's start.
+        starts = {
+            req_id: self.requests[req_id].num_computed_tokens - n
+            for req_id, n in scheduler_output.num_scheduled_tokens.items()
+            if req_id in self.requests
+        }
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if self.skips_k0_draft_pass:
+            self._track_draft_kv(skipped, starts, model_runner_output)
+        return outputs
 
     # -- pieces of the loop -----------------------------------------------------------------------
 
@@ -130,11 +155,32 @@ class AdaptiveKScheduler(Scheduler):
     def _truncate_drafts(self, k: int) -> None:
         # Drafts proposed last step were sized by last step's k; verifying only k of them makes a
         # lower k take effect this step rather than the next (fast back-off when load spikes).
+        lag_rule = self.skips_k0_draft_pass
         for request in self.running:
             if len(request.spec_token_ids) > k:
                 request.spec_token_ids = request.spec_token_ids[:k]
+            if not lag_rule or not request.spec_token_ids:
+                continue
+            # The lag rule: drafts made on a draft KV cache with a hole would be verified at a lower
+            # acceptance (lossless, but silently worse), so such a request drafts nothing until it ends.
+            if self.draft_kv.lagging(request.request_id, request.num_computed_tokens):
+                request.spec_token_ids = []
+                self.counters.num_drafts_cut_for_lag += 1
 
-    def _record(self, ctx: StepContext, out: SchedulerOutput, result: ModelRunnerOutput) -> StepRecord:
+    def _track_draft_kv(self, skipped: bool, starts: dict[str, int], result: ModelRunnerOutput) -> None:
+        sampled = result.sampled_token_ids
+        steps = []
+        for req_id, start in starts.items():
+            request = self.requests.get(req_id)
+            if request is None:  # finished this step
+                continue
+            index = result.req_id_to_index.get(req_id)
+            produced = bool(sampled) and index is not None and bool(sampled[index])
+            steps.append(ScheduledRequest(req_id, start, request.num_computed_tokens, produced))
+        self.draft_kv.observe_step(skipped, steps)
+        self.draft_kv.keep_only(self.requests)
+
+    def _record(self, ctx: StepContext, out: SchedulerOutput, result: ModelRunnerOutput, skipped: bool) -> StepRecord:
         drafted: list[int] = []
         accepted: list[int] = []
         sampled = result.sampled_token_ids
@@ -156,7 +202,7 @@ class AdaptiveKScheduler(Scheduler):
             num_running=len(out.num_scheduled_tokens),
             num_context_tokens=ctx.num_context_tokens,
             num_batched_tokens=out.total_num_scheduled_tokens,
-            num_draft_passes=k if k > 0 else int(self.traits.k0_runs_draft_pass),
+            num_draft_passes=k if k > 0 else int(not skipped),
             num_emitted_tokens=emitted,
             num_drafted_per_request=tuple(drafted),
             num_accepted_per_request=tuple(accepted),
@@ -193,6 +239,8 @@ class AdaptiveKScheduler(Scheduler):
             policy_info=self.policy.describe(),
             num_prefill_tokens_announced=c.num_prefill_tokens_announced,
             num_steps_caps_ignored=c.num_steps_caps_ignored,
+            num_steps_draft_skipped=c.num_steps_draft_skipped,
+            num_drafts_cut_for_lag=c.num_drafts_cut_for_lag,
         )
 
 

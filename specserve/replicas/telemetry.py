@@ -40,6 +40,10 @@ class StepCounters:
     num_prefill_tokens_announced: int = 0
     # Steps whose decision carried per-request caps that the engine did not apply.
     num_steps_caps_ignored: int = 0
+    # k = 0 decode steps whose draft forward pass the worker skipped (``k0_skip``).
+    num_steps_draft_skipped: int = 0
+    # Draft lists cut to nothing because the request's draft KV has a hole (the lag rule).
+    num_drafts_cut_for_lag: int = 0
     # Durations of the latest steps, the last being step ``num_steps``.
     recent_durations_s: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_RECENT_DURATIONS))
 

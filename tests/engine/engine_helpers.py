@@ -37,12 +37,55 @@ class Engine:
     def vllm_counters(self) -> dict[str, object]:
         return {metric.name: metric for metric in self.llm.get_metrics()}
 
+    def draft_pass_counts(self) -> dict[str, int]:
+        """Draft passes the worker skipped and ran (specserve's worker extension; one worker at TP=1)."""
+        (counts,) = self.llm.collective_rpc("specserve_draft_pass_counts")
+        return counts
+
+    def staggered(
+        self, first: list[str], later: list[str], *, before: str, after: str, switch_after: int, max_tokens: int
+    ) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+        """``first`` decode under policy ``before``; after ``switch_after`` of their tokens the policy
+        becomes ``after`` and ``later`` arrive. Returns each request's tokens and its per-step token gains
+        (one entry per engine output that advanced it), keyed "a0".., "b0"..."""
+        from vllm import SamplingParams
+
+        engine = self.llm.llm_engine
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        self.set_policy(before)
+        for i, prompt in enumerate(first):
+            engine.add_request(f"a{i}", prompt, params)
+        tokens: dict[str, list[int]] = {}
+        gains: dict[str, list[int]] = {}
+        switched = False
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                new = list(out.outputs[0].token_ids)
+                gains.setdefault(out.request_id, []).append(len(new) - len(tokens.get(out.request_id, [])))
+                tokens[out.request_id] = new
+            if (
+                not switched
+                and min((len(tokens.get(f"a{i}", [])) for i in range(len(first))), default=0) >= switch_after
+            ):
+                self.set_policy(after)
+                for i, prompt in enumerate(later):
+                    engine.add_request(f"b{i}", prompt, params)
+                switched = True
+        return tokens, gains
+
 
 @contextmanager
-def running_engine(pair, policy: str, max_k: int = 4, max_num_seqs: int = 8) -> Iterator[Engine]:
+def running_engine(
+    pair, policy: str, max_k: int = 4, max_num_seqs: int = 8, skip_k0_draft_pass: bool = True
+) -> Iterator[Engine]:
     kwargs = speculative_engine_kwargs(
         EngineSpec(
-            target=str(pair.target), draft=str(pair.draft), policy=policy, max_k=max_k, max_num_seqs=max_num_seqs
+            target=str(pair.target),
+            draft=str(pair.draft),
+            policy=policy,
+            max_k=max_k,
+            max_num_seqs=max_num_seqs,
+            skip_k0_draft_pass=skip_k0_draft_pass,
         )
     )
     with offline.offline_llm(**kwargs) as llm:

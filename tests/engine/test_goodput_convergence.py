@@ -36,7 +36,12 @@ def test_goodput_turns_speculation_off_with_a_useless_draft_and_keeps_probing(ra
         after = engine.telemetry()
     steps = [a - b for a, b in zip(after.num_steps_by_k, before.num_steps_by_k, strict=True)]
     probes = after.policy_info["num_probes"] - before.policy_info["num_probes"]
-    assert after.acceptance < 0.1
+    # With k=0 skipping the draft pass, requests that lived through k=0 steps lag and draft nothing, so a
+    # probe verifies only drafts of requests that arrived since: the EMA sees fewer drafts (8 rather than
+    # 44 on one run) and stays nearer its prior. Measured acceptance must still be ~0 and the EMA well down.
+    reached = after.num_reached_per_pos[0] - before.num_reached_per_pos[0]
+    assert after.num_accepted_per_pos[0] - before.num_accepted_per_pos[0] < 0.1 * max(reached, 1)
+    assert after.acceptance < 0.2
     assert steps[0] > 2 * steps[1] and steps[2:] == [0, 0, 0], steps
     # Every k > 0 step is a probe (one lasts until its drafts are verified, at most 4 steps)...
     # A probe already running when the window opened counts in the steps but not in the probes: one more.

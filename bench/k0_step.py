@@ -1,0 +1,131 @@
+"""Time of a k = 0 decode step: speculative engine skipping the draft pass, not skipping it, and an
+engine started without speculation (the tiny trained pair, CPU, bf16, eager).
+
+    PYTHONPATH=$PWD .venv/bin/python bench/k0_step.py [--rounds 3] [--reps 5] [--out FILE]
+
+One engine runs at a time. Each round starts each engine once (the order rotates between rounds) and
+times greedy generation of B prompts (B = 1, 4, 8) at two lengths; a decode step's time is the
+difference of the two generation times over the difference in tokens, which takes prefill and
+per-call overhead out. Per round and engine the median over ``--reps`` repetitions is kept; the JSON
+gives, per engine and B, the median over rounds with min and max, and the ratio to the no-speculation
+engine taken within each round (paired) as median, min and max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+PROMPTS = [
+    "def fibonacci(n):\n    ",
+    "import os\nimport sys\n\n",
+    "class Parser:\n    def __init__(self",
+    "for line in open(path):\n",
+    "def main():\n    args = ",
+    "with open(filename) as f:\n",
+    "import json\n\ndef load(",
+    "while True:\n    line = ",
+]
+BATCHES = (1, 4, 8)
+SHORT, LONG = 16, 80
+ENGINES = ("skip", "no_skip", "no_spec")
+
+
+def engine_kwargs(name: str, target: str, draft: str) -> dict[str, Any]:
+    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+
+    kwargs = speculative_engine_kwargs(
+        EngineSpec(target=target, draft=draft, policy="fixed:k=0", max_k=4, skip_k0_draft_pass=name == "skip")
+    )
+    if name == "no_spec":
+        for key in ("speculative_config", "scheduler_cls", "worker_extension_cls", "additional_config"):
+            kwargs.pop(key)
+    return kwargs
+
+
+def time_engine(name: str, target: str, draft: str, reps: int) -> dict[int, float]:
+    """Median ms per decode step for each batch size, for one engine start."""
+    from vllm import SamplingParams
+
+    from specserve.replicas import offline
+
+    per_batch: dict[int, float] = {}
+    with offline.offline_llm(**engine_kwargs(name, target, draft)) as llm:
+
+        def run(batch: int, tokens: int) -> float:
+            params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+            started = time.perf_counter()
+            llm.generate(PROMPTS[:batch], params, use_tqdm=False)
+            return time.perf_counter() - started
+
+        run(8, SHORT)  # warm-up
+        for batch in BATCHES:
+            steps = []
+            for _ in range(reps):
+                short, long = run(batch, SHORT), run(batch, LONG)
+                steps.append((long - short) / (LONG - SHORT) * 1000)
+            per_batch[batch] = statistics.median(steps)
+        if name != "no_spec":
+            telemetry = offline.read_telemetry(llm)
+            print(
+                f"{name}: {telemetry.num_steps} steps, {telemetry.num_steps_draft_skipped} draft passes skipped",
+                file=sys.stderr,
+            )
+    return per_batch
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--out", help="also write the JSON here")
+    args = parser.parse_args()
+
+    from specserve.models import cached_pair
+    from specserve.replicas import engine_env
+
+    pair = cached_pair("trained")
+    rounds: list[dict[str, dict[int, float]]] = []
+    with engine_env.applied(engine_env.engine_env(tempfile.mkdtemp(prefix="specserve-k0-bench-"))):
+        for r in range(args.rounds):
+            order = ENGINES[r % 3 :] + ENGINES[: r % 3]
+            result = {}
+            for name in order:
+                result[name] = time_engine(name, str(pair.target), str(pair.draft), args.reps)
+                print(f"round {r}: {name} {result[name]}", file=sys.stderr)
+            rounds.append(result)
+
+    report: dict[str, Any] = {
+        "what": "ms per k=0 decode step (greedy, tiny trained pair, bf16, CPU eager, max_k=4)",
+        "rounds": args.rounds,
+        "reps_per_round": args.reps,
+        "tokens": [SHORT, LONG],
+        "ms_per_step": {name: {str(b): spread([r[name][b] for r in rounds]) for b in BATCHES} for name in ENGINES},
+        "ratio_to_no_spec": {
+            name: {str(b): spread([r[name][b] / r["no_spec"][b] for r in rounds]) for b in BATCHES}
+            for name in ("skip", "no_skip")
+        },
+        "per_round": [{name: {str(b): round(v, 3) for b, v in r[name].items()} for name in ENGINES} for r in rounds],
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

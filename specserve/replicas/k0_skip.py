@@ -1,0 +1,47 @@
+"""The one k = 0 skip rule as both engine processes apply it to vLLM's objects (vLLM 0.32.0).
+
+The scheduler (EngineCore process, ``scheduler.py``) and the worker extension (worker processes,
+``draft_skip.py``) each call these two functions, so they agree on every step without talking: both
+read the same ``VllmConfig`` and the same ``SchedulerOutput``, and the rule itself is
+``specserve.speculation.draft_sync.skips_draft_pass``. No vLLM import at run time.
+
+Private vLLM interfaces read: ``VllmConfig.additional_config`` / ``speculative_config`` /
+``scheduler_config.async_scheduling``; ``SchedulerOutput.num_spec_tokens_to_schedule``,
+``scheduled_new_reqs``, ``scheduled_cached_reqs.resumed_req_ids``, ``num_scheduled_tokens``
+(``vllm/v1/core/sched/output.py``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from specserve.replicas.engine_args import ADDITIONAL_CONFIG_KEY, EngineControlConfig
+from specserve.speculation.draft_sync import skips_draft_pass
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+
+def skipping_enabled(vllm_config: Any) -> bool:
+    """Whether this engine skips the draft pass on k = 0 decode steps.
+
+    Off without speculation, without specserve's settings, when ``skip_k0_draft_pass`` is false, and
+    under async scheduling, where vLLM's runner hands a step's sampled tokens to the next step through
+    the draft path a skip leaves out (GPU only: CPU vLLM forces synchronous scheduling).
+    """
+    data = (vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
+    if not data or vllm_config.speculative_config is None:
+        return False
+    if getattr(vllm_config.scheduler_config, "async_scheduling", False):
+        return False
+    return EngineControlConfig.from_additional_config(data).skip_k0_draft_pass
+
+
+def step_skips_draft_pass(enabled: bool, output: SchedulerOutput) -> bool:
+    """``skips_draft_pass`` over one step's ``SchedulerOutput``."""
+    return skips_draft_pass(
+        enabled=enabled,
+        k=output.num_spec_tokens_to_schedule,
+        num_new_requests=len(output.scheduled_new_reqs) + len(output.scheduled_cached_reqs.resumed_req_ids),
+        num_scheduled_tokens=output.num_scheduled_tokens.values(),
+    )

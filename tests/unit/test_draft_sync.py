@@ -1,0 +1,113 @@
+"""The k = 0 skip rule and the draft-KV bookkeeping (specserve.speculation.draft_sync)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, skips_draft_pass
+
+
+def skips(k=0, new=0, tokens=(1, 1), enabled=True):
+    return skips_draft_pass(enabled=enabled, k=k, num_new_requests=new, num_scheduled_tokens=tokens)
+
+
+def test_only_pure_k0_decode_steps_skip():
+    assert skips()
+    assert skips(tokens=iter([1]))  # any iterable, e.g. a dict's values
+    assert not skips(enabled=False)
+    assert not skips(k=1)
+    assert not skips(new=1)  # a new or resumed request is prefilled: the draft must see it
+    assert not skips(tokens=(1, 7))  # a chunked prefill continues
+    assert not skips(tokens=(2,))  # verification tokens or a recompute
+    assert not skips(tokens=())  # an empty step runs nothing and is not a skip
+
+
+def step(tracker, skipped, *requests):
+    tracker.observe_step(skipped, [ScheduledRequest(*r) for r in requests])
+
+
+def test_a_single_skipped_step_leaves_no_hole():
+    t = DraftKVTracker()
+    step(t, False, ("r", 0, 10, True))  # prefill of 10 tokens; the pass also wrote the sampled token at 10
+    assert t.draft_upto["r"] == 11 and not t.lagging("r", 10)
+    step(t, True, ("r", 10, 11, True))  # skipped: position 10 was written already
+    assert not t.lagging("r", 11)
+    step(t, False, ("r", 11, 12, True))  # the next pass starts inside the complete prefix
+    assert t.draft_upto["r"] == 13 and not t.lagging("r", 12)
+
+
+def test_two_skipped_steps_leave_a_hole_for_good():
+    t = DraftKVTracker()
+    step(t, False, ("r", 0, 10, True))
+    step(t, True, ("r", 10, 11, True))
+    step(t, True, ("r", 11, 12, True))
+    assert t.lagging("r", 12)  # position 11 was never written
+    step(t, False, ("r", 12, 15, True))  # a k>0 step does not fill it
+    assert t.lagging("r", 15)
+
+
+def test_partial_prefill_and_preemption():
+    t = DraftKVTracker()
+    step(t, False, ("r", 0, 8, False))  # a partial chunk samples nothing: only [0, 8) is written
+    assert t.draft_upto["r"] == 8 and not t.lagging("r", 8)
+    step(t, True, ("r", 8, 9, True))  # a last chunk of one token in a skipped step: conservatively lagging
+    assert t.lagging("r", 9)
+    step(t, False, ("r", 0, 20, True))  # preempted and recomputed from position 0: complete again
+    assert not t.lagging("r", 20)
+
+
+def test_unknown_requests_lag_once_past_position_0_and_finished_ones_are_forgotten():
+    t = DraftKVTracker()
+    assert not t.lagging("new", 0)
+    assert t.lagging("never-seen", 5)
+    step(t, False, ("a", 0, 4, True), ("b", 0, 4, True))
+    t.keep_only(["b"])
+    assert list(t.draft_upto) == ["b"]
+
+
+@pytest.mark.parametrize("run", range(0, 6))
+def test_a_run_of_m_skipped_steps_leaves_m_minus_1_holes(run):
+    t = DraftKVTracker()
+    step(t, False, ("r", 0, 10, True))
+    for i in range(run):
+        step(t, True, ("r", 10 + i, 11 + i, True))
+    assert t.lagging("r", 10 + run) == (run >= 2)
+
+
+def test_both_engine_sides_read_one_switch_from_the_engine_config():
+    from types import SimpleNamespace
+
+    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.k0_skip import skipping_enabled, step_skips_draft_pass
+
+    def config(skip, async_scheduling=False, speculative=True):
+        kwargs = speculative_engine_kwargs(
+            EngineSpec(target="t", draft="d", policy="fixed:k=0", max_k=4, skip_k0_draft_pass=skip)
+        )
+        assert kwargs["worker_extension_cls"] == "specserve.replicas.draft_skip.DraftSkipWorkerExtension"
+        return SimpleNamespace(
+            additional_config=kwargs["additional_config"],
+            speculative_config=kwargs["speculative_config"] if speculative else None,
+            scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
+        )
+
+    assert skipping_enabled(config(True))
+    assert not skipping_enabled(config(False))
+    assert not skipping_enabled(config(True, async_scheduling=True))
+    assert not skipping_enabled(config(True, speculative=False))
+    assert not skipping_enabled(SimpleNamespace(additional_config=None, speculative_config=object()))
+
+    def output(k, new=(), resumed=(), tokens=None):
+        return SimpleNamespace(
+            num_spec_tokens_to_schedule=k,
+            scheduled_new_reqs=list(new),
+            scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set(resumed)),
+            num_scheduled_tokens=tokens if tokens is not None else {"a": 1, "b": 1},
+        )
+
+    assert step_skips_draft_pass(True, output(0))
+    assert not step_skips_draft_pass(False, output(0))
+    assert not step_skips_draft_pass(True, output(2))
+    assert not step_skips_draft_pass(True, output(0, new=["c"]))
+    assert not step_skips_draft_pass(True, output(0, resumed=["a"]))
+    assert not step_skips_draft_pass(True, output(0, tokens={"a": 1, "b": 5}))

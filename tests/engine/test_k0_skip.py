@@ -36,10 +36,12 @@ def test_k0_decode_steps_skip_the_draft_and_are_counted(engine):
     after, worker_after = engine.telemetry(), engine.draft_pass_counts()
     steps = after.num_steps - before.num_steps
     skipped = after.num_steps_draft_skipped - before.num_steps_draft_skipped
-    # The four prompts prefill in one step, which runs the draft; every later step is a k=0 decode.
-    assert skipped == steps - 1 == 23
+    ran = worker_after["ran"] - worker_before["ran"]
+    # Only the steps that prefill the four prompts run the draft; they usually share one step, but the engine
+    # may start stepping before the last prompt reaches it. Every other step is a k=0 decode and skips.
     assert worker_after["skipped"] - worker_before["skipped"] == skipped, "the worker skipped what was counted"
-    assert worker_after["ran"] - worker_before["ran"] == 1
+    assert skipped + ran == steps and 1 <= ran <= len(PROMPTS)
+    assert skipped >= 24 - len(PROMPTS), "24 tokens each: at least 20 decode-only steps"
 
 
 @pytest.mark.parametrize("cycle", ["cycle:ks=4-4-0-0-0-0-0-0-4-4-4-4", "cycle:ks=4-0-2-1-3-0-0-4"])

@@ -231,9 +231,11 @@ async def _probe_once(target: Target, ignore_eos: bool) -> tuple[int, str]:
         payload["prompt"] = "Hello"
     if ignore_eos:
         payload["ignore_eos"] = True
-    async with session(target.timeout_s) as http:
+    # At least 30 s: a short --timeout is for the run's requests, and a cold server may be slow once.
+    limit_s = max(target.timeout_s, 30.0)
+    async with session(limit_s) as http:
         try:
-            async with asyncio.timeout(target.timeout_s), http.post(target.url, json=payload) as response:
+            async with asyncio.timeout(limit_s), http.post(target.url, json=payload) as response:
                 return response.status, await response.text()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise BenchError(f"--url {target.base_url}: unreachable ({type(exc).__name__}: {exc})") from None

@@ -127,7 +127,8 @@ def trace_plan(ref: str, speed: float, num_requests: int | None, duration_s: flo
         raise BenchError(str(exc)) from None
     arrival = workload.arrival_s / speed
     keep = np.ones(len(arrival), dtype=bool) if duration_s is None else arrival < duration_s
-    keep[num_requests:] = False
+    if num_requests is not None:
+        keep[num_requests:] = False
     if not keep.any():
         raise BenchError(f"trace {ref!r}: no request arrives within the given --duration/--num-requests")
     return Plan(workload.prompt_tokens[keep], workload.output_tokens[keep], arrival_s=arrival[keep])

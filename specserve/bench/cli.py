@@ -99,7 +99,9 @@ def load_description(args: argparse.Namespace) -> dict[str, Any]:
         return {"kind": "concurrency", "concurrency": args.concurrency}
     if args.trace is not None:
         return {"kind": "trace", "trace": args.trace, "speed": args.trace_speed}
-    segments = [{"rate_qps": s.rate_qps, "duration_s": None if math.isinf(s.duration_s) else s.duration_s} for s in args.rate]
+    segments = [
+        {"rate_qps": s.rate_qps, "duration_s": None if math.isinf(s.duration_s) else s.duration_s} for s in args.rate
+    ]
     return {"kind": "rate", "segments": segments, "burstiness": args.burstiness}
 
 

@@ -35,8 +35,15 @@ from specserve.bench.load import BenchError, Plan
 from specserve.bench.prompts import Prompter
 
 # Names in the tracebacks vLLM's request function keeps when the stream breaks after the status line.
-_CONNECTION_ERRORS = ("ClientConnectorError", "ServerDisconnectedError", "ClientPayloadError", "ClientOSError")
-_CONNECTION_ERRORS += ("ConnectionResetError", "ConnectionRefusedError", "ConnectionError")
+_CONNECTION_ERRORS = (
+    "ClientConnectorError",
+    "ServerDisconnectedError",
+    "ClientPayloadError",
+    "ClientOSError",
+    "ConnectionResetError",
+    "ConnectionRefusedError",
+    "ConnectionError",
+)
 
 
 @dataclass(frozen=True, slots=True)

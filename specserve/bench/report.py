@@ -142,7 +142,9 @@ def table(report: dict[str, Any]) -> list[str]:
     ]
     for name in ("ttft", "tpot", "itl", "e2e"):
         row = report[f"{name}_ms"]
-        cells = "".join("{:>10}".format("-" if row[k] is None else f"{row[k]:.1f}") for k in ("mean", "p50", "p90", "p99"))
+        cells = "".join(
+            "{:>10}".format("-" if row[k] is None else f"{row[k]:.1f}") for k in ("mean", "p50", "p90", "p99")
+        )
         lines.append(f"{name.upper():<8}{cells}")
     if (g := report["goodput"]) is not None:
         slos = ", ".join(f"{k} <= {v:g} ms" for k, v in g["slo_ms"].items())

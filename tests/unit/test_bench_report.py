@@ -35,7 +35,9 @@ def test_summary_by_hand():
     report = summarize(outcomes, duration_s=2.0, slo_ms={"ttft": 250, "tpot": 22})
     assert report["requests"] == {"sent": 4, "completed": 3, "failed": 1}
     assert report["tokens"] == {"input": 40, "output": 8}
-    assert report["throughput"] == pytest.approx({"requests_per_s": 1.5, "output_tokens_per_s": 4, "total_tokens_per_s": 24})
+    assert report["throughput"] == pytest.approx(
+        {"requests_per_s": 1.5, "output_tokens_per_s": 4, "total_tokens_per_s": 24}
+    )
     assert report["ttft_ms"]["mean"] == pytest.approx(200) and report["ttft_ms"]["p50"] == pytest.approx(200)
     assert report["tpot_ms"]["mean"] == pytest.approx(22.5) and report["tpot_ms"]["p90"] == pytest.approx(24.5)
     assert report["itl_ms"]["mean"] == pytest.approx(27.5)  # (20 + 20 + 20 + 50) / 4

@@ -67,11 +67,14 @@ def test_wrong_model_errors_counted_by_http_status(server):
     assert "HTTP 404" in result.stderr  # the probe's note
 
 
-def test_open_loop_rate_sends_every_planned_request(server):
-    result = bench(server, "--rate", "4", "--num-requests", "6", "--output-len", "8", "--json", "--no-progress")
+def test_open_loop_rate_with_exact_prompt_lengths(server, trained_pair):
+    lengths = ("--input-len", "40", "--output-len", "8", "--tokenizer", str(trained_pair.target))
+    result = bench(server, "--rate", "4", "--num-requests", "6", *lengths, "--json", "--per-request", "--no-progress")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["requests"]["completed"] == 6 and report["tokens"]["output"] == 48
+    # The server's count: the 40 prompt tokens, plus a BOS token if its tokenizer adds one.
+    assert {r["prompt_tokens"] for r in report["per_request"]} <= {40, 41}
     assert report["max_send_lag_ms"] is not None and result.stderr == ""
 
 

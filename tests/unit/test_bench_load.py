@@ -10,7 +10,7 @@ import pytest
 
 from specserve.bench.cli import add_commands, base_url, make_plan
 from specserve.bench.load import BenchError, Segment, arrivals, parse_rate, trace_plan
-from specserve.bench.prompts import Prompter
+from specserve.bench.prompts import WORDS, Prompter
 
 
 def test_poisson_rate_statistics_with_a_seed():
@@ -108,3 +108,17 @@ def test_word_prompts_have_the_requested_word_count_and_differ():
     prompter = Prompter(seed=0)
     a, b = prompter.prompt(50), prompter.prompt(50)
     assert len(a.split()) == 50 and a != b
+
+
+def test_tokenizer_prompts_have_the_exact_length(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from transformers import PreTrainedTokenizerFast
+
+    # A word-level tokenizer over the prompt words: every word one token, so decode/encode round-trips.
+    vocab = {word: i for i, word in enumerate(["[UNK]", *dict.fromkeys(WORDS)])}
+    model = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    model.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=model, unk_token="[UNK]").save_pretrained(tmp_path)
+    prompter = Prompter(seed=1, tokenizer_dir=str(tmp_path))
+    for n in (1, 17, 200):
+        assert len(prompter._encode(prompter.prompt(n))) == n

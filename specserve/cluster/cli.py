@@ -68,7 +68,22 @@ def _parser() -> argparse.ArgumentParser:
     sim = commands.add_parser("sim", help="discrete-event serving simulator driving the same policies")
     sim_cli.add_commands(sim, dest="sim_command")
     sim.set_defaults(run=sim_cli.run)
+
+    from specserve.bench import cli as bench_cli  # flags only; the client loads when a run starts
+
+    bench = commands.add_parser("bench", help="load generator for any OpenAI-compatible endpoint")
+    bench_cli.add_commands(bench, dest="bench_command")
+    bench.set_defaults(run=_bench)
     return parser
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from specserve.bench import cli as bench_cli
+
+    try:
+        return bench_cli.run(args)
+    except bench_cli.BenchError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -15,7 +15,18 @@ import pytest
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "specserve"
 FRAMEWORKS = ("ray", "vllm", "torch", "prometheus_client")
-PACKAGES = ("speculation", "memory", "messages", "sim", "experiments", "replicas", "controller", "cluster", "models")
+PACKAGES = (
+    "speculation",
+    "memory",
+    "messages",
+    "sim",
+    "experiments",
+    "replicas",
+    "controller",
+    "cluster",
+    "models",
+    "bench",
+)
 
 
 def ours(*names: str) -> tuple[str, ...]:
@@ -38,6 +49,13 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "controller": ("vllm", "torch", *all_ours_but("controller", "messages")),
     "models": ("vllm", "ray", *ours("controller", "cluster", "sim", "experiments", "speculation")),
     "cluster": ("vllm",),
+    # The load generator talks HTTP to any endpoint: of vLLM only its benchmark helpers (checked below),
+    # of ours only the simulator's trace loader.
+    "bench": ("ray", "torch", "prometheus_client", *all_ours_but("bench", "sim")),
+}
+# Within an allowed package, the only modules a package may import.
+ONLY: dict[str, dict[str, tuple[str, ...]]] = {
+    "bench": {"vllm": ("vllm.benchmarks",), "specserve.sim": ("specserve.sim.workload", "specserve.sim.profiles")},
 }
 
 
@@ -71,6 +89,17 @@ def test_package_imports_only_what_the_architecture_allows(package: str) -> None
         for f in files
     }
     assert not {name: modules for name, modules in offenders.items() if modules}
+
+
+@pytest.mark.parametrize("package", sorted(ONLY))
+def test_package_uses_only_the_allowed_modules_of_a_package(package: str) -> None:
+    offenders = {}
+    for path in sorted((PACKAGE_ROOT / package).rglob("*.py")):
+        for module in imported_modules(path):
+            for prefix, allowed in ONLY[package].items():
+                if breaks(module, (prefix,)) and not breaks(module, allowed):
+                    offenders.setdefault(str(path.relative_to(PACKAGE_ROOT)), []).append(module)
+    assert not offenders
 
 
 def test_every_package_has_a_rule() -> None:

@@ -1,0 +1,148 @@
+"""Load shapes: who sends which request when.
+
+Two kinds. A closed loop keeps N clients busy, each sending its next request when the last one finished,
+so the offered load follows the server's speed. An open loop fixes arrival times in advance (Poisson,
+piecewise-constant rates, gamma-bursty gaps, or a replayed trace), so the server's speed cannot slow the
+arrivals down, which is what queueing and SLO studies need.
+
+Gaps follow vLLM's ``vllm.benchmarks.serve.get_request``: gamma with shape ``burstiness`` and mean
+``1 / rate`` (burstiness 1 is Poisson). Unlike vLLM, the times are not rescaled to hit the mean exactly,
+since a piecewise schedule has no single target duration.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specserve.sim.workload import read_trace
+
+# The simulator's traces, named by file stem as the scenarios name them (``traces/NAME.csv``).
+TRACE_DIR = Path(__file__).resolve().parents[1] / "sim" / "scenarios" / "traces"
+
+
+class BenchError(ValueError):
+    """Bad user input; the message names the bad value (the CLI exits with status 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    duration_s: float
+    rate_qps: float
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to send. ``arrival_s`` is None for a closed loop (``concurrency`` clients instead).
+
+    Lengths are per request; a closed loop with only a duration has no count in advance, so it cycles
+    through them (fixed lengths are one entry each).
+    """
+
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    arrival_s: np.ndarray | None = None
+    concurrency: int = 0
+    num_requests: int | None = None  # closed loop: stop after this many
+    duration_s: float | None = None  # closed loop: send nothing new after this
+
+    def lengths(self, index: int) -> tuple[int, int]:
+        i = index % len(self.prompt_tokens)
+        return int(self.prompt_tokens[i]), int(self.output_tokens[i])
+
+
+def parse_rate(text: str) -> list[Segment]:
+    """``QPS`` (one open-ended segment) or ``QPS:SECONDS,QPS:SECONDS,...`` (piecewise)."""
+    segments = []
+    for part in text.split(","):
+        rate_text, _, duration_text = part.partition(":")
+        try:
+            rate = float(rate_text)
+            duration = float(duration_text) if duration_text else math.inf
+        except ValueError:
+            raise BenchError(f"--rate {text!r}: {part!r} is not QPS or QPS:SECONDS") from None
+        if not rate >= 0 or not duration > 0 or math.isnan(duration):
+            raise BenchError(f"--rate {text!r}: rate must be >= 0 and duration > 0 in {part!r}")
+        segments.append(Segment(duration, rate))
+    if any(math.isinf(s.duration_s) for s in segments[:-1]):
+        raise BenchError(f"--rate {text!r}: only the last segment may omit its duration")
+    if not any(s.rate_qps > 0 for s in segments):
+        raise BenchError(f"--rate {text!r}: no segment has a positive rate")
+    if math.isinf(segments[-1].duration_s) and segments[-1].rate_qps == 0:
+        raise BenchError(f"--rate {text!r}: an open-ended last segment needs a positive rate")
+    return segments
+
+
+def arrivals(
+    segments: list[Segment],
+    rng: np.random.Generator,
+    burstiness: float = 1.0,
+    num_requests: int | None = None,
+    duration_s: float | None = None,
+) -> np.ndarray:
+    """Arrival times of a renewal process whose rate is constant within each segment.
+
+    Stops at ``num_requests`` arrivals, at ``duration_s``, or at the schedule's end, whichever is first.
+    A gap that crosses a segment's end restarts at the next segment (exact for Poisson, which is memoryless).
+    """
+    end_s = min(duration_s if duration_s is not None else math.inf, sum(s.duration_s for s in segments))
+    if math.isinf(end_s) and num_requests is None:
+        raise BenchError("an open-ended --rate needs --duration or --num-requests")
+    limit = num_requests if num_requests is not None else math.inf
+    times: list[float] = []
+    start_s = 0.0
+    for seg in segments:
+        seg_end = start_s + seg.duration_s
+        t = start_s
+        while seg.rate_qps > 0 and len(times) < limit:
+            t += rng.gamma(shape=burstiness, scale=1.0 / (seg.rate_qps * burstiness))
+            if t >= seg_end or t >= end_s:
+                break
+            times.append(t)
+        start_s = seg_end
+        if len(times) >= limit or start_s >= end_s:
+            break
+    return np.array(times, dtype=np.float64)
+
+
+def trace_path(ref: str) -> Path:
+    """A built-in trace name (a CSV stem under the simulator's traces) or a CSV path."""
+    builtins = {p.stem: p for p in sorted(TRACE_DIR.glob("*.csv"))}
+    path = builtins.get(ref) or Path(ref)
+    if not path.is_file():
+        raise BenchError(f"unknown trace {ref!r}: not a built-in ({', '.join(builtins)}) nor a CSV file")
+    return path
+
+
+def trace_plan(ref: str, speed: float, num_requests: int | None, duration_s: float | None) -> Plan:
+    """Replays a trace: arrival times (divided by ``speed``), prompt and output lengths as recorded."""
+    from specserve.sim.profiles import ProfileError
+
+    try:
+        workload = read_trace(trace_path(ref))
+    except ProfileError as exc:
+        raise BenchError(str(exc)) from None
+    arrival = workload.arrival_s / speed
+    keep = np.ones(len(arrival), dtype=bool) if duration_s is None else arrival < duration_s
+    if num_requests is not None:
+        keep[num_requests:] = False
+    if not keep.any():
+        raise BenchError(f"trace {ref!r}: no request arrives within the given --duration/--num-requests")
+    return Plan(workload.prompt_tokens[keep], workload.output_tokens[keep], arrival_s=arrival[keep])
+
+
+def closed_plan(concurrency: int, input_len: int, output_len: int, num_requests: int | None, duration_s: float | None):
+    if num_requests is None and duration_s is None:
+        raise BenchError("--concurrency needs --num-requests or --duration")
+    one = np.array([input_len], dtype=np.int64), np.array([output_len], dtype=np.int64)
+    return Plan(*one, concurrency=concurrency, num_requests=num_requests, duration_s=duration_s)
+
+
+def open_plan(segments: list[Segment], burstiness: float, input_len: int, output_len: int, seed: int, **stop) -> Plan:
+    times = arrivals(segments, np.random.default_rng(seed), burstiness, **stop)
+    if len(times) == 0:
+        raise BenchError("the --rate schedule yields no request within the given --duration/--num-requests")
+    return Plan(np.full(len(times), input_len), np.full(len(times), output_len), arrival_s=times)

@@ -1,0 +1,155 @@
+"""Metrics of a run, defined as ``vllm.benchmarks.serve.calculate_metrics`` (vLLM 0.32) defines them.
+
+Per successful request, from vLLM's ``RequestFuncOutput``:
+- TTFT: send to the first streamed chunk that carries a choice.
+- ITL: the gaps between consecutive such chunks (one per chunk, so a chunk with several tokens is one gap).
+- E2E: send to the last such chunk (``latency``).
+- output tokens: the server's ``usage.completion_tokens``.
+- TPOT: ``(E2E - TTFT) / (output tokens - 1)``, for requests with more than one output token; in the
+  goodput check a request with one token has TPOT 0.
+- throughputs: completed requests and their tokens over the run's wall time (first send to last answer).
+- percentiles: ``numpy.percentile`` (linear interpolation), milliseconds.
+
+Where we differ: an endpoint that sends no usage gets its output tokens counted as streamed chunks (vLLM
+counts 1 without a tokenizer); an empty metric is null instead of 0; goodput adds the share of all sent
+requests that met every SLO and their output tokens per second to vLLM's good requests per second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from specserve.bench.client import Outcome
+
+PERCENTILES = (50, 90, 99)
+
+
+def stats_ms(values_s: Sequence[float]) -> dict[str, float | None]:
+    """mean, p50, p90, p99 in milliseconds; all None when there is no value."""
+    if len(values_s) == 0:
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
+    ms = np.asarray(values_s, dtype=np.float64) * 1000.0
+    return {"mean": float(ms.mean()), **{f"p{p}": float(np.percentile(ms, p)) for p in PERCENTILES}}
+
+
+def output_tokens(outcome: Outcome) -> int:
+    out = outcome.output
+    return int(out.output_tokens) if out.output_tokens else len(out.itl) + 1
+
+
+def tpot_s(outcome: Outcome) -> float:
+    n = output_tokens(outcome)
+    return (outcome.output.latency - outcome.output.ttft) / (n - 1) if n > 1 else 0.0
+
+
+def summarize(outcomes: list[Outcome], duration_s: float, slo_ms: dict[str, float]) -> dict[str, Any]:
+    """The report's numbers; ``slo_ms`` maps any of ``ttft``, ``tpot``, ``e2e`` to a limit."""
+    done = [o for o in outcomes if o.error_kind is None]
+    out_tokens = [output_tokens(o) for o in done]
+    in_tokens = sum(o.output.prompt_len for o in done)
+    per_s = 1.0 / duration_s if duration_s > 0 else 0.0
+    report: dict[str, Any] = {
+        "duration_s": duration_s,
+        "requests": {"sent": len(outcomes), "completed": len(done), "failed": len(outcomes) - len(done)},
+        "tokens": {"input": in_tokens, "output": sum(out_tokens)},
+        "throughput": {
+            "requests_per_s": len(done) * per_s,
+            "output_tokens_per_s": sum(out_tokens) * per_s,
+            "total_tokens_per_s": (in_tokens + sum(out_tokens)) * per_s,
+        },
+        "ttft_ms": stats_ms([o.output.ttft for o in done]),
+        "tpot_ms": stats_ms([tpot_s(o) for o in done if output_tokens(o) > 1]),
+        "itl_ms": stats_ms([gap for o in done for gap in o.output.itl]),
+        "e2e_ms": stats_ms([o.output.latency for o in done]),
+        "goodput": goodput(outcomes, done, duration_s, slo_ms) if slo_ms else None,
+        "errors": errors(outcomes),
+    }
+    lags = [o.sent_s - o.scheduled_s for o in outcomes if o.scheduled_s is not None]
+    # Open loop only: how late the client sent its latest request; large values mean the client, not the
+    # server, limited the offered load.
+    report["max_send_lag_ms"] = max(lags) * 1000.0 if lags else None
+    return report
+
+
+def meets(outcome: Outcome, slo_ms: dict[str, float]) -> bool:
+    values = {"ttft": outcome.output.ttft, "tpot": tpot_s(outcome), "e2e": outcome.output.latency}
+    return all(values[name] * 1000.0 <= limit for name, limit in slo_ms.items())
+
+
+def goodput(outcomes: list[Outcome], done: list[Outcome], duration_s: float, slo_ms: dict[str, float]) -> dict:
+    good = [o for o in done if meets(o, slo_ms)]
+    per_s = 1.0 / duration_s if duration_s > 0 else 0.0
+    return {
+        "slo_ms": dict(slo_ms),
+        "requests_ok": len(good),
+        "share": len(good) / len(outcomes) if outcomes else 0.0,
+        "requests_per_s": len(good) * per_s,
+        "output_tokens_per_s": sum(output_tokens(o) for o in good) * per_s,
+    }
+
+
+def errors(outcomes: list[Outcome]) -> dict[str, dict[str, Any]]:
+    """Failed requests by kind: a count and the first one's message (the last line of a traceback)."""
+    found: dict[str, dict[str, Any]] = {}
+    for o in outcomes:
+        if o.error_kind is None:
+            continue
+        entry = found.setdefault(o.error_kind, {"count": 0, "example": _last_line(o.output.error)})
+        entry["count"] += 1
+    return dict(sorted(found.items()))
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:200] if lines else ""
+
+
+def per_request(outcomes: list[Outcome]) -> list[dict[str, Any]]:
+    rows = []
+    for o in outcomes:
+        ok = o.error_kind is None
+        rows.append(
+            {
+                "index": o.index,
+                "scheduled_s": o.scheduled_s,
+                "sent_s": o.sent_s,
+                "prompt_tokens": o.output.prompt_len,
+                "max_tokens": o.max_tokens,
+                "output_tokens": output_tokens(o) if ok else 0,
+                "ttft_ms": o.output.ttft * 1000.0 if ok else None,
+                "tpot_ms": tpot_s(o) * 1000.0 if ok else None,
+                "e2e_ms": o.output.latency * 1000.0 if ok else None,
+                "error": o.error_kind,
+            }
+        )
+    return rows
+
+
+def table(report: dict[str, Any]) -> list[str]:
+    """The readable form: counts, throughputs, one latency row per metric, goodput, errors."""
+    r, t = report["requests"], report["throughput"]
+    lines = [
+        f"target      {report['url']}  model {report['model']}  load {report['load']['kind']}",
+        f"duration    {report['duration_s']:.2f} s",
+        f"requests    {r['sent']} sent, {r['completed']} completed, {r['failed']} failed",
+        f"tokens      {report['tokens']['input']} input, {report['tokens']['output']} output",
+        f"throughput  {t['requests_per_s']:.3f} req/s, {t['output_tokens_per_s']:.2f} output tok/s",
+        "",
+        f"{'(ms)':<8}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
+    ]
+    for name in ("ttft", "tpot", "itl", "e2e"):
+        row = report[f"{name}_ms"]
+        cells = "".join(
+            "{:>10}".format("-" if row[k] is None else f"{row[k]:.1f}") for k in ("mean", "p50", "p90", "p99")
+        )
+        lines.append(f"{name.upper():<8}{cells}")
+    if (g := report["goodput"]) is not None:
+        slos = ", ".join(f"{k} <= {v:g} ms" for k, v in g["slo_ms"].items())
+        lines += ["", f"goodput     {g['share']:.1%} of requests meet {slos}"]
+        lines.append(f"            {g['requests_per_s']:.3f} req/s, {g['output_tokens_per_s']:.2f} output tok/s")
+    for kind, entry in report["errors"].items():
+        lines.append(f"error       {kind}: {entry['count']} ({entry['example']})")
+    return lines

@@ -1,0 +1,83 @@
+"""Serve tier: `specserve bench run` against a real `specserve serve`, checking its accounting."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from serve_process import ServeProcess, free_port
+
+REQUESTS, MAX_TOKENS = 12, 16
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, trained_pair):
+    state_dir = tmp_path_factory.mktemp("state")
+    env = dict(os.environ, SPECSERVE_STATE_DIR=str(state_dir))
+    env.pop("RAY_ADDRESS", None)
+    args = ["--port", str(free_port()), "--metrics-port", str(free_port())]
+    process = ServeProcess(args, env, tmp_path_factory.mktemp("logs") / "serve.log")
+    try:
+        process.endpoint = process.start()
+        yield process
+    finally:
+        process.kill_tree()
+
+
+def bench(server, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "specserve.cluster.cli", "bench", "run", "--url", server.endpoint, *args]
+    # The run's own per-request timeout keeps it bounded; this one only guards the test.
+    return subprocess.run(cmd, env=server.env, capture_output=True, text=True, timeout=300)
+
+
+def test_closed_loop_accounting(server):
+    result = bench(
+        server,
+        *("--concurrency", "4", "--num-requests", str(REQUESTS), "--input-len", "24", "--output-len", str(MAX_TOKENS)),
+        *("--json", "--per-request", "--slo-e2e-ms", "600000"),
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)  # one JSON document, nothing else on stdout
+    assert report["model"] == "specserve-tiny" and report["ignore_eos"] is True
+    assert report["requests"] == {"sent": REQUESTS, "completed": REQUESTS, "failed": 0}
+    assert report["errors"] == {}
+    rows = report["per_request"]
+    assert sorted(r["index"] for r in rows) == list(range(REQUESTS))
+    assert report["tokens"]["output"] == REQUESTS * MAX_TOKENS == sum(r["max_tokens"] for r in rows)
+    assert all(r["output_tokens"] == MAX_TOKENS and r["prompt_tokens"] > 0 for r in rows)
+    assert report["tokens"]["input"] == sum(r["prompt_tokens"] for r in rows)
+    assert all(0 < r["ttft_ms"] <= r["e2e_ms"] for r in rows)
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        stats = report[name]
+        assert 0 <= stats["p50"] <= stats["p90"] <= stats["p99"], name
+    assert report["throughput"]["output_tokens_per_s"] == pytest.approx(REQUESTS * MAX_TOKENS / report["duration_s"])
+    assert report["goodput"]["requests_ok"] == REQUESTS and report["goodput"]["share"] == 1.0
+
+
+def test_wrong_model_errors_counted_by_http_status(server):
+    result = bench(server, "--concurrency", "2", "--num-requests", "6", "--model", "no-such-model", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["requests"] == {"sent": 6, "completed": 0, "failed": 6}
+    assert list(report["errors"]) == ["http_404"] and report["errors"]["http_404"]["count"] == 6
+    assert report["ttft_ms"]["p50"] is None and report["throughput"]["output_tokens_per_s"] == 0
+    assert "HTTP 404" in result.stderr  # the probe's note
+
+
+def test_open_loop_rate_with_exact_prompt_lengths(server, trained_pair):
+    lengths = ("--input-len", "40", "--output-len", "8", "--tokenizer", str(trained_pair.target))
+    result = bench(server, "--rate", "4", "--num-requests", "6", *lengths, "--json", "--per-request", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["requests"]["completed"] == 6 and report["tokens"]["output"] == 48
+    # The server's count: the 40 prompt tokens, plus a BOS token if its tokenizer adds one.
+    assert {r["prompt_tokens"] for r in report["per_request"]} <= {40, 41}
+    assert report["max_send_lag_ms"] is not None and result.stderr == ""
+
+
+def test_unreachable_url_is_a_cli_error(server):
+    result = bench(server, "--concurrency", "1", "--model", "m", "--url", f"http://127.0.0.1:{free_port()}/v1")
+    assert result.returncode == 2 and "unreachable" in result.stderr and result.stdout == ""

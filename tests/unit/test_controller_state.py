@@ -4,6 +4,7 @@ telemetry it is fed (messages that round-trip, counters whose reads change nothi
 from __future__ import annotations
 
 import pytest
+from telemetry_samples import engine_telemetry
 
 from specserve.controller.state import ControllerState
 from specserve.messages import EngineTelemetry, PolicyDirective, ReplicaSnapshot
@@ -20,27 +21,7 @@ class Clock:
 
 
 def snapshot(replica: str, policy: str = "adaptive") -> ReplicaSnapshot:
-    engine = EngineTelemetry(
-        policy=policy,
-        k=2,
-        max_k=4,
-        num_running=1,
-        num_waiting=0,
-        num_kv_blocks_total=10,
-        num_kv_blocks_free=8,
-        draft_state="resident",
-        num_steps=3,
-        num_emitted_tokens=9,
-        num_steps_by_k=(0, 0, 3, 0, 0),
-        num_drafted_per_pos=(3, 3, 0, 0),
-        num_reached_per_pos=(3, 2, 0, 0),
-        num_accepted_per_pos=(2, 1, 0, 0),
-        acceptance_ema_per_pos=(0.6, 0.5, 0.5, 0.5),
-        step_durations_s=(0.01,),
-        policy_info={},
-        num_prefill_tokens_announced=0,
-        num_steps_caps_ignored=0,
-    )
+    engine = engine_telemetry(policy=policy)
     return ReplicaSnapshot(replica_id=replica, node_id="n", model_id="m", engine=engine)
 
 

@@ -9,10 +9,11 @@ import subprocess
 import sys
 
 import pytest
+from telemetry_samples import engine_telemetry
 
 from specserve.cluster.cli import status_table
 from specserve.cluster.config import ConfigError, load_config
-from specserve.messages import EngineTelemetry, ReplicaSnapshot
+from specserve.messages import ReplicaSnapshot
 from specserve.replicas.engine_env import applied, engine_env
 
 
@@ -88,26 +89,13 @@ def test_cli_errors_go_to_stderr_and_leave_stdout_empty(tmp_path):
 
 
 def test_status_table_has_a_header_and_one_line_per_replica():
-    engine = EngineTelemetry(
+    engine = engine_telemetry(
         policy="fixed:k=2",
-        k=2,
-        max_k=4,
         num_running=3,
         num_waiting=1,
         num_kv_blocks_total=100,
         num_kv_blocks_free=60,
-        draft_state="resident",
-        num_steps=5,
-        num_emitted_tokens=20,
-        num_steps_by_k=(0, 0, 5, 0, 0),
-        num_drafted_per_pos=(5, 5, 0, 0),
-        num_reached_per_pos=(5, 4, 0, 0),
-        num_accepted_per_pos=(4, 3, 0, 0),
         acceptance_ema_per_pos=(0.8, 0.75, 0.5, 0.5),
-        step_durations_s=(),
-        policy_info={},
-        num_prefill_tokens_announced=0,
-        num_steps_caps_ignored=0,
     )
     snapshots = [
         ReplicaSnapshot(replica_id=name, node_id="0123456789abcdef", model_id="m", engine=engine)

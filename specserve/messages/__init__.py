@@ -79,6 +79,9 @@ class EngineTelemetry:
     # Draft lists cut to nothing before verification because the request's draft KV has a hole left by
     # skipped passes: such a request does not speculate again (no draft-KV catch-up yet).
     num_drafts_cut_for_lag: int = 0
+    # Seconds the policy spent in choose and observe, summed over steps: what adaptive control costs the
+    # engine, as a share of step time (the policy_seconds_total metric over step_duration_seconds_sum).
+    policy_s: float = 0.0
 
     @property
     def acceptance(self) -> float | None:

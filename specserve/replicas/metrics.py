@@ -10,6 +10,8 @@ denominators; take ratios in PromQL, for example
     share of steps at each k:
         rate(ray_specserve_steps_total[1m])
       / ignoring(k) group_left sum without(k) (rate(ray_specserve_steps_total[1m]))
+    the policy's share of engine time:
+        rate(ray_specserve_policy_seconds_total[1m]) / rate(ray_specserve_step_duration_seconds_sum[1m])
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ class ReplicaMetrics:
         )
         self._steps = _counter("specserve_steps_total", "Engine steps, by the k chosen.", tags, "k")
         self._emitted = _counter("specserve_emitted_tokens_total", "Output tokens produced by engine steps.", tags)
+        self._policy_time = _counter(
+            "specserve_policy_seconds_total", "Seconds spent in the policy's choose and observe.", tags
+        )
         self._step_time = metrics.Histogram(
             "specserve_step_duration_seconds",
             description="Wall time of one engine step.",
@@ -103,6 +108,9 @@ class ReplicaMetrics:
         emitted = now.num_emitted_tokens - (before.num_emitted_tokens if before else 0)
         if emitted > 0:
             self._emitted.inc(emitted)
+        policy_s = now.policy_s - (before.policy_s if before else 0.0)
+        if policy_s > 0:
+            self._policy_time.inc(policy_s)
         for duration in now.step_durations_s:
             self._step_time.observe(duration)
         self._last = now

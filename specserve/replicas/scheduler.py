@@ -85,7 +85,10 @@ class AdaptiveKScheduler(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         self._step_started_s = time.monotonic()
         ctx = self._context(self._step_started_s)
-        k = self._batch_k(self.policy.choose(ctx))
+        started = time.perf_counter()
+        decision = self.policy.choose(ctx)
+        self.counters.policy_s += time.perf_counter() - started
+        k = self._batch_k(decision)
         self._truncate_drafts(k)
         output = super().schedule(*args, **kwargs)
         if output.num_scheduled_tokens:
@@ -101,7 +104,9 @@ class AdaptiveKScheduler(Scheduler):
         skipped = step_skips_draft_pass(self.skips_k0_draft_pass, scheduler_output)
         if ctx is not None and scheduler_output.num_scheduled_tokens:
             record = self._record(ctx, scheduler_output, model_runner_output, skipped)
+            started = time.perf_counter()
             self.policy.observe(record)
+            self.counters.policy_s += time.perf_counter() - started
             self.acceptance.observe(record)
             self.counters.add(record)
             self.counters.num_steps_draft_skipped += int(skipped)
@@ -241,6 +246,7 @@ class AdaptiveKScheduler(Scheduler):
             num_steps_caps_ignored=c.num_steps_caps_ignored,
             num_steps_draft_skipped=c.num_steps_draft_skipped,
             num_drafts_cut_for_lag=c.num_drafts_cut_for_lag,
+            policy_s=c.policy_s,
         )
 
 

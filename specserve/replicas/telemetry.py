@@ -44,6 +44,8 @@ class StepCounters:
     num_steps_draft_skipped: int = 0
     # Draft lists cut to nothing because the request's draft KV has a hole (the lag rule).
     num_drafts_cut_for_lag: int = 0
+    # Seconds spent inside the policy's choose and observe, summed over steps: the controller's own cost.
+    policy_s: float = 0.0
     # Durations of the latest steps, the last being step ``num_steps``.
     recent_durations_s: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_RECENT_DURATIONS))
 

@@ -91,3 +91,19 @@ def test_bad_policy_is_refused_and_the_old_one_kept(engine):
             engine.set_policy(bad)
     assert engine.telemetry().policy == "fixed:k=1"
     assert len(engine.generate(max_tokens=8)[0]) == 8
+
+
+def test_the_policys_own_time_is_measured_inside_the_engine(engine):
+    import time
+
+    engine.set_policy("adaptive")
+    before = engine.telemetry()
+    started = time.monotonic()
+    engine.generate(max_tokens=32)
+    wall_s = time.monotonic() - started
+    after = engine.telemetry()
+    policy_s = after.policy_s - before.policy_s
+    # Every step asks the policy twice (choose, observe), so the time is positive, and it is part of the
+    # steps' wall time, so it is below the whole generation's.
+    assert after.num_steps > before.num_steps
+    assert 0 < policy_s < wall_s

@@ -1,0 +1,57 @@
+"""The policy's own cost per engine step: seconds in choose + observe over the steps' wall time.
+
+Starts one vLLM engine on the tiny trained pair (CPU), runs the same 8 greedy requests x 64 tokens under each
+policy in turn and prints one JSON line per policy. A benchmark, not a test: single runs on a shared
+machine move by +-20 %; the share is what to read.
+
+    .venv/bin/python bench/policy_cost.py [--policies adaptive,goodput,fixed:k=4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+
+PROMPTS = ["def f(x):\n    ", "import os\n", "class A:\n    ", "for i in range(10):\n"] * 2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--policies", default="adaptive,goodput,fixed:k=4")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args()
+
+    from vllm import SamplingParams
+
+    from specserve.models import cached_pair
+    from specserve.replicas import engine_env
+    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.offline import offline_llm, read_telemetry, set_policy
+
+    pair = cached_pair("trained")
+    spec = EngineSpec(target=str(pair.target), draft=str(pair.draft), policy="fixed:k=0", max_k=4, max_num_seqs=8)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    env = engine_env.engine_env(tempfile.mkdtemp(prefix="specserve-bench-"), num_cpus=2)
+    with engine_env.applied(env), offline_llm(**speculative_engine_kwargs(spec)) as llm:
+        llm.generate(PROMPTS, params, use_tqdm=False)  # warm-up
+        for policy in args.policies.split(","):
+            set_policy(llm, policy)
+            before = read_telemetry(llm)
+            llm.generate(PROMPTS, params, use_tqdm=False)
+            after = read_telemetry(llm, since_step=before.num_steps)
+            steps = after.num_steps - before.num_steps
+            step_s = sum(after.step_durations_s)
+            policy_s = after.policy_s - before.policy_s
+            row = {
+                "policy": policy,
+                "steps": steps,
+                "mean_step_ms": round(1e3 * step_s / steps, 3),
+                "policy_us_per_step": round(1e6 * policy_s / steps, 1),
+                "policy_share_of_step_time": round(policy_s / step_s, 4),
+            }
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -50,6 +50,15 @@ def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> 
     latency.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     latency.add_argument("--out", type=Path, help="also write latency-check.md and latency-check.png here")
     latency.set_defaults(sim_handler=_latency_check)
+    gpu = commands.add_parser(
+        "gpu-fit",
+        help="fit TurboSpec Eq. 3 to measured GPU forward passes (bench/gpu_forward.py) and report held-out error",
+    )
+    gpu.add_argument(
+        "--measurements", type=Path, nargs="+", required=True, help="JSONL files from bench/gpu_forward.py"
+    )
+    gpu.add_argument("--out", type=Path, help="write gpu-calibration.md and its PNGs here (e.g. bench/results)")
+    gpu.set_defaults(sim_handler=_gpu_fit)
     board = commands.add_parser(
         "leaderboard",
         help="one policy against the whole zoo: every static rate, the dynamic "
@@ -78,6 +87,28 @@ def _reproduce(args: argparse.Namespace) -> int:
     # The reports are this command's result, so their paths go to stdout, one a line.
     for path in reproduce(papers, args.out, args.seed, QUICK_S if args.quick else None):
         print(path)
+    return 0
+
+
+def _gpu_fit(args: argparse.Namespace) -> int:
+    from specserve.experiments import gpu_fit, gpu_fit_report
+
+    for path in args.measurements:
+        if not path.is_file():
+            raise CommandError(f"--measurements {str(path)!r}: no such file")
+    try:
+        fits = gpu_fit.fit_all(gpu_fit.load(args.measurements)[0])
+        written = gpu_fit_report.write_report(args.measurements, args.out) if args.out else []
+    except (ValueError, KeyError) as exc:
+        raise CommandError(f"--measurements: {exc}") from None
+    # The fits are the result: pairs.yaml's `linear` entries take these numbers.
+    for f in fits:
+        print(
+            f"{f.hardware} {f.model}: {{s_per_context_token: {f.fit.s_per_context_token:.3g}, "
+            f"s_per_batched_token: {f.fit.s_per_batched_token:.3g}, intercept_s: {f.fit.intercept_s:.3g}}}"
+            f"  held-out {f.held_out_mape:.1%} mean, {f.held_out_max:.1%} max"
+        )
+    _log_written([str(p) for p in written])
     return 0
 
 

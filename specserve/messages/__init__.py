@@ -77,8 +77,11 @@ class EngineTelemetry:
     # k = 0 decode steps that ran without the draft's forward pass (0 where the engine does not skip it).
     num_steps_draft_skipped: int = 0
     # Draft lists cut to nothing before verification because the request's draft KV has a hole left by
-    # skipped passes: such a request does not speculate again (no draft-KV catch-up yet).
+    # skipped passes: such a request drafts again once a later pass has caught its draft KV up.
     num_drafts_cut_for_lag: int = 0
+    # Requests whose missed tokens a draft pass prepended (catch-up after skipped passes), and those tokens.
+    num_requests_caught_up: int = 0
+    num_catch_up_tokens: int = 0
     # Seconds the policy spent in choose and observe, summed over steps: what adaptive control costs the
     # engine, as a share of step time (the policy_seconds_total metric over step_duration_seconds_sum).
     policy_s: float = 0.0

@@ -19,6 +19,23 @@ Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
 - ``v1/spec_decode/llm_base_proposer.py:620``: the k = 0 early return whose result a skip reproduces.
 - ``v1/worker/worker_base.py:296``: ``worker_extension_cls`` is resolved (this module imported) in the worker.
 
+Catch-up (``_propose_with_catch_up``, wrapped around this runner's ``drafter.propose``): the worker keeps
+its own ``DraftKVTracker`` and, on every step that runs the pass, prepends the missed tokens of the
+requests ``draft_sync.catch_up_plan`` picks to their part of the draft's first pass. The scheduler applies
+the same plan to its tracker. Interfaces touched for it:
+
+- ``v1/spec_decode/llm_base_proposer.py:512`` ``SpecDecodeBaseProposer.propose(...)``, keyword call from the
+  runner (5006): ``target_token_ids``, ``target_positions``, ``target_hidden_states``,
+  ``common_attn_metadata``, ``num_rejected_tokens_gpu`` rewritten or read. ``set_inputs_first_pass`` (817)
+  then derives slots from positions and the block table, so prepended positions land in their own slots.
+- ``v1/attention/backend.py:387`` ``CommonAttentionMetadata``: ``query_start_loc(_cpu)``,
+  ``num_actual_tokens``, ``max_query_len`` grown through ``replace``; ``seq_lens`` unchanged (the query
+  only reaches back), the cached ``_num_computed_tokens_cache`` / ``_token_to_req_indices_cache`` cleared.
+- ``GPUModelRunner.input_batch.token_ids_cpu`` (the missed tokens' ids), ``.req_ids``,
+  ``discard_request_mask.np`` (which rows sample a token this step, runner 2058),
+  ``vllm_config.scheduler_config.max_num_batched_tokens`` (the draft's buffers are sized to it).
+- ``SpecDecodeBaseProposer.method``: catch-up only for ``draft_model``, whose draft reads token ids alone.
+
 What a skip leaves out besides the draft forward: ``prepare_next_token_ids_padded`` and
 ``_copy_valid_sampled_token_count``, which only matter under async scheduling (runner 938);
 ``k0_skip.skipping_enabled`` turns skipping off there.
@@ -33,10 +50,14 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from specserve.replicas.k0_skip import skipping_enabled, step_skips_draft_pass
+from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan
 
-# Per worker process: draft passes skipped and run, read by tests through ``collective_rpc``.
-_counts = {"skipped": 0, "ran": 0}
+# Per worker process: draft passes skipped and run, requests caught up and their tokens, read by tests
+# and telemetry through ``collective_rpc``.
+_counts = {"skipped": 0, "ran": 0, "caught_up": 0, "catch_up_tokens": 0}
 _ENABLED_ATTR = "_specserve_skips_k0_draft_pass"
+_TRACKER_ATTR = "_specserve_draft_kv"
+_STEP_ATTR = "_specserve_scheduler_output"
 
 
 _original_propose = GPUModelRunner.propose_draft_token_ids
@@ -51,11 +72,112 @@ def _propose_or_skip(
         setattr(self, _ENABLED_ATTR, enabled)
     if not step_skips_draft_pass(enabled, scheduler_output):
         _counts["ran"] += 1
+        if enabled:
+            _install_catch_up(self, scheduler_output)
         return _original_propose(self, scheduler_output, *args, **kwargs)
     _counts["skipped"] += 1
     self._draft_probs = None
     self._draft_prob_req_ids = None
     return torch.empty((len(self.input_batch.req_ids), 0), dtype=torch.int64, device=self.device)
+
+
+def _install_catch_up(runner: GPUModelRunner, scheduler_output: SchedulerOutput) -> None:
+    setattr(runner, _STEP_ATTR, scheduler_output)
+    if getattr(runner, _TRACKER_ATTR, None) is not None:
+        return
+    drafter = runner.drafter
+    if getattr(drafter, "method", None) != "draft_model":
+        # An EAGLE-style draft reads the target's hidden states, which a skipped step never kept.
+        setattr(runner, _TRACKER_ATTR, False)
+        return
+    setattr(runner, _TRACKER_ATTR, DraftKVTracker())
+    original = drafter.propose
+
+    def propose(**kwargs: Any) -> torch.Tensor:
+        return _propose_with_catch_up(runner, original, kwargs)
+
+    drafter.propose = propose
+
+
+def _propose_with_catch_up(runner: GPUModelRunner, original: Any, kwargs: dict[str, Any]) -> torch.Tensor:
+    tracker: DraftKVTracker = getattr(runner, _TRACKER_ATTR)
+    output: SchedulerOutput = getattr(runner, _STEP_ATTR)
+    cad = kwargs["common_attn_metadata"]
+    req_ids = list(runner.input_batch.req_ids)
+    bounds = cad.query_start_loc_cpu[: len(req_ids) + 1].tolist()
+    positions = kwargs["target_positions"]
+    starts = positions[bounds[:-1]].tolist() if req_ids else []
+    lags = {rid: tracker.lag(rid, start) for rid, start in zip(req_ids, starts, strict=True)}
+    room = runner.vllm_config.scheduler_config.max_num_batched_tokens - output.total_num_scheduled_tokens
+    plan = catch_up_plan(lags, room)
+    if plan:
+        kwargs = _prepend_missed_tokens(runner, kwargs, req_ids, bounds, starts, [plan.get(r, 0) for r in req_ids])
+        _counts["caught_up"] += len(plan)
+        _counts["catch_up_tokens"] += sum(plan.values())
+    result = original(**kwargs)
+    rejected = kwargs.get("num_rejected_tokens_gpu")
+    rejected_list = rejected[: len(req_ids)].tolist() if rejected is not None else [0] * len(req_ids)
+    discard = runner.discard_request_mask.np[: len(req_ids)]
+    steps = [
+        ScheduledRequest(
+            rid, start, start + output.num_scheduled_tokens.get(rid, 0) - int(rejected_list[i]), not bool(discard[i])
+        )
+        for i, (rid, start) in enumerate(zip(req_ids, starts, strict=True))
+    ]
+    tracker.observe_step(False, steps, plan)
+    tracker.keep_only(req_ids)
+    return result
+
+
+def _prepend_missed_tokens(
+    runner: GPUModelRunner,
+    kwargs: dict[str, Any],
+    req_ids: list[str],
+    bounds: list[int],
+    starts: list[int],
+    extra: list[int],
+) -> dict[str, Any]:
+    """The pass's inputs with each row's missed positions ``[start - extra, start)`` in front of its tokens."""
+    token_ids, positions, hidden = (
+        kwargs["target_token_ids"],
+        kwargs["target_positions"],
+        kwargs["target_hidden_states"],
+    )
+    device = token_ids.device
+    ids_parts, pos_parts, hidden_parts = [], [], []
+    for i, n in enumerate(extra):
+        lo, hi = bounds[i], bounds[i + 1]
+        if n:
+            first = starts[i] - n
+            missed = runner.input_batch.token_ids_cpu[i, first : starts[i]]
+            ids_parts.append(torch.as_tensor(missed, dtype=token_ids.dtype).to(device))
+            pos_parts.append(torch.arange(first, starts[i], dtype=positions.dtype, device=device))
+            hidden_parts.append(hidden.new_zeros((n, *hidden.shape[1:])))
+        ids_parts.append(token_ids[lo:hi])
+        pos_parts.append(positions[lo:hi])
+        hidden_parts.append(hidden[lo:hi])
+    cad = kwargs["common_attn_metadata"]
+    shift = torch.tensor([0, *extra], dtype=cad.query_start_loc_cpu.dtype).cumsum(0)
+    starts_cpu = cad.query_start_loc_cpu.clone()
+    starts_cpu[: len(shift)] += shift
+    starts_cpu[len(shift) :] += shift[-1]  # padding rows, if any, keep their (empty) queries at the end
+    query_lens = starts_cpu[1:] - starts_cpu[:-1]
+    total = int(shift[-1])
+    new_cad = cad.replace(
+        query_start_loc=starts_cpu.to(cad.query_start_loc.device),
+        query_start_loc_cpu=starts_cpu,
+        num_actual_tokens=cad.num_actual_tokens + total,
+        max_query_len=int(query_lens.max()),
+        _num_computed_tokens_cache=None,
+        _token_to_req_indices_cache=None,
+    )
+    return {
+        **kwargs,
+        "target_token_ids": torch.cat(ids_parts),
+        "target_positions": torch.cat(pos_parts),
+        "target_hidden_states": torch.cat(hidden_parts),
+        "common_attn_metadata": new_cad,
+    }
 
 
 if getattr(_original_propose, "__name__", "") != _propose_or_skip.__name__:  # once per process
@@ -66,5 +188,6 @@ class DraftSkipWorkerExtension:
     """Mixed into vLLM's worker class; its methods are callable with ``collective_rpc``."""
 
     def specserve_draft_pass_counts(self) -> dict[str, int]:
-        """Draft passes this worker skipped and ran (``propose_draft_token_ids`` calls) since it started."""
+        """Draft passes this worker skipped and ran (``propose_draft_token_ids`` calls), requests it caught
+        up and the missed tokens it fed the draft, since it started."""
         return dict(_counts)

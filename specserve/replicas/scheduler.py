@@ -45,7 +45,7 @@ from specserve.speculation import (
     make_policy,
 )
 from specserve.speculation.context import build_step_context
-from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest
+from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan
 
 logger = init_logger(__name__)
 
@@ -119,7 +119,7 @@ class AdaptiveKScheduler(Scheduler):
         }
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if self.skips_k0_draft_pass:
-            self._track_draft_kv(skipped, starts, model_runner_output)
+            self._track_draft_kv(skipped, starts, scheduler_output, model_runner_output)
         return outputs
 
     # -- pieces of the loop -----------------------------------------------------------------------
@@ -167,12 +167,25 @@ class AdaptiveKScheduler(Scheduler):
             if not lag_rule or not request.spec_token_ids:
                 continue
             # The lag rule: drafts made on a draft KV cache with a hole would be verified at a lower
-            # acceptance (lossless, but silently worse), so such a request drafts nothing until it ends.
+            # acceptance (lossless, but silently worse), so such a request drafts nothing until the draft
+            # pass has caught it up (draft_sync.catch_up_plan).
             if self.draft_kv.lagging(request.request_id, request.num_computed_tokens):
                 request.spec_token_ids = []
                 self.counters.num_drafts_cut_for_lag += 1
 
-    def _track_draft_kv(self, skipped: bool, starts: dict[str, int], result: ModelRunnerOutput) -> None:
+    def _track_draft_kv(
+        self, skipped: bool, starts: dict[str, int], out: SchedulerOutput, result: ModelRunnerOutput
+    ) -> None:
+        # The worker prepended these requests' missed tokens to this step's pass (draft_skip.py): same plan,
+        # same numbers, so both trackers stay equal.
+        caught_up: dict[str, int] = {}
+        if not skipped:
+            lags = {req_id: self.draft_kv.lag(req_id, start) for req_id, start in starts.items()}
+            caught_up = catch_up_plan(
+                lags, self.scheduler_config.max_num_batched_tokens - out.total_num_scheduled_tokens
+            )
+            self.counters.num_requests_caught_up += len(caught_up)
+            self.counters.num_catch_up_tokens += sum(caught_up.values())
         sampled = result.sampled_token_ids
         steps = []
         for req_id, start in starts.items():
@@ -182,7 +195,7 @@ class AdaptiveKScheduler(Scheduler):
             index = result.req_id_to_index.get(req_id)
             produced = bool(sampled) and index is not None and bool(sampled[index])
             steps.append(ScheduledRequest(req_id, start, request.num_computed_tokens, produced))
-        self.draft_kv.observe_step(skipped, steps)
+        self.draft_kv.observe_step(skipped, steps, caught_up)
         self.draft_kv.keep_only(self.requests)
 
     def _record(self, ctx: StepContext, out: SchedulerOutput, result: ModelRunnerOutput, skipped: bool) -> StepRecord:
@@ -246,6 +259,8 @@ class AdaptiveKScheduler(Scheduler):
             num_steps_caps_ignored=c.num_steps_caps_ignored,
             num_steps_draft_skipped=c.num_steps_draft_skipped,
             num_drafts_cut_for_lag=c.num_drafts_cut_for_lag,
+            num_requests_caught_up=c.num_requests_caught_up,
+            num_catch_up_tokens=c.num_catch_up_tokens,
             policy_s=c.policy_s,
         )
 

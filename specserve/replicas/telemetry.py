@@ -44,6 +44,9 @@ class StepCounters:
     num_steps_draft_skipped: int = 0
     # Draft lists cut to nothing because the request's draft KV has a hole (the lag rule).
     num_drafts_cut_for_lag: int = 0
+    # Requests whose missed tokens a draft pass prepended, and those tokens (the catch-up's cost).
+    num_requests_caught_up: int = 0
+    num_catch_up_tokens: int = 0
     # Seconds spent inside the policy's choose and observe, summed over steps: the controller's own cost.
     policy_s: float = 0.0
     # Durations of the latest steps, the last being step ``num_steps``.

@@ -9,16 +9,19 @@ numbers taken from the same ``SchedulerOutput``, so the rule exists once.
 The draft pass writes KV at the positions of the target's scheduled tokens plus one extra slot, the
 token sampled this step. One skipped step therefore leaves no hole (the previous pass already wrote
 its position), but m consecutive skipped steps leave m - 1 positions whose draft KV is stale.
-Drafting on top of stale KV is lossless but lowers acceptance silently, so until the draft's KV is
-caught up (not implemented), a request whose draft KV has a hole drafts nothing
-(``DraftKVTracker.lagging``). Requests that arrive later draft at once.
+Drafting on top of stale KV is lossless but lowers acceptance silently, so a request whose draft KV has
+a hole drafts nothing (``DraftKVTracker.lagging``) until the draft's KV is caught up: the next step that
+runs the draft pass prepends the missed tokens to that request's part of the pass, as many lagging
+requests as fit in the step's unused token budget (``catch_up_plan``), and from then on the request
+drafts on a complete cache. The worker (which runs the pass) and the scheduler (which cuts the drafts
+of lagging requests) each keep a tracker and apply the same plan, so they agree without talking.
 
 Pure Python over plain numbers: no vllm, no torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 
@@ -39,6 +42,24 @@ def skips_draft_pass(*, enabled: bool, k: int, num_new_requests: int, num_schedu
             return False
         seen = True
     return seen
+
+
+def catch_up_plan(lags: Mapping[str, int], room: int) -> dict[str, int]:
+    """Which lagging requests catch up in a step's draft pass, and over how many tokens each.
+
+    ``lags`` maps each scheduled request to its lag (0: complete), ``room`` is the step's token budget
+    left over by the target (the draft's input buffers are sized to the budget). Shortest lag first
+    (ties by id, so the worker and the scheduler pick alike whatever order they hold the batch in),
+    while the total fits; a request's catch-up is never split, since the draft's query for a request
+    must be one contiguous run of positions ending at the step's tokens.
+    """
+    plan: dict[str, int] = {}
+    for request_id, lag in sorted(((r, n) for r, n in lags.items() if n > 0), key=lambda item: (item[1], item[0])):
+        if lag > room:
+            break
+        plan[request_id] = lag
+        room -= lag
+    return plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +87,19 @@ class DraftKVTracker:
 
     draft_upto: dict[str, int] = field(default_factory=dict)
 
-    def observe_step(self, skipped: bool, requests: Iterable[ScheduledRequest]) -> None:
+    def observe_step(
+        self, skipped: bool, requests: Iterable[ScheduledRequest], caught_up: Collection[str] = ()
+    ) -> None:
+        """After a step: ``caught_up`` holds the requests whose missed tokens the step's pass prepended."""
         if skipped:
             return
         for r in requests:
-            if self.draft_upto.get(r.request_id, 0) >= r.start:
+            if r.request_id in caught_up or self.draft_upto.get(r.request_id, 0) >= r.start:
                 self.draft_upto[r.request_id] = r.num_computed_tokens + int(r.sampled)
+
+    def lag(self, request_id: str, start: int) -> int:
+        """Positions before ``start`` (a step's first) whose draft KV is stale: the catch-up's length."""
+        return max(0, start - self.draft_upto.get(request_id, 0))
 
     def lagging(self, request_id: str, num_computed_tokens: int) -> bool:
         return self.draft_upto.get(request_id, 0) < num_computed_tokens

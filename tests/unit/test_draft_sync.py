@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, skips_draft_pass
+from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan, skips_draft_pass
 
 
 def skips(k=0, new=0, tokens=(1, 1), enabled=True):
@@ -36,14 +36,34 @@ def test_a_single_skipped_step_leaves_no_hole():
     assert t.draft_upto["r"] == 13 and not t.lagging("r", 12)
 
 
-def test_two_skipped_steps_leave_a_hole_for_good():
+def test_two_skipped_steps_leave_a_hole_until_caught_up():
     t = DraftKVTracker()
     step(t, False, ("r", 0, 10, True))
     step(t, True, ("r", 10, 11, True))
     step(t, True, ("r", 11, 12, True))
     assert t.lagging("r", 12)  # position 11 was never written
-    step(t, False, ("r", 12, 15, True))  # a k>0 step does not fill it
+    step(t, False, ("r", 12, 15, True))  # a pass that does not catch it up does not fill it
     assert t.lagging("r", 15)
+
+
+def test_a_caught_up_request_is_complete_again_and_its_lag_is_the_hole():
+    t = DraftKVTracker()
+    step(t, False, ("r", 0, 10, True))
+    for i in range(4):  # four skipped steps: positions 11, 12, 13 never written
+        step(t, True, ("r", 10 + i, 11 + i, True))
+    assert t.lag("r", 14) == 3
+    t.observe_step(False, [ScheduledRequest("r", 14, 19, True)], caught_up={"r"})
+    assert not t.lagging("r", 19) and t.lag("r", 19) == 0
+
+
+def test_the_catch_up_plan_takes_short_lags_first_within_the_room_and_never_splits_one():
+    lags = {"a": 5, "b": 0, "c": 2, "d": 9, "e": 2}
+    assert catch_up_plan(lags, room=100) == {"c": 2, "e": 2, "a": 5, "d": 9}
+    assert catch_up_plan(lags, room=10) == {"c": 2, "e": 2, "a": 5}
+    assert catch_up_plan(lags, room=3) == {"c": 2}
+    assert catch_up_plan(lags, room=1) == {}
+    # The same plan whatever order the batch is held in (worker and scheduler differ).
+    assert catch_up_plan(dict(reversed(list(lags.items()))), room=10) == catch_up_plan(lags, room=10)
 
 
 def test_partial_prefill_and_preemption():

@@ -1,9 +1,12 @@
-"""`specserve bench run`: load on any OpenAI-compatible endpoint, one report.
+"""`specserve bench run`: load on any OpenAI-compatible endpoint, one report; `bench compare`: the same
+load under several policies of one specserve server (see ``compare``); `bench report`: a comparison's
+page and plots again from its JSON.
 
-The report goes to stdout (one JSON document with ``--json``, a table otherwise); the progress bar and
-notes go to stderr. Bad input raises BenchError, which the top-level CLI prints as one line with exit
-status 2. The client modules (they import vLLM's request functions, which pulls in torch) load only when
-a run starts, so ``specserve --help`` stays fast.
+`run`'s report goes to stdout (one JSON document with ``--json``, a table otherwise); the progress bar and
+notes go to stderr. `compare` writes files and names them on stdout; its progress goes to stderr. Bad
+input raises BenchError, which the top-level CLI prints as one line with exit status 2. The client
+modules (they import vLLM's request functions, which pulls in torch) load only when a run starts, so
+``specserve --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -12,13 +15,33 @@ import argparse
 import asyncio
 import json
 import math
+import shlex
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from specserve.bench.compare import PolicySwitch, log
 from specserve.bench.load import BenchError, Plan, Segment, closed_plan, open_plan, parse_rate, trace_plan
+from specserve.bench.stats import DEFAULT_RESAMPLES, METRICS
 
 DEFAULT_NUM_REQUESTS = 100
+COMPARE_NUM_REQUESTS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyBackend:
+    """What `bench compare` needs from the cluster side, which owns the policy registry and Ray."""
+
+    # --policies text -> the specs as written, checked against the registry without a cluster.
+    parse: Callable[[str], list[str]]
+    # A spec as the engines report it (``fixed:k=3`` runs as ``fixed``), checked without a cluster.
+    canonical: Callable[[str], str]
+    # Connects to the running cluster; the argument limits how long one switch may take, s.
+    connect: Callable[[float], PolicySwitch]
 
 
 def _positive(kind: type) -> Any:
@@ -41,7 +64,33 @@ def _rate(text: str) -> list[Segment]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_commands(parser: argparse.ArgumentParser, dest: str) -> None:
+def _concurrency_list(text: str) -> list[int]:
+    values = []
+    for part in text.split(","):
+        try:
+            value = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: {part!r} is not a whole number") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: {part!r} must be at least 1")
+        if value in values:
+            raise argparse.ArgumentTypeError(f"{text!r}: {value} appears twice")
+        values.append(value)
+    return values
+
+
+def _rounds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: need at least 1 round")
+    return value
+
+
+def add_commands(parser: argparse.ArgumentParser, dest: str, policies: PolicyBackend | None = None) -> None:
+    """The bench commands under ``parser``; `compare` only with a ``policies`` backend to switch policies."""
     commands = parser.add_subparsers(dest=dest, required=True)
     run = commands.add_parser("run", help="send load, report throughput, latency percentiles, goodput, errors")
     run.add_argument("--url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
@@ -69,6 +118,51 @@ def add_commands(parser: argparse.ArgumentParser, dest: str) -> None:
     run.add_argument("--per-request", action="store_true", help="add one row per request to the JSON")
     run.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     run.set_defaults(bench_run=run_load)
+    if policies is not None:
+        _add_compare(commands, policies)
+    report = commands.add_parser("report", help="a `bench compare` page and plots again, from its JSON")
+    report.add_argument("results", help="the PREFIX.json that `bench compare` wrote")
+    report.add_argument("--out", help="path prefix of the page and plots (default: the JSON's own)")
+    report.add_argument("--metric", choices=sorted(METRICS), help="headline metric (default: the run's)")
+    report.set_defaults(bench_run=run_report)
+
+
+def _add_compare(commands: argparse._SubParsersAction, policies: PolicyBackend) -> None:
+    compare = commands.add_parser(
+        "compare", help="the same load under each policy on one specserve server, interleaved rounds, ratios with CIs"
+    )
+    compare.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000/v1")
+    compare.add_argument("--policies", required=True, help="e.g. fixed:k=0,fixed:k=2,static-table,adaptive")
+    load = compare.add_mutually_exclusive_group(required=True)
+    load.add_argument("--concurrency", type=_concurrency_list, help="closed loop at each of N,N,... clients")
+    load.add_argument("--trace", help="replay a simulator trace: a built-in name or a CSV path")
+    compare.add_argument("--rounds", type=_rounds, default=5, help="interleaved rounds per load point (default 5)")
+    compare.add_argument(
+        "--max-rounds", type=_rounds, help="keep adding rounds, up to this many, until the headline CI settles"
+    )
+    compare.add_argument(
+        "--ci-width", type=_positive(float), default=0.05, help="settled: CI excludes 1 or is narrower (0.05)"
+    )
+    compare.add_argument("--headline", help="policy whose CI decides --max-rounds (default: adaptive)")
+    compare.add_argument("--metric", choices=sorted(METRICS), help="headline metric (default: tok_s; e2e for --trace)")
+    stop = compare.add_mutually_exclusive_group()
+    stop.add_argument("--num-requests", type=_positive(int), help=f"per run (default {COMPARE_NUM_REQUESTS})")
+    stop.add_argument("--duration", type=_positive(float), help="seconds per run in which requests are sent")
+    compare.add_argument("--trace-speed", type=_positive(float), default=1.0, help="replay N times faster")
+    compare.add_argument("--input-len", type=_positive(int), default=128, help="prompt tokens (not with --trace)")
+    compare.add_argument("--output-len", type=_positive(int), default=64, help="max_tokens (not with --trace)")
+    compare.add_argument("--warmup", type=int, default=16, help="unrecorded requests before the first run (16)")
+    compare.add_argument("--model", help="model name to request (default: the first one GET /models lists)")
+    compare.add_argument("--api", choices=("completions", "chat"), default="completions", help="default: completions")
+    compare.add_argument("--tokenizer", help="tokenizer folder: exact prompt lengths")
+    compare.add_argument("--temperature", type=float, default=0.0, help="default: 0")
+    compare.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false", help="let requests stop at EOS")
+    compare.add_argument("--timeout", type=_positive(float), default=300.0, help="per-request limit, s (300)")
+    compare.add_argument("--switch-timeout", type=_positive(float), default=60.0, help="per policy switch, s (60)")
+    compare.add_argument("--seed", type=int, default=0, help="prompts (plus the round) and the bootstrap (0)")
+    compare.add_argument("--resamples", type=_positive(int), default=DEFAULT_RESAMPLES, help="bootstrap resamples")
+    compare.add_argument("--out", help="path prefix of PREFIX.md/.json/*.png (default bench/results/compare-TIME)")
+    compare.set_defaults(bench_run=run_compare, policy_backend=policies)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,4 +229,156 @@ def run_load(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     else:
         print("\n".join(report.table(result)))
+    return 0
+
+
+def compare_points(args: argparse.Namespace) -> list[Any]:
+    from specserve.bench.compare import LoadPoint
+
+    stop = {"num_requests": args.num_requests, "duration_s": args.duration}
+    if args.trace is not None:
+        load = {"kind": "trace", "trace": args.trace, "speed": args.trace_speed}
+        return [LoadPoint(f"trace {Path(args.trace).stem}", load, trace_plan(args.trace, args.trace_speed, **stop))]
+    return [
+        LoadPoint(
+            f"concurrency {c}",
+            {"kind": "concurrency", "concurrency": c},
+            closed_plan(c, args.input_len, args.output_len, **stop),
+        )
+        for c in args.concurrency
+    ]
+
+
+def _load_note(args: argparse.Namespace) -> str:
+    per_run = f"{args.num_requests} requests" if args.num_requests else f"{args.duration:g} s of requests"
+    if args.trace is not None:
+        what = f"replay of trace {args.trace} at {args.trace_speed:g}x"
+        per_run = "the whole trace" if not (args.num_requests or args.duration) else per_run
+    else:
+        unit = "tokens" if args.tokenizer else "words"
+        what = f"closed loop, prompts of {args.input_len} {unit}, {args.output_len} output tokens"
+    eos = "ignore_eos" if args.ignore_eos else "stopping at EOS"
+    return f"{what}, {per_run} per run, temperature {args.temperature:g}, {eos}, {args.warmup} warm-up requests"
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from specserve.bench.compare import Comparison, Settings, default_headline, write_results
+
+    url = base_url(args.url)
+    backend: PolicyBackend = args.policy_backend
+    specs = backend.parse(args.policies)
+    if args.trace is None and args.num_requests is None and args.duration is None:
+        args.num_requests = COMPARE_NUM_REQUESTS
+    headline = default_headline(specs)
+    if args.headline is not None:
+        wanted = backend.canonical(args.headline)
+        headline = next((p for p in specs if backend.canonical(p) == wanted), args.headline)
+    metric = METRICS[args.metric or ("e2e" if args.trace is not None else "tok_s")]
+    settings = Settings(
+        policies=tuple(specs),
+        rounds=args.rounds,
+        max_rounds=args.max_rounds or args.rounds,
+        headline=headline,
+        metric=metric,
+        ci_width=args.ci_width,
+        resamples=args.resamples,
+        seed=args.seed,
+    )
+    if args.warmup < 0:
+        raise BenchError(f"--warmup {args.warmup}: must be 0 or more")
+    if args.seed < 0:
+        raise BenchError(f"--seed {args.seed}: must be 0 or more")
+    points = compare_points(args)
+    prefix = Path(args.out or f"bench/results/compare-{time.strftime('%Y%m%d-%H%M%S')}")
+
+    from specserve.bench import client, report  # vLLM's request functions: slow to import
+    from specserve.bench.prompts import Prompter
+
+    model = args.model or asyncio.run(client.first_model(url, args.timeout))
+    target = client.Target(url, model, args.api, args.ignore_eos, args.temperature, args.timeout)
+    ignore_eos, note = asyncio.run(client.probe(target))
+    if note:
+        log(f"specserve bench: {note}")
+    target = client.Target(url, model, args.api, ignore_eos, args.temperature, args.timeout)
+
+    cluster = backend.connect(args.switch_timeout)
+    for spec in specs:
+        cluster.canonical(spec)  # against the engines' max_k, before any load
+    if model not in (served := cluster.model_ids()):
+        raise BenchError(f"--url {url} serves {model!r}, the cluster's replicas serve {sorted(served)}: not one server")
+
+    def run_one(point: Any, round_index: int) -> dict[str, Any]:
+        runner = client.Runner(target, Prompter(args.seed + round_index, args.tokenizer), progress=False)
+        outcomes, duration_s = asyncio.run(runner.run(point.plan))
+        summary = report.summarize(outcomes, duration_s, {})
+        if summary["requests"]["completed"] == 0:
+            raise BenchError(f"{point.label}: a run completed no request; errors: {summary['errors']}")
+        return summary
+
+    original = cluster.current()
+    comparison = Comparison(points, settings, cluster, run_one, final=original)
+    document = {
+        "command": shlex.join(["specserve", *sys.argv[1:]]),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "url": url,
+        "model": model,
+        "load_note": _load_note(args),
+        "settings": {
+            "rounds": settings.rounds,
+            "max_rounds": settings.max_rounds,
+            "headline": settings.headline,
+            "metric": settings.metric.name,
+            "ci_width": settings.ci_width,
+            "resamples": settings.resamples,
+            "seed": settings.seed,
+            "ignore_eos": ignore_eos,
+            "temperature": args.temperature,
+        },
+        "policies": list(specs),
+        "points": [{"label": p.label, "load": p.load} for p in points],
+        "runs": comparison.records,
+    }
+    # Every run's report reaches the JSON as soon as it exists: an interrupted comparison keeps its rounds,
+    # and `bench report` makes the page from whatever complete rounds there are.
+    json_path = prefix.with_name(prefix.name + ".json")
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        json_path.write_text(json.dumps(document, indent=1) + "\n")
+
+    comparison.after_run = save
+
+    try:
+        if args.warmup:
+            width = max(args.concurrency) if args.concurrency else 4
+            log(f"specserve bench: warm-up, {args.warmup} requests at concurrency {width}")
+            warm = closed_plan(width, args.input_len, args.output_len, num_requests=args.warmup, duration_s=None)
+            prompter = Prompter(args.seed + settings.max_rounds, args.tokenizer)  # a seed no round uses
+            asyncio.run(client.Runner(target, prompter, progress=False).run(warm))
+        comparison.run()
+    finally:
+        _restore(cluster, original)
+
+    for path in write_results(document, prefix, settings.metric.name):
+        print(path)
+    return 0
+
+
+def _restore(cluster: PolicySwitch, original: str | None) -> None:
+    """Leave the server under the policy it had; a failure here must not hide the one that ended the run."""
+    try:
+        if original is not None and cluster.current() != original:
+            log(f"specserve bench: restoring policy {original}")
+            cluster.switch(original)
+    except Exception as exc:
+        log(f"specserve bench: could not restore policy {original}: {exc}")
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from specserve.bench.compare import read_results, write_results
+
+    document = read_results(args.results)
+    prefix = Path(args.out) if args.out else Path(args.results).with_suffix("")
+    for path in write_results(document, prefix, args.metric or document["settings"]["metric"]):
+        print(path)
     return 0

@@ -13,8 +13,9 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
+from specserve.cluster import control
+from specserve.cluster.control import CommandError
 from specserve.models.arguments import add_commands as add_model_commands
-from specserve.speculation import EngineTraits, make_policy
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,10 +26,6 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as exc:
         print(f"specserve {args.command}: {exc}", file=sys.stderr)
         return 2
-
-
-class CommandError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,7 +69,10 @@ def _parser() -> argparse.ArgumentParser:
     from specserve.bench import cli as bench_cli  # flags only; the client loads when a run starts
 
     bench = commands.add_parser("bench", help="load generator for any OpenAI-compatible endpoint")
-    bench_cli.add_commands(bench, dest="bench_command")
+    backend = bench_cli.PolicyBackend(
+        parse=control.parse_policies, canonical=control.canonical_policy, connect=control.PolicySwitch
+    )
+    bench_cli.add_commands(bench, dest="bench_command", policies=backend)
     bench.set_defaults(run=_bench)
     return parser
 
@@ -97,35 +97,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
 
 
-def _connect() -> None:
-    from specserve.cluster.local import cluster_address
-
-    address = cluster_address()  # before importing ray: it may set RAY_AUTH_MODE, read at import
-    if address is None:
-        raise CommandError("no running specserve cluster: start one with `specserve serve`, or set RAY_ADDRESS")
-    import ray
-
-    try:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-    except (ConnectionError, RuntimeError) as exc:
-        raise CommandError(f"cannot reach the Ray cluster at {address}: {exc}") from None
-
-
-def _controller() -> Any:
-    _connect()
-    from specserve.controller.actor import get_controller
-
-    controller = get_controller()
-    if controller is None:
-        raise CommandError("the cluster has no specserve controller: is `specserve serve` running?")
-    return controller
-
-
 def _status(args: argparse.Namespace) -> int:
-    controller = _controller()
-    import ray
-
-    snapshots = ray.get(controller.replicas.remote())
+    snapshots = control.snapshots(control.controller())
     if args.json:
         rows = [asdict(s) | {"acceptance": s.engine.acceptance} for s in snapshots]
         print(json.dumps({"replicas": rows}, indent=2))
@@ -163,22 +136,7 @@ def status_table(snapshots: list[Any]) -> list[str]:
 
 
 def _policy_set(args: argparse.Namespace) -> int:
-    controller = _controller()
-    import ray
-
-    snapshots = ray.get(controller.replicas.remote())
-    # Validate against each targeted engine's max_k here: a directive that fails in the replica
-    # could only be logged there.
-    max_ks = {s.engine.max_k for s in snapshots if args.replica in (None, s.replica_id)} or {16}
-    try:
-        for max_k in sorted(max_ks):
-            make_policy(args.spec, EngineTraits(max_k=max_k))
-    except ValueError as exc:
-        raise CommandError(str(exc)) from None
-    try:
-        targets = ray.get(controller.set_policy.remote(args.spec, args.replica))
-    except ray.exceptions.RayTaskError as exc:
-        raise CommandError(str(exc.cause) if exc.cause else str(exc)) from None
+    _, targets = control.queue_policy(control.controller(), args.spec, args.replica)
     print(f"policy {args.spec} queued for {len(targets)} replica(s): {', '.join(targets) or 'none yet'}")
     return 0
 

@@ -22,7 +22,7 @@ from specserve.sim.metrics import summarize
 from specserve.sim.mlp_dump import DEFAULT_MAX_SAMPLES, collect_samples, default_policy, write_samples
 from specserve.sim.runner import simulate
 from specserve.sim.scenario import ScenarioError, builtin_scenarios, load_scenario, resolve
-from specserve.speculation import EngineTraits, make_policy
+from specserve.speculation import EngineTraits, make_policy, split_specs
 from specserve.speculation.speckv.model import COMPRESSION_CODES, weights_to_json
 from specserve.speculation.speckv.training import DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE, mean_squared_error, train_file
 
@@ -103,22 +103,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def split_policies(text: str) -> list[str]:
-    """Split a --policies list on the commas that start a new policy.
-
-    A comma-separated piece with '=' but no ':' (``probe_k=1``) is another parameter of the spec before it:
-    ``fixed:k=0,goodput:k_max=4,probe_k=1,adaptive`` -> ``fixed:k=0``, ``goodput:k_max=4,probe_k=1``, ``adaptive``.
-    """
-    specs: list[str] = []
-    for piece in (part.strip() for part in text.split(",")):
-        if not piece:
-            raise CommandError(f"empty policy in --policies {text!r}")
-        if "=" in piece and ":" not in piece:
-            if not specs:
-                raise CommandError(f"policy parameter {piece!r} in --policies {text!r} has no policy before it")
-            specs[-1] = f"{specs[-1]},{piece}"
-        else:
-            specs.append(piece)
-    return specs
+    """``speculation.split_specs`` for ``--policies``, its errors as CommandError."""
+    try:
+        return split_specs(text)
+    except ValueError as exc:
+        raise CommandError(f"--policies: {exc}") from None
 
 
 def _scenarios(args: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ from specserve.speculation.policies.parts.switching import SwitchCostTable
 from specserve.speculation.policies.slo import SloParams, SloPolicy
 from specserve.speculation.policies.static_table import StaticTableParams, StaticTablePolicy
 from specserve.speculation.policies.ucb import UcbParams, UcbPolicy
-from specserve.speculation.policy import Policy, alias, make_policy, parse_spec, policy_names, register
+from specserve.speculation.policy import Policy, alias, make_policy, parse_spec, policy_names, register, split_specs
 from specserve.speculation.speckv.training import train_mlp
 from specserve.speculation.types import Decision, DraftStop, EngineTraits, StepContext, StepRecord
 
@@ -66,5 +66,6 @@ __all__ = [
     "parse_spec",
     "policy_names",
     "register",
+    "split_specs",
     "train_mlp",
 ]

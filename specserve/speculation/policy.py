@@ -78,6 +78,25 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     return name, raw
 
 
+def split_specs(text: str) -> list[str]:
+    """Split a comma-separated list of specs on the commas that start a new policy.
+
+    A piece with '=' but no ':' (``probe_k=1``) is another parameter of the spec before it:
+    ``fixed:k=0,goodput:k_max=4,probe_k=1,adaptive`` -> ``fixed:k=0``, ``goodput:k_max=4,probe_k=1``, ``adaptive``.
+    """
+    specs: list[str] = []
+    for piece in (part.strip() for part in text.split(",")):
+        if not piece:
+            raise ValueError(f"empty policy in {text!r}")
+        if "=" in piece and ":" not in piece:
+            if not specs:
+                raise ValueError(f"policy parameter {piece!r} in {text!r} has no policy before it")
+            specs[-1] = f"{specs[-1]},{piece}"
+        else:
+            specs.append(piece)
+    return specs
+
+
 def make_policy(spec: str, traits: EngineTraits) -> Policy:
     """Build a policy from ``NAME[:key=value,...]``; errors name the bad name, key or value."""
     name, raw = parse_spec(spec)

@@ -81,3 +81,39 @@ def test_open_loop_rate_with_exact_prompt_lengths(server, trained_pair):
 def test_unreachable_url_is_a_cli_error(server):
     result = bench(server, "--concurrency", "1", "--model", "m", "--url", f"http://127.0.0.1:{free_port()}/v1")
     assert result.returncode == 2 and "unreachable" in result.stderr and result.stdout == ""
+
+
+def test_compare_switches_policies_between_interleaved_rounds(server, tmp_path):
+    out = tmp_path / "cpu-compare"
+    cmd = [sys.executable, "-m", "specserve.cluster.cli", "bench", "compare", "--url", server.endpoint]
+    cmd += ["--policies", "fixed:k=0,fixed:k=2", "--concurrency", "2", "--rounds", "2", "--num-requests", "4"]
+    cmd += ["--input-len", "24", "--output-len", str(MAX_TOKENS), "--warmup", "2", "--out", str(out)]
+    result = subprocess.run(cmd, env=server.env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [f"{out}{end}" for end in (".md", ".json", "-tok_s.png", "-tok_s-ratio.png")]
+
+    document = json.loads(out.with_suffix(".json").read_text())
+    runs = document["runs"]
+    assert [(r["round"], r["policy"]) for r in runs] == [
+        (0, "fixed:k=0"),
+        (0, "fixed:k=2"),
+        (1, "fixed:k=0"),
+        (1, "fixed:k=2"),
+    ]
+    assert all(r["report"]["requests"] == {"sent": 4, "completed": 4, "failed": 0} for r in runs)
+    # The engine's own step counts: each run's steps all ran at its policy's k, so the switch had landed
+    # before the run and no other run's steps were counted in.
+    for r in runs:
+        steps, k = r["steps_by_k"], int(r["policy"][-1])
+        assert steps[k] > 0 and sum(steps) == steps[k], (r["policy"], steps)
+    page = out.with_suffix(".md").read_text()
+    assert "| `fixed:k=2` | " in page and "## concurrency 2 (2 rounds)" in page
+
+    status = subprocess.run(
+        [sys.executable, "-m", "specserve.cluster.cli", "status", "--json"],
+        env=server.env,
+        capture_output=True,
+        text=True,
+    )
+    # Left as it was found: the server's default policy.
+    assert [r["engine"]["policy"] for r in json.loads(status.stdout)["replicas"]] == ["adaptive"]

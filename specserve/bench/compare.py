@@ -1,0 +1,337 @@
+"""`specserve bench compare`: the same load under each policy on one running server, in interleaved rounds.
+
+Order: for each load point, round after round, every policy once per round in the order given
+(A B C A B C ...), so whatever drifts during the benchmark hits every policy alike and each round
+is one paired observation (``stats`` says how rounds become medians and intervals). The policy is
+switched before every run and the switch is confirmed on every replica, idle, before load starts;
+consecutive runs never share a spec, so each run starts with a fresh policy that learns from scratch.
+
+Within a round every policy gets the same prompts (the prompt seed is the base seed plus the round),
+and each round gets new ones. That is fair only because no run can reuse another's KV: specserve's
+engines run with prefix caching off (``replicas/engine_args.py``; a unit test pins it), so there
+is no prefix cache to reset between runs.
+
+This module talks HTTP only. Switching policies needs the cluster's controller, which the cluster
+side provides as a ``PolicySwitch``; running one load is a callable too, so the order and the
+bookkeeping are testable without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from specserve.bench.load import BenchError, Plan
+from specserve.bench.stats import (
+    DEFAULT_RESAMPLES,
+    METRICS,
+    Interval,
+    Metric,
+    median_interval,
+    metric_value,
+    ratios_to_best,
+    settled,
+)
+
+MIN_ROUNDS_FOR_CLAIMS = 5
+
+
+class PolicySwitch(Protocol):
+    def canonical(self, spec: str) -> str:
+        """The spec as the engines will report it; raises on a spec they cannot run."""
+        ...
+
+    def model_ids(self) -> set[str]: ...
+
+    def current(self) -> str | None:
+        """The policy every replica runs now (None if they differ)."""
+        ...
+
+    def switch(self, spec: str) -> Sequence[int]:
+        """Set ``spec`` on every replica; return once every replica runs it and is idle.
+
+        Returns the engine steps run so far at each k (summed over replicas) as of a snapshot taken
+        after the switch, so every step before the switch is in it.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPoint:
+    label: str  # "concurrency 4", "trace dsde-128-sharegpt"
+    load: dict[str, Any]  # for the JSON
+    plan: Plan
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    policies: tuple[str, ...]  # as the user wrote them
+    rounds: int  # rounds per point, at least
+    max_rounds: int  # more rounds while the headline interval is unsettled, up to this
+    headline: str | None  # the policy whose ratio decides when to stop adding rounds
+    metric: Metric  # the headline metric
+    ci_width: float  # stop adding rounds once the headline interval is narrower than this
+    resamples: int = DEFAULT_RESAMPLES
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise BenchError(f"--rounds {self.rounds}: need at least 1")
+        if self.max_rounds < self.rounds:
+            raise BenchError(f"--max-rounds {self.max_rounds} is below --rounds {self.rounds}")
+        if len(self.policies) < 2:
+            raise BenchError(f"--policies: a comparison needs at least 2 policies, got {len(self.policies)}")
+        if not fixed_rows(self.policies):
+            raise BenchError("--policies: include at least one fixed:k=N, the baseline every ratio is taken to")
+        if self.headline is not None and self.headline not in self.policies:
+            raise BenchError(f"--headline {self.headline!r} is not among --policies")
+        if not self.ci_width > 0:
+            raise BenchError(f"--ci-width {self.ci_width}: must be positive")
+
+
+def is_fixed(spec: str) -> bool:
+    return spec.partition(":")[0] == "fixed"
+
+
+def fixed_rows(policies: Sequence[str]) -> list[int]:
+    return [i for i, spec in enumerate(policies) if is_fixed(spec)]
+
+
+def default_headline(policies: Sequence[str]) -> str | None:
+    """``adaptive`` if compared, else the first policy that is not fixed."""
+    if "adaptive" in policies:
+        return "adaptive"
+    return next((p for p in policies if not is_fixed(p)), None)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Comparison:
+    """Runs the schedule; ``records`` holds one entry per run: point, round, policy, the run's report and
+    the engine steps the run took at each k (which also shows that the policy in force was the one meant).
+
+    ``final`` is the policy to leave running (default: the first compared); the switch to it closes the
+    last run's step count.
+    """
+
+    points: Sequence[LoadPoint]
+    settings: Settings
+    switch: PolicySwitch
+    run_one: Callable[[LoadPoint, int], dict[str, Any]]  # (point, round) -> a `bench run` report
+    final: str | None = None
+    records: list[dict[str, Any]] = field(default_factory=list)
+    after_run: Callable[[], None] | None = None  # called once each run's record is complete
+    _steps: Sequence[int] = ()
+    _open: dict[str, Any] | None = None
+
+    def run(self) -> list[dict[str, Any]]:
+        s = self.settings
+        # A snapshot proves a switch only if the spec changes (see PolicySwitch), the first one included.
+        if self.switch.current() == self.switch.canonical(s.policies[0]):
+            self._switch(s.policies[-1])
+        for point in self.points:
+            for round_index in range(s.max_rounds):
+                if round_index >= s.rounds and self._settled(point, round_index):
+                    break
+                for policy in s.policies:
+                    self._switch(policy)
+                    report = self.run_one(point, round_index)
+                    self._open = {"point": point.label, "round": round_index, "policy": policy, "report": report}
+                    self.records.append(self._open)
+                    self._log_run(point, round_index, policy, report)
+            self._log_point(point)
+        last = self.switch.canonical(s.policies[-1])
+        final = self.final if self.final not in (None, last) else s.policies[0]
+        self._switch(final)
+        return self.records
+
+    def _switch(self, spec: str) -> None:
+        steps = list(self.switch.switch(spec))
+        if self._open is not None:
+            before = list(self._steps) + [0] * (len(steps) - len(self._steps))
+            self._open["steps_by_k"] = [after - b for after, b in zip(steps, before, strict=False)]
+            self._open = None
+            if self.after_run is not None:
+                self.after_run()
+        self._steps = steps
+
+    def _headline(self, point: LoadPoint) -> Interval | None:
+        s = self.settings
+        if s.headline is None:
+            return None
+        values = round_matrix(self.records, point.label, s.policies, s.metric)
+        _, intervals = ratios_to_best(values, fixed_rows(s.policies), s.metric.higher_is_better, s.resamples, s.seed)
+        return intervals[s.policies.index(s.headline)]
+
+    def _settled(self, point: LoadPoint, rounds_done: int) -> bool:
+        """Whether a point needs no more rounds than it has (asked once ``--rounds`` are done)."""
+        interval = self._headline(point)
+        if interval is None:
+            return True  # nothing to settle: only fixed policies
+        # Below 5 rounds a percentile interval of the median undercovers badly (with 2 rounds it is the
+        # range of two ratios, which misses the true ratio half the time), so it cannot end the run.
+        return rounds_done >= MIN_ROUNDS_FOR_CLAIMS and settled(interval, self.settings.ci_width)
+
+    def _log_run(self, point: LoadPoint, round_index: int, policy: str, report: dict[str, Any]) -> None:
+        r = report["requests"]
+        failed = f", {r['failed']} failed" if r["failed"] else ""
+        e2e = report["e2e_ms"]["mean"]
+        log(
+            f"specserve bench: {point.label}  round {round_index + 1}  {policy:<24} "
+            f"{report['throughput']['output_tokens_per_s']:8.1f} tok/s  E2E {e2e:7.1f} ms{failed}"
+        )
+
+    def _log_point(self, point: LoadPoint) -> None:
+        interval = self._headline(point)
+        if interval is not None:
+            s = self.settings
+            log(
+                f"specserve bench: {point.label}: {s.headline} / best fixed ({s.metric.label}) "
+                f"{interval.value:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
+            )
+
+
+def round_matrix(records: list[dict[str, Any]], point: str, policies: Sequence[str], metric: Metric) -> np.ndarray:
+    """(policies, rounds) values of one point, over the rounds every policy completed."""
+    by_key = {(r["policy"], r["round"]): metric_value(r["report"], metric) for r in records if r["point"] == point}
+    rounds = sorted({rnd for (_, rnd) in by_key})
+    complete = [rnd for rnd in rounds if all((p, rnd) in by_key for p in policies)]
+    return np.array([[by_key[(p, rnd)] for rnd in complete] for p in policies], dtype=np.float64)
+
+
+def mean_k(steps_by_k: Sequence[int] | None) -> float | None:
+    """The k of an average engine step in a run (None if the run's steps are unknown or none ran)."""
+    if not steps_by_k or sum(steps_by_k) == 0:
+        return None
+    return sum(k * n for k, n in enumerate(steps_by_k)) / sum(steps_by_k)
+
+
+def aggregate(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per point: each policy's medians with intervals, and its ratio to the best fixed policy per metric."""
+    policies = document["policies"]
+    resamples, seed = document["settings"]["resamples"], document["settings"]["seed"]
+    out = []
+    for point in document["points"]:
+        label = point["label"]
+        entry: dict[str, Any] = {"label": label, "best_fixed": {}, "policies": {p: {} for p in policies}}
+        for metric in METRICS.values():
+            values = round_matrix(document["runs"], label, policies, metric)
+            entry["rounds"] = values.shape[1]
+            if values.shape[1] == 0 or np.isnan(values).any():
+                continue  # a latency with no completed request: no median to report
+            best, ratios = ratios_to_best(values, fixed_rows(policies), metric.higher_is_better, resamples, seed)
+            entry["best_fixed"][metric.name] = policies[best]
+            for row, policy in enumerate(policies):
+                median = median_interval(values[row], resamples, seed)
+                entry["policies"][policy][metric.name] = {
+                    "median": median.value,
+                    "median_low": median.low,
+                    "median_high": median.high,
+                    "ratio": ratios[row].value,
+                    "ratio_low": ratios[row].low,
+                    "ratio_high": ratios[row].high,
+                }
+        for policy in policies:
+            runs = [r for r in document["runs"] if r["point"] == label and r["policy"] == policy]
+            entry["policies"][policy]["failed"] = sum(r["report"]["requests"]["failed"] for r in runs)
+            mean_ks = [k for r in runs if (k := mean_k(r.get("steps_by_k"))) is not None]
+            entry["policies"][policy]["mean_k"] = float(np.median(mean_ks)) if mean_ks else None
+        out.append(entry)
+    return out
+
+
+def _cell(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _ratio(stats: dict[str, Any] | None) -> str:
+    if stats is None:
+        return "-"
+    return f"{stats['ratio']:.3f} [{stats['ratio_low']:.3f}, {stats['ratio_high']:.3f}]"
+
+
+def markdown(document: dict[str, Any], summary: list[dict[str, Any]], headline_metric: str) -> list[str]:
+    """The results page: how it was run, the headline ratios across points, one table per point."""
+    s = document["settings"]
+    metric = METRICS[headline_metric]
+    rounds = sorted({e["rounds"] for e in summary})
+    lines = [
+        f"# Policy comparison: {document['model']}",
+        "",
+        f"`{document['command']}`",
+        "",
+        f"Server {document['url']}, {document['started']}. Each load point ran every policy once per round, "
+        f"rounds interleaved (A B C A B C), {'/'.join(map(str, rounds))} rounds per point; "
+        f"{document['load_note']}.",
+        "",
+        "A value is the median over rounds; `mean k` is the k of an average engine step in a run, counted "
+        "by the engines. `× best fixed` is the median over rounds of the policy's value "
+        "divided by the best fixed policy's value in the same round; the brackets are its 95 % bootstrap "
+        f"interval (rounds resampled in pairs, best fixed picked again in each resample; {s['resamples']} "
+        f"resamples, seed {s['seed']}). Above 1 is better for tok/s, below 1 for latencies.",
+    ]
+    if min(rounds, default=0) < MIN_ROUNDS_FOR_CLAIMS:
+        lines += ["", f"Fewer than {MIN_ROUNDS_FOR_CLAIMS} rounds: the intervals are too coarse to support a claim."]
+    lines += ["", f"## {metric.label} ÷ best fixed", "", "| policy | " + " | ".join(e["label"] for e in summary) + " |"]
+    lines.append("|---" * (len(summary) + 1) + "|")
+    for policy in document["policies"]:
+        cells = [_ratio(e["policies"][policy].get(metric.name)) for e in summary]
+        lines.append(f"| `{policy}` | " + " | ".join(cells) + " |")
+    for e in summary:
+        best = ", ".join(
+            f"`{e['best_fixed'][m]}` by {METRICS[m].label}" for m in ("tok_s", "e2e") if m in e["best_fixed"]
+        )
+        lines += ["", f"## {e['label']} ({e['rounds']} rounds)", "", f"Best fixed: {best or '-'}.", ""]
+        lines.append(
+            "| policy | output tok/s | × best fixed | mean E2E ms | × best fixed "
+            "| mean TPOT ms | mean TTFT ms | mean k | failed |"
+        )
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        for policy in document["policies"]:
+            p = e["policies"][policy]
+
+            def median(name: str, p: dict[str, Any] = p) -> float | None:
+                return p[name]["median"] if name in p else None
+
+            lines.append(
+                f"| `{policy}` | {_cell(median('tok_s'))} | {_ratio(p.get('tok_s'))} | {_cell(median('e2e'))} | "
+                f"{_ratio(p.get('e2e'))} | {_cell(median('tpot'), 2)} | {_cell(median('ttft'))} | "
+                f"{_cell(p['mean_k'], 2)} | {p['failed']} |"
+            )
+    return lines
+
+
+def write_results(document: dict[str, Any], prefix: Path, headline_metric: str) -> list[Path]:
+    """``PREFIX.json`` (every run's report), ``PREFIX.md`` and the plots; returns the paths written."""
+    from specserve.bench import plots  # matplotlib: slow to import
+
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = prefix.with_name(prefix.name + ".json"), prefix.with_name(prefix.name + ".md")
+    json_path.write_text(json.dumps(document, indent=1) + "\n")
+    summary = aggregate(document)
+    pngs = plots.draw(document, summary, headline_metric, prefix)
+    lines = markdown(document, summary, headline_metric)
+    lines += ["", *(f"![{p.stem}]({p.name})" for p in pngs)]
+    md_path.write_text("\n".join(lines) + "\n")
+    return [md_path, json_path, *pngs]
+
+
+def read_results(path: str) -> dict[str, Any]:
+    try:
+        document = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise BenchError(f"{path!r}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise BenchError(f"{path!r}: not JSON ({exc})") from None
+    if not isinstance(document, dict) or not {"policies", "points", "runs", "settings"} <= document.keys():
+        raise BenchError(f"{path!r}: not a `bench compare` results file")
+    return document

@@ -1,0 +1,120 @@
+"""Statistics of a policy comparison: medians over rounds and bootstrap intervals of ratios.
+
+The unit of replication is a round: every policy runs once per round, back to back, so a round is
+one paired observation. Slow drift of the machine (another job, thermal state, a cache warming)
+moves every policy of a round alike, and a per-round ratio cancels it; that is why ratios are
+formed within a round and only then summarised.
+
+- A policy's value at a load point is the median of its per-round values.
+- Its ratio to the best fixed policy is the median over rounds of (policy / best fixed) in that
+  round. "Best fixed" is the fixed policy with the best median (highest throughput, lowest latency).
+- The 95 % interval is a percentile bootstrap over rounds: resample round indices with
+  replacement, the same indices for every policy (keeping the pairing), pick the best fixed policy
+  again within each resample (so the interval also carries the uncertainty of which fixed k is
+  best), recompute the ratio. numpy's seeded generator makes it reproducible.
+
+With few rounds the median of a resample can only take a few values, so the interval is coarse
+(with 5 rounds it is about the range of the per-round ratios); more rounds narrow it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+DEFAULT_RESAMPLES = 10_000
+LEVEL = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    name: str
+    label: str
+    path: tuple[str, str]  # where a `bench run` report keeps it
+    higher_is_better: bool
+
+
+METRICS = {
+    m.name: m
+    for m in (
+        Metric("tok_s", "output tok/s", ("throughput", "output_tokens_per_s"), True),
+        Metric("e2e", "mean E2E ms", ("e2e_ms", "mean"), False),
+        Metric("tpot", "mean TPOT ms", ("tpot_ms", "mean"), False),
+        Metric("ttft", "mean TTFT ms", ("ttft_ms", "mean"), False),
+    )
+}
+
+
+def metric_value(summary: dict[str, Any], metric: Metric) -> float:
+    section, key = metric.path
+    value = summary[section][key]
+    return float("nan") if value is None else float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    value: float
+    low: float
+    high: float
+
+    def excludes(self, x: float) -> bool:
+        return self.low > x or self.high < x
+
+    @property
+    def width(self) -> float:
+        return self.high - self.low
+
+
+def _bounds(samples: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
+    tail = (1.0 - level) / 2.0 * 100.0
+    low, high = np.percentile(samples, [tail, 100.0 - tail], axis=-1)
+    return low, high
+
+
+def median_interval(values: Sequence[float], resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Interval:
+    """The median of per-round values and its bootstrap interval."""
+    x = np.asarray(values, dtype=np.float64)
+    idx = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
+    low, high = _bounds(np.median(x[idx], axis=1), LEVEL)
+    return Interval(float(np.median(x)), float(low), float(high))
+
+
+def ratios_to_best(
+    values: np.ndarray,
+    baselines: Sequence[int],
+    higher_is_better: bool,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    level: float = LEVEL,
+) -> tuple[int, list[Interval]]:
+    """Each row's ratio to the best baseline row, with paired bootstrap intervals.
+
+    ``values`` is (policies, rounds): entry [p, r] is policy p's value in round r. ``baselines`` are the
+    rows that may be "best" (the fixed policies). Returns the best baseline row on all rounds and one
+    interval per row.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 2 or v.shape[1] == 0 or not baselines:
+        raise ValueError("need a (policies, rounds) array with at least one round and one baseline row")
+    rows = np.asarray(baselines)
+    sign = 1.0 if higher_is_better else -1.0
+
+    best = int(rows[np.argmax(sign * np.median(v[rows], axis=1))])
+    point = np.median(v / v[best], axis=1)
+
+    num_rounds = v.shape[1]
+    idx = np.random.default_rng(seed).integers(0, num_rounds, size=(resamples, num_rounds))
+    sampled = v[:, idx]  # (policies, resamples, rounds)
+    best_each = rows[np.argmax(sign * np.median(sampled[rows], axis=2), axis=0)]  # (resamples,)
+    base = sampled[best_each, np.arange(resamples)]  # (resamples, rounds)
+    low, high = _bounds(np.median(sampled / base, axis=2), level)
+    return best, [Interval(float(p), float(lo), float(hi)) for p, lo, hi in zip(point, low, high, strict=True)]
+
+
+def settled(interval: Interval, width: float) -> bool:
+    """Enough rounds for a claim: the interval excludes 1 (a difference) or is narrower than ``width``
+    (no difference larger than about width / 2)."""
+    return interval.excludes(1.0) or interval.width < width

@@ -1,0 +1,305 @@
+"""`bench compare` without a server: the paired bootstrap on hand-built rounds, the interleaved order and the
+step counts a fake cluster reports, rounds added until the interval settles, the pages written from a
+results document, and input errors that stop the command before any load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specserve.bench.compare import Comparison, LoadPoint, Settings, aggregate, markdown, mean_k, write_results
+from specserve.bench.load import BenchError, closed_plan
+from specserve.bench.stats import METRICS, median_interval, ratios_to_best, settled
+from specserve.cluster.cli import main
+from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+
+TOK_S = METRICS["tok_s"]
+
+
+def noisy(base: float, rounds: int, sd: float, seed: int) -> np.ndarray:
+    return base * (1.0 + np.random.default_rng(seed).normal(0.0, sd, rounds))
+
+
+# -- the bootstrap ---------------------------------------------------------------------------------------
+
+
+def test_identical_policies_give_an_interval_around_one():
+    values = np.array([noisy(100.0, 8, 0.03, seed=1), noisy(100.0, 8, 0.03, seed=2)])
+    best, (first, second) = ratios_to_best(values, [0, 1], higher_is_better=True)
+    assert first.low <= 1.0 <= first.high and second.low <= 1.0 <= second.high
+    same = np.array([values[0], values[0]])
+    _, (a, b) = ratios_to_best(same, [0, 1], higher_is_better=True)
+    assert (a.value, a.low, a.high) == (b.value, b.low, b.high) == (1.0, 1.0, 1.0)
+
+
+def test_a_clearly_better_policy_excludes_one():
+    values = np.array([noisy(100.0, 5, 0.02, seed=3), noisy(130.0, 5, 0.02, seed=4)])
+    best, (fixed, other) = ratios_to_best(values, [0], higher_is_better=True)
+    assert best == 0 and fixed.value == 1.0
+    assert other.low > 1.2 and other.excludes(1.0) and other.low <= other.value <= other.high
+
+
+def test_pairing_by_round_cancels_drift_that_hits_every_policy():
+    # The machine's speed drifts by half between rounds; within a round the policy is 5 % faster.
+    drift = np.linspace(0.5, 1.5, 8)
+    values = np.array([100.0 * drift, 105.0 * drift * (1 + np.random.default_rng(5).normal(0, 0.003, 8))])
+    _, (_, faster) = ratios_to_best(values, [0], higher_is_better=True)
+    assert faster.low > 1.03 and faster.high < 1.07
+    # Unpaired, the same rounds say nothing: the medians' intervals overlap widely.
+    assert median_interval(values[0]).high > median_interval(values[1]).low
+
+
+def test_best_fixed_is_the_highest_throughput_or_the_lowest_latency():
+    values = np.array([[10.0, 11.0, 10.5], [20.0, 21.0, 19.0], [15.0, 15.0, 15.0]])
+    assert ratios_to_best(values, [0, 1], higher_is_better=True)[0] == 1
+    assert ratios_to_best(values, [0, 1], higher_is_better=False)[0] == 0
+    # Only fixed rows compete: row 2 is not a baseline even where it would be best.
+    assert ratios_to_best(values, [0, 1], higher_is_better=False)[1][2].value == pytest.approx(15 / 10.5)
+
+
+def test_the_bootstrap_is_seeded():
+    values = np.array([noisy(100.0, 6, 0.05, seed=6), noisy(104.0, 6, 0.05, seed=7)])
+    assert ratios_to_best(values, [0], True, seed=3) == ratios_to_best(values, [0], True, seed=3)
+
+
+def test_settled_when_the_interval_excludes_one_or_is_narrow():
+    from specserve.bench.stats import Interval
+
+    assert settled(Interval(1.1, 1.02, 1.2), width=0.05)
+    assert settled(Interval(1.0, 0.99, 1.01), width=0.05)
+    assert not settled(Interval(1.0, 0.9, 1.1), width=0.05)
+
+
+# -- the schedule, with a fake cluster and fake runs -----------------------------------------------------
+
+
+class FakeCluster:
+    """Records switches; each run adds steps at the policy's k (adaptive: half at 1, half at 3)."""
+
+    def __init__(self, current: str | None = None) -> None:
+        self.policy, self.calls, self.steps = current, [], [0] * 5
+
+    def canonical(self, spec: str) -> str:
+        return "fixed" if spec == "fixed:k=3" else spec  # as the registry shortens a default
+
+    def model_ids(self) -> set[str]:
+        return {"m"}
+
+    def current(self) -> str | None:
+        return self.policy
+
+    def switch(self, spec: str) -> list[int]:
+        self.policy = spec
+        self.calls.append(("switch", spec))
+        return list(self.steps)
+
+    def run(self, point: LoadPoint, round_index: int, speed: dict[str, float]) -> dict:
+        self.calls.append(("run", point.label, round_index))
+        if self.policy.startswith("fixed:k="):
+            self.steps[int(self.policy[-1])] += 10
+        else:
+            self.steps[1] += 5
+            self.steps[3] += 5
+        rng = np.random.default_rng(len(self.calls))
+        tok_s = speed[self.policy] * (1 + rng.normal(0, 0.05))
+        return {
+            "requests": {"sent": 4, "completed": 4, "failed": 0},
+            "throughput": {"output_tokens_per_s": tok_s},
+            **{m: {"mean": 1000.0 / tok_s} for m in ("e2e_ms", "tpot_ms", "ttft_ms")},
+        }
+
+
+def points(*concurrencies: int) -> list[LoadPoint]:
+    return [LoadPoint(f"concurrency {c}", {"concurrency": c}, closed_plan(c, 8, 8, 4, None)) for c in concurrencies]
+
+
+def settings(policies, rounds=2, max_rounds=None, headline=None, ci_width=0.05) -> Settings:
+    return Settings(tuple(policies), rounds, max_rounds or rounds, headline, TOK_S, ci_width, resamples=2000)
+
+
+SPEED = {"fixed:k=0": 100.0, "fixed:k=2": 150.0, "adaptive": 160.0}
+
+
+def test_rounds_interleave_policies_and_every_run_follows_a_confirmed_switch():
+    cluster = FakeCluster(current="goodput")
+    policies = ["fixed:k=0", "fixed:k=2", "adaptive"]
+    run = lambda p, r: cluster.run(p, r, SPEED)  # noqa: E731
+    comparison = Comparison(points(1, 4), settings(policies), cluster, run, final="goodput")
+    records = comparison.run()
+    runs = [(c[1], c[2]) for c in cluster.calls if c[0] == "run"]
+    order = [(r["point"], r["round"], r["policy"]) for r in records]
+    expected = [(f"concurrency {c}", rnd, p) for c in (1, 4) for rnd in range(2) for p in policies]
+    assert order == expected and runs == [(pt, rnd) for pt, rnd, _ in expected]
+    switches = [c[1] for c in cluster.calls if c[0] == "switch"]
+    # One switch before each run, to the run's policy; then back to the policy the server had.
+    assert switches == [p for *_, p in expected] + ["goodput"]
+    calls = cluster.calls
+    assert all(calls[i - 1][0] == "switch" for i, call in enumerate(calls) if call[0] == "run")
+    by_policy = {r["policy"]: r["steps_by_k"] for r in records}
+    assert by_policy["fixed:k=0"] == [10, 0, 0, 0, 0] and by_policy["fixed:k=2"] == [0, 0, 10, 0, 0]
+    assert mean_k(by_policy["adaptive"]) == 2.0
+
+
+@pytest.mark.parametrize(("running", "first"), [("fixed:k=0", "fixed:k=0"), ("fixed", "fixed:k=3")])
+def test_the_first_switch_changes_the_spec_even_when_the_server_runs_the_first_policy(running, first):
+    cluster = FakeCluster(current=running)
+    speed = {first: 100.0, "adaptive": 120.0}
+    Comparison(points(2), settings([first, "adaptive"], rounds=1), cluster, lambda p, r: cluster.run(p, r, speed)).run()
+    switches = [c[1] for c in cluster.calls if c[0] == "switch"]
+    assert switches[:3] == ["adaptive", first, "adaptive"]
+
+
+def test_policies_keep_their_spelling_and_duplicates_are_refused():
+    from specserve.cluster.control import CommandError, parse_policies
+
+    assert parse_policies("fixed:k=3,goodput:k_max=4,probe_k=1,adaptive") == [
+        "fixed:k=3",
+        "goodput:k_max=4,probe_k=1",
+        "adaptive",
+    ]
+    with pytest.raises(CommandError, match="'fixed:k=3' and 'fixed' are the same policy"):
+        parse_policies("fixed:k=3,fixed")
+
+
+def runs_made(policies, rounds, max_rounds, speed, ci_width=0.05, headline="adaptive") -> int:
+    cluster = FakeCluster()
+    plan = settings(policies, rounds, max_rounds, headline, ci_width)
+    Comparison(points(1), plan, cluster, lambda p, r: cluster.run(p, r, speed)).run()
+    return sum(c[0] == "run" for c in cluster.calls) // len(policies)
+
+
+def test_rounds_are_added_until_the_headline_interval_settles():
+    policies = ["fixed:k=0", "adaptive"]
+    # 60 % apart: settled as soon as a claim may be made, at 5 rounds, not before.
+    assert runs_made(policies, 2, 8, {"fixed:k=0": 100.0, "adaptive": 160.0}) == 5
+    assert runs_made(policies, 2, 3, {"fixed:k=0": 100.0, "adaptive": 160.0}) == 3
+    # A tie with 5 % noise per run: the interval contains 1 and stays wider than 0.01, so up to the maximum.
+    assert runs_made(policies, 5, 9, {"fixed:k=0": 100.0, "adaptive": 100.0}, ci_width=0.01) == 9
+    # Fixed policies only: no headline to settle, so --rounds it is.
+    assert runs_made(["fixed:k=0", "fixed:k=2"], 2, 9, SPEED, headline=None) == 2
+
+
+# -- the pages ---------------------------------------------------------------------------------------------
+
+
+def document_of(records: list[dict], policies: list[str]) -> dict:
+    return {
+        "command": "specserve bench compare ...",
+        "started": "today",
+        "url": "http://x/v1",
+        "model": "m",
+        "load_note": "closed loop",
+        "settings": {"resamples": 500, "seed": 0, "metric": "tok_s"},
+        "policies": policies,
+        "points": [{"label": "concurrency 1"}, {"label": "concurrency 4"}],
+        "runs": records,
+    }
+
+
+def test_results_page_plots_and_json_regenerate(tmp_path: Path):
+    cluster = FakeCluster()
+    policies = ["fixed:k=0", "fixed:k=2", "adaptive"]
+    records = Comparison(points(1, 4), settings(policies, 3), cluster, lambda p, r: cluster.run(p, r, SPEED)).run()
+    document = document_of(records, policies)
+    summary = aggregate(document)
+    assert [e["rounds"] for e in summary] == [3, 3]
+    assert all(e["best_fixed"]["tok_s"] == "fixed:k=2" and e["best_fixed"]["e2e"] == "fixed:k=2" for e in summary)
+    assert summary[0]["policies"]["fixed:k=2"]["mean_k"] == 2.0
+    page = "\n".join(markdown(document, summary, "tok_s"))
+    assert "| `adaptive` |" in page and "Fewer than 5 rounds" in page
+
+    paths = write_results(document, tmp_path / "out" / "cpu-test", "tok_s")
+    assert {p.name for p in paths} == {
+        "cpu-test.md",
+        "cpu-test.json",
+        "cpu-test-tok_s.png",
+        "cpu-test-tok_s-ratio.png",
+    }
+    assert all(p.stat().st_size > 0 for p in paths)
+    assert json.loads((tmp_path / "out" / "cpu-test.json").read_text())["runs"] == records
+    # `bench report` makes the same page from the JSON.
+    assert main(["bench", "report", str(tmp_path / "out" / "cpu-test.json"), "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again.md").read_text() == (tmp_path / "out" / "cpu-test.md").read_text().replace(
+        "cpu-test", "again"
+    )
+
+
+def test_an_interrupted_round_is_left_out_of_the_statistics():
+    cluster = FakeCluster()
+    policies = ["fixed:k=0", "adaptive"]
+    records = Comparison(points(1), settings(policies, 2), cluster, lambda p, r: cluster.run(p, r, SPEED)).run()
+    document = document_of(records[:-1], policies)
+    document["points"] = document["points"][:1]
+    assert aggregate(document)[0]["rounds"] == 1
+
+
+# -- input errors: exit status 2 and the bad value named, before any load ----------------------------------
+
+
+def compare(*args: str) -> list[str]:
+    return ["bench", "compare", "--url", "http://127.0.0.1:9/v1", *args]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (compare("--policies", "fixed:k=0,nope", "--concurrency", "1"), "unknown policy 'nope'"),
+        (compare("--policies", "fixed:k=0,fixed:k=two", "--concurrency", "1"), "k='two'"),
+        (compare("--policies", "fixed:k=3,fixed", "--concurrency", "1"), "'fixed:k=3' and 'fixed' are the same"),
+        (compare("--policies", "adaptive,goodput", "--concurrency", "1"), "include at least one fixed"),
+        (compare("--policies", "fixed:k=0", "--concurrency", "1"), "at least 2 policies"),
+        (compare("--policies", "fixed:k=0,adaptive", "--concurrency", "1", "--headline", "bandit"), "--headline"),
+        (
+            compare("--policies", "fixed:k=0,adaptive", "--concurrency", "1", "--rounds", "5", "--max-rounds", "3"),
+            "--max-rounds 3",
+        ),
+        (compare("--policies", "fixed:k=0,adaptive", "--trace", "no-such-trace"), "unknown trace 'no-such-trace'"),
+        (
+            ["bench", "compare", "--url", "ftp://x", "--policies", "fixed:k=0,adaptive", "--concurrency", "1"],
+            "--url 'ftp://x'",
+        ),
+    ],
+)
+def test_bad_input_is_a_cli_error_naming_the_value(args, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSERVE_STATE_DIR", str(tmp_path))  # no cluster: errors must come first anyway
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specserve bench: ") and message in err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--concurrency", "1,x", "'x' is not a whole number"),
+        ("--concurrency", "2,0", "'0' must be at least 1"),
+        ("--concurrency", "2,2", "2 appears twice"),
+        ("--rounds", "0", "need at least 1 round"),
+    ],
+)
+def test_bad_lists_and_counts_are_argument_errors(flag, value, message, capsys):
+    args = compare("--policies", "fixed:k=0,adaptive", *(("--concurrency", "1") if flag != "--concurrency" else ()))
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, flag, value])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_unreachable_url_stops_before_the_cluster_is_asked(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSERVE_STATE_DIR", str(tmp_path))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert main(compare("--policies", "fixed:k=0,adaptive", "--concurrency", "1", "--timeout", "2")) == 2
+    assert "--url http://127.0.0.1:9/v1: cannot list models" in capsys.readouterr().err
+
+
+def test_engines_run_without_prefix_caching_so_rounds_may_reuse_prompts():
+    # bench compare gives every policy of a round the same prompts; a prefix cache would favour the later ones.
+    kwargs = speculative_engine_kwargs(EngineSpec(target="t", draft="d", policy="adaptive", max_k=4))
+    assert kwargs["enable_prefix_caching"] is False
+
+
+def test_settings_reject_rounds_below_one():
+    with pytest.raises(BenchError, match="--rounds 0"):
+        settings(["fixed:k=0", "adaptive"], rounds=0, max_rounds=1)

@@ -43,6 +43,8 @@ What a skip leaves out besides the draft forward: ``prepare_next_token_ids_padde
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from typing import Any
 
 import torch
@@ -55,6 +57,9 @@ from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, c
 # Per worker process: draft passes skipped and run, requests caught up and their tokens, read by tests
 # and telemetry through ``collective_rpc``.
 _counts = {"skipped": 0, "ran": 0, "caught_up": 0, "catch_up_tokens": 0}
+# Per pass that ran on this worker: (requests, catch-up tokens, seconds in the drafter's propose), the raw
+# material of the catch-up cost profile (bench/catch_up_cost.py).
+_propose_times: deque[tuple[int, int, float]] = deque(maxlen=4096)
 _ENABLED_ATTR = "_specserve_skips_k0_draft_pass"
 _TRACKER_ATTR = "_specserve_draft_kv"
 _STEP_ATTR = "_specserve_scheduler_output"
@@ -114,7 +119,9 @@ def _propose_with_catch_up(runner: GPUModelRunner, original: Any, kwargs: dict[s
         kwargs = _prepend_missed_tokens(runner, kwargs, req_ids, bounds, starts, [plan.get(r, 0) for r in req_ids])
         _counts["caught_up"] += len(plan)
         _counts["catch_up_tokens"] += sum(plan.values())
+    started = time.perf_counter()
     result = original(**kwargs)
+    _propose_times.append((len(req_ids), sum(plan.values()), time.perf_counter() - started))
     rejected = kwargs.get("num_rejected_tokens_gpu")
     rejected_list = rejected[: len(req_ids)].tolist() if rejected is not None else [0] * len(req_ids)
     discard = runner.discard_request_mask.np[: len(req_ids)]
@@ -191,3 +198,9 @@ class DraftSkipWorkerExtension:
         """Draft passes this worker skipped and ran (``propose_draft_token_ids`` calls), requests it caught
         up and the missed tokens it fed the draft, since it started."""
         return dict(_counts)
+
+    def specserve_propose_times(self) -> list[tuple[int, int, float]]:
+        """The latest passes' (requests, catch-up tokens, propose seconds), oldest first; then forgets them."""
+        out = list(_propose_times)
+        _propose_times.clear()
+        return out

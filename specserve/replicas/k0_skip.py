@@ -13,6 +13,8 @@ Private vLLM interfaces read: ``VllmConfig.additional_config`` / ``speculative_c
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specserve.replicas.engine_args import ADDITIONAL_CONFIG_KEY, EngineControlConfig
@@ -35,6 +37,18 @@ def skipping_enabled(vllm_config: Any) -> bool:
     if getattr(vllm_config.scheduler_config, "async_scheduling", False):
         return False
     return EngineControlConfig.from_additional_config(data).skip_k0_draft_pass
+
+
+CATCH_UP_PROFILE = Path(__file__).with_name("catch_up_cpu.json")
+
+
+def resume_cost(vllm_config: Any) -> float | None:
+    """Seconds per catch-up token when k > 0 resumes (``EngineTraits.resume_s_per_token``): the CPU profile
+    ``bench/catch_up_cost.py`` measured, on a CPU engine; None elsewhere (not measured there: policies
+    fall back to their own model)."""
+    if getattr(vllm_config.device_config, "device_type", None) != "cpu" or not CATCH_UP_PROFILE.is_file():
+        return None
+    return float(json.loads(CATCH_UP_PROFILE.read_text())["fit"]["s_per_token"])
 
 
 def step_skips_draft_pass(enabled: bool, output: SchedulerOutput) -> bool:

@@ -33,7 +33,7 @@ from specserve.replicas.engine_args import (
     TELEMETRY_UTILITY,
     EngineControlConfig,
 )
-from specserve.replicas.k0_skip import skipping_enabled, step_skips_draft_pass
+from specserve.replicas.k0_skip import resume_cost, skipping_enabled, step_skips_draft_pass
 from specserve.replicas.telemetry import StepCounters
 from specserve.speculation import (
     Decision,
@@ -65,7 +65,11 @@ class AdaptiveKScheduler(Scheduler):
         # Read as the worker extension reads it, so both sides skip the same steps.
         self.skips_k0_draft_pass = skipping_enabled(self.vllm_config)
         self.draft_kv = DraftKVTracker()
-        self.traits = EngineTraits(max_k=self.num_spec_tokens, k0_runs_draft_pass=not self.skips_k0_draft_pass)
+        self.traits = EngineTraits(
+            max_k=self.num_spec_tokens,
+            k0_runs_draft_pass=not self.skips_k0_draft_pass,
+            resume_s_per_token=resume_cost(self.vllm_config) if self.skips_k0_draft_pass else None,
+        )
         self.policy: Policy = make_policy(control.policy, self.traits)
         self.counters = StepCounters(max_k=self.num_spec_tokens)
         # Telemetry's acceptance estimate is the same for every policy, so operators can compare them.

@@ -50,8 +50,9 @@ class RunningBatch:
         # KV blocks held; a block holds the target's and the draft's KV for block_size tokens.
         self.num_blocks = np.zeros(0, dtype=np.int64)
         self.alpha = np.zeros(0, dtype=np.float64)
-        # Tokens the draft has not seen yet because it skipped steps (k = 0 without a draft pass); its
-        # next pass must catch up on them (Nightjar's re-prefill switching cost, §5.2, Table 3).
+        # Tokens computed in steps that skipped the draft pass (k = 0 decode steps, as the engine skips
+        # them); the next pass catches up on all but the last (replica._catch_up), which is Nightjar's
+        # re-prefill switching cost (§5.2, Table 3).
         self.draft_lag = np.zeros(0, dtype=np.int64)
 
     def __len__(self) -> int:

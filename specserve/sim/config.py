@@ -24,7 +24,9 @@ class EngineConfig(_Closed):
     block_size: int = Field(16, gt=0, description="tokens per paged KV block")
     max_k: int = Field(8, ge=0, description="largest speculation length; sizes vLLM's buffers")
     k0_runs_draft_pass: bool = Field(
-        True, description="k=0 still runs one draft pass to keep the draft KV in sync (vLLM as shipped)"
+        True,
+        description="k=0 still runs one draft pass to keep the draft KV in sync (vLLM as shipped); false: k=0 "
+        "decode steps skip it and the next pass catches the draft's KV up (specserve's engine)",
     )
     enable_chunked_prefill: bool = Field(True, description="split long prompts across steps (vLLM V1 default)")
     scorer: Literal["single_pass", "batch_expansion"] = Field(

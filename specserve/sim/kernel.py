@@ -21,6 +21,7 @@ import numpy as np
 from specserve.sim.batch import RequestTable
 from specserve.sim.drafting import Drafter
 from specserve.sim.events import EventQueue, Phase
+from specserve.sim.latency import StepTimer
 from specserve.sim.replica import Replica
 from specserve.sim.scenario import ResolvedScenario, ScenarioError
 from specserve.sim.signals import SignalModel
@@ -94,6 +95,7 @@ class Simulator:
         traits = EngineTraits(
             max_k=engine.max_k,
             k0_runs_draft_pass=engine.k0_runs_draft_pass,
+            resume_s_per_token=None if engine.k0_runs_draft_pass else _draft_s_per_token(self.resolved.timer),
             asks_stop_drafting=signals is not None,
             batch_expansion=engine.scorer == "batch_expansion",
         )
@@ -173,3 +175,8 @@ class Simulator:
                 f"{longest - engine.max_k} "
                 f"tokens never fits engine.max_num_batched_tokens={engine.max_num_batched_tokens}"
             )
+
+
+def _draft_s_per_token(timer: StepTimer) -> float:
+    """The draft's marginal seconds per token in one forward: what a catch-up token costs the engine."""
+    return (timer.draft.forward_s(0.0, 1025.0) - timer.draft.forward_s(0.0, 1.0)) / 1024.0

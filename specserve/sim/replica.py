@@ -29,6 +29,7 @@ from specserve.sim.latency import StepTimer
 from specserve.sim.steps import StepListener, StepStats, further_pass_tokens, step_record
 from specserve.speculation import Decision, Policy, StepContext, StepRecord
 from specserve.speculation.context import build_step_context
+from specserve.speculation.draft_sync import catch_up_plan, skips_draft_pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,10 +258,15 @@ class Replica:
                 grant = self._verify_only_drafted(grant, rows, drafts.drafted)
         scheduled = grant.tokens > 0
         new_tokens = grant.tokens - grant.drafts
-        num_passes = int(drafts.drafted.max()) if drafts else int(k > 0 or self.cfg.k0_runs_draft_pass)
+        skipped = skips_draft_pass(
+            enabled=not self.cfg.k0_runs_draft_pass,
+            k=k,
+            num_new_requests=int((scheduled & (b.num_computed == 0)).sum()),
+            num_scheduled_tokens=grant.tokens[scheduled].tolist() if k == 0 else (),
+        )
+        num_passes = int(drafts.drafted.max()) if drafts else int(not skipped)
         if num_passes:
-            first_pass_tokens = int(new_tokens.sum() + b.draft_lag[scheduled].sum())
-            b.draft_lag[scheduled] = 0
+            first_pass_tokens = int(new_tokens.sum()) + self._catch_up(scheduled, int(grant.tokens.sum()))
             draft_pass_tokens = [first_pass_tokens, *further_pass_tokens(drafts, num_passes)]
         else:
             draft_pass_tokens = []
@@ -289,6 +295,21 @@ class Replica:
         self.series_k.append(k)
         self.series_running.append(record.num_running)
         return _Pending(grant, accepted, sampled, record, num_preempted)
+
+    def _catch_up(self, scheduled: np.ndarray, num_batched: int) -> int:
+        """Tokens the draft's first pass prepends for lagging requests (the engine's catch-up): a run of m
+        skipped steps leaves m - 1 positions unwritten, and the same plan as the engine's picks who fits."""
+        b = self.batch
+        holes = np.maximum(b.draft_lag - 1, 0) * scheduled
+        b.draft_lag[scheduled] = 0
+        if not holes.any():
+            return 0
+        rows = np.flatnonzero(holes)
+        plan = catch_up_plan({str(r): int(holes[r]) for r in rows}, self.cfg.max_num_batched_tokens - num_batched)
+        for r in rows:
+            if str(r) not in plan:  # no room this step: still lagging
+                b.draft_lag[r] = holes[r] + 1
+        return sum(plan.values())
 
     def _expanded_context(self, num_context: int, rows: np.ndarray, drafts: Drafts | None) -> int | None:
         """The context the target reads under vLLM V0's batch expansion, None under a single-pass scorer.

@@ -22,6 +22,10 @@ class EngineTraits:
     # vLLM's k=0 still runs one draft forward pass per step to keep the draft's KV cache in sync, so
     # "speculation off" is not free there. A policy's cost model must charge that pass.
     k0_runs_draft_pass: bool = True
+    # Where k = 0 skips the pass: seconds per token of the draft's catch-up when k > 0 resumes (a run of m
+    # skipped steps leaves m - 1 tokens per request to catch up). Measured per engine (the CPU profile in
+    # replicas/, the draft's forward cost in the simulator); None: not known, policies fall back to their own.
+    resume_s_per_token: float | None = None
     # The draft loop asks the step's ``Decision.draft_stop`` after every pass, with the pass's draft confidence
     # (the simulator with draft signals on). The vLLM engine cannot stop its draft loop early yet.
     asks_stop_drafting: bool = False

@@ -184,6 +184,17 @@ def test_lag_grows_only_while_the_draft_is_skipped() -> None:
     assert policy.switch_cost_s(context(32)) == 0.0
 
 
+def test_an_engine_that_measured_its_catch_up_is_priced_by_it_not_table_3() -> None:
+    traits = EngineTraits(max_k=4, k0_runs_draft_pass=False, resume_s_per_token=2e-5)
+    policy = make_policy("bandit", traits)
+    for _ in range(192):
+        policy.observe(record(0, 0.01))
+    # The engine catches up all but the one token its last pass wrote ahead, for every request.
+    assert policy.switch_cost_s(context(32)) == pytest.approx(2e-5 * 191 * 32)
+    policy.observe(record(2, 0.01))
+    assert policy.switch_cost_s(context(32)) == 0.0
+
+
 def test_offloaded_draft_must_rebuild_the_whole_context() -> None:
     policy = make_policy("bandit", EngineTraits(max_k=4))
     assert policy.choose(context(64, draft_resident=False)).k == 0

@@ -10,7 +10,8 @@ the authors' released planner. Each step with B running requests:
        k = argmin_k  lbar[b, k] + 1[k_prev = 0 and k > 0] * C_sw(L_eff, B) / k,
 
    lbar being the running mean latency per token of arm k in context b, and C_sw the cost of the draft
-   re-prefilling the L_eff tokens it skipped while speculation was off (``parts.switching``, Table 3).
+   re-prefilling the L_eff tokens it skipped while speculation was off (``parts.switching``, Table 3; on
+   an engine that measured its own catch-up, ``EngineTraits.resume_s_per_token`` x (L_eff - 1) x B).
 3. Every round of the bin plays the locked k (bin-level locking bounds the switches, Nightjar §5.3).
 
 Choices where the paper is open, each documented at its use: the bucket (log2 by default, the
@@ -172,7 +173,12 @@ class BanditPolicy(Policy):
         lag = float(self._lag_tokens)
         if self._draft_offloaded and ctx.num_running > 0:
             lag = max(lag, ctx.num_context_tokens / ctx.num_running)
-        return self.params.switch_cost_scale * self.switch_costs.cost_s(lag, ctx.num_running)
+        resume = self.traits.resume_s_per_token
+        if resume is None:
+            return self.params.switch_cost_scale * self.switch_costs.cost_s(lag, ctx.num_running)
+        # The engine's own measured catch-up: every request catches up its lag less the one token the last
+        # pass wrote ahead (draft_sync), in one forward.
+        return self.params.switch_cost_scale * resume * max(lag - 1.0, 0.0) * ctx.num_running
 
     def observe(self, record: StepRecord) -> None:
         self._track_lag(record)

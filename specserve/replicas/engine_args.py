@@ -26,8 +26,8 @@ class EngineControlConfig:
 
     # Initial policy spec, e.g. "adaptive" or "fixed:k=3".
     policy: str
-    # Skip the draft's forward pass on k = 0 decode steps (specserve.speculation.draft_sync); requests
-    # whose draft KV then has a hole draft nothing until they finish. False: vLLM's own behaviour.
+    # Skip the draft's forward pass on k = 0 decode steps (specserve.speculation.draft_sync); the next pass
+    # catches up the requests whose draft KV then has a hole. False: vLLM's own behaviour.
     skip_k0_draft_pass: bool = True
 
     def to_additional_config(self) -> dict[str, Any]:

@@ -40,6 +40,8 @@ def llm_config(resolved: ResolvedServe) -> Any:
             max_num_seqs=config.max_num_seqs,
             tensor_parallel_size=config.tp,
             enforce_eager=not resolved.on_gpu,
+            skip_k0_draft_pass=config.skip_k0_draft_pass,
+            policy_modules=config.policy_modules,
         )
     )
     kwargs.pop("model")  # Ray Serve LLM takes the model from model_loading_config

@@ -6,11 +6,12 @@ command line override the file. Unknown keys are errors that name the key.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from specserve.speculation import EngineTraits, make_policy
 
@@ -26,6 +27,16 @@ class ServeConfig(BaseModel):
     )
     model_id: str = Field("specserve-tiny", description="Name clients use in the OpenAI `model` field.")
     policy: str = Field("adaptive", description="Speculation policy, NAME[:key=value,...], e.g. `fixed:k=3`.")
+    policy_modules: tuple[str, ...] = Field(
+        (),
+        description="Python modules imported before the policy is built, in every engine too: each may "
+        "register its own policies with `specserve.speculation.register`.",
+    )
+    skip_k0_draft_pass: bool = Field(
+        True,
+        description="Skip the draft's forward pass on k = 0 decode steps and catch its KV up when k > 0 "
+        "resumes; false: vLLM's own behaviour (the draft runs every step).",
+    )
     k_max: int = Field(4, ge=1, le=16, description="Largest speculation length k; sizes vLLM's buffers.")
     replicas: int = Field(1, ge=1, description="Ray Serve replicas, each one engine of `tp` devices.")
     tp: int = Field(1, ge=1, description="Tensor-parallel size of each engine.")
@@ -46,11 +57,18 @@ class ServeConfig(BaseModel):
     )
     engine_start_timeout_s: float = Field(600.0, gt=0, description="How long `serve` waits for the endpoint to answer.")
 
-    @field_validator("policy")
-    @classmethod
-    def _policy_parses(cls, value: str) -> str:
-        make_policy(value, EngineTraits(max_k=16))  # ValueError names the bad name/key/value
-        return value
+    @model_validator(mode="after")
+    def _policy_parses(self) -> ServeConfig:
+        for module in self.policy_modules:
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise ValueError(f"policy_modules: cannot import {module!r}: {exc}") from None
+        try:
+            make_policy(self.policy, EngineTraits(max_k=16))
+        except ValueError as exc:  # names the bad name/key/value
+            raise ValueError(f"policy: {exc}") from None
+        return self
 
     @model_validator(mode="after")
     def _pair_complete(self) -> ServeConfig:

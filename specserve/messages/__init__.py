@@ -72,8 +72,8 @@ class EngineTelemetry:
     # Prefill tokens the step contexts announced to the policy, summed over steps: checks that the policy
     # sees the load the scheduler really runs (an offline batch at max_num_seqs announces none).
     num_prefill_tokens_announced: int
-    # Steps whose policy asked for per-request caps, which vLLM 0.32's batch-wide k cannot apply yet.
-    num_steps_caps_ignored: int
+    # Draft lists the policy's per-request caps cut shorter than the step's k before verification.
+    num_drafts_capped: int
     # k = 0 decode steps that ran without the draft's forward pass (0 where the engine does not skip it).
     num_steps_draft_skipped: int = 0
     # Draft lists cut to nothing before verification because the request's draft KV has a hole left by

@@ -29,9 +29,15 @@ class EngineControlConfig:
     # Skip the draft's forward pass on k = 0 decode steps (specserve.speculation.draft_sync); the next pass
     # catches up the requests whose draft KV then has a hole. False: vLLM's own behaviour.
     skip_k0_draft_pass: bool = True
+    # Modules the scheduler imports before building the policy: where user policies register themselves.
+    policy_modules: tuple[str, ...] = ()
 
     def to_additional_config(self) -> dict[str, Any]:
-        return {"policy": self.policy, "skip_k0_draft_pass": self.skip_k0_draft_pass}
+        return {
+            "policy": self.policy,
+            "skip_k0_draft_pass": self.skip_k0_draft_pass,
+            "policy_modules": list(self.policy_modules),
+        }
 
     @classmethod
     def from_additional_config(cls, data: dict[str, Any] | None) -> EngineControlConfig:
@@ -40,7 +46,11 @@ class EngineControlConfig:
                 f"additional_config[{ADDITIONAL_CONFIG_KEY!r}] is missing: build engine arguments with "
                 "specserve.replicas.engine_args.speculative_engine_kwargs"
             )
-        return cls(policy=str(data["policy"]), skip_k0_draft_pass=bool(data.get("skip_k0_draft_pass", True)))
+        return cls(
+            policy=str(data["policy"]),
+            skip_k0_draft_pass=bool(data.get("skip_k0_draft_pass", True)),
+            policy_modules=tuple(data.get("policy_modules", ())),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +70,8 @@ class EngineSpec:
     seed: int = 0
     # See EngineControlConfig.skip_k0_draft_pass.
     skip_k0_draft_pass: bool = True
+    # See EngineControlConfig.policy_modules.
+    policy_modules: tuple[str, ...] = ()
     extra: tuple[tuple[str, Any], ...] = ()
 
 
@@ -80,7 +92,9 @@ def speculative_engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
         scheduler_cls=SCHEDULER_CLS,
         worker_extension_cls=WORKER_EXTENSION_CLS,
         additional_config={
-            ADDITIONAL_CONFIG_KEY: EngineControlConfig(spec.policy, spec.skip_k0_draft_pass).to_additional_config()
+            ADDITIONAL_CONFIG_KEY: EngineControlConfig(
+                spec.policy, spec.skip_k0_draft_pass, spec.policy_modules
+            ).to_additional_config()
         },
         speculative_config={
             "method": "draft_model",

@@ -17,6 +17,7 @@ the drafts of requests whose draft KV has a hole (the lag rule; see ``speculatio
 
 from __future__ import annotations
 
+import importlib
 import time
 from typing import Any
 
@@ -65,6 +66,8 @@ class AdaptiveKScheduler(Scheduler):
         # Read as the worker extension reads it, so both sides skip the same steps.
         self.skips_k0_draft_pass = skipping_enabled(self.vllm_config)
         self.draft_kv = DraftKVTracker()
+        for module in control.policy_modules:
+            importlib.import_module(module)  # registers the user's policies in this process
         self.traits = EngineTraits(
             max_k=self.num_spec_tokens,
             k0_runs_draft_pass=not self.skips_k0_draft_pass,
@@ -93,7 +96,7 @@ class AdaptiveKScheduler(Scheduler):
         decision = self.policy.choose(ctx)
         self.counters.policy_s += time.perf_counter() - started
         k = self._batch_k(decision)
-        self._truncate_drafts(k)
+        self._truncate_drafts(k, dict(decision.max_k_per_request))
         output = super().schedule(*args, **kwargs)
         if output.num_scheduled_tokens:
             output.num_spec_tokens_to_schedule = k
@@ -149,25 +152,21 @@ class AdaptiveKScheduler(Scheduler):
         )
 
     def _batch_k(self, decision: Decision) -> int:
-        """The decision's k within the engine's buffers. vLLM 0.32 schedules one k for the whole batch, so
-        per-request caps (kld, slo) are not applied here yet: counted in telemetry and logged once, never
-        dropped silently."""
-        if decision.max_k_per_request:
-            self.counters.num_steps_caps_ignored += 1
-            if self.counters.num_steps_caps_ignored == 1:
-                logger.warning(
-                    "specserve: policy %s asks for per-request caps; this engine applies only the batch-wide k",
-                    self.policy.spec,
-                )
+        """The decision's k within the engine's buffers (vLLM drafts the same k for every request)."""
         return max(0, min(decision.k, self.num_spec_tokens))
 
-    def _truncate_drafts(self, k: int) -> None:
+    def _truncate_drafts(self, k: int, caps: dict[str, int]) -> None:
         # Drafts proposed last step were sized by last step's k; verifying only k of them makes a
-        # lower k take effect this step rather than the next (fast back-off when load spikes).
+        # lower k take effect this step rather than the next (fast back-off when load spikes). A
+        # per-request cap (AdaSpec's trimming, kld's per-sequence lengths) cuts that request's drafts the
+        # same way: verifying a prefix of the drafts is lossless.
         lag_rule = self.skips_k0_draft_pass
         for request in self.running:
-            if len(request.spec_token_ids) > k:
-                request.spec_token_ids = request.spec_token_ids[:k]
+            limit = min(k, caps.get(request.request_id, k))
+            if len(request.spec_token_ids) > limit:
+                if limit < k:
+                    self.counters.num_drafts_capped += 1
+                request.spec_token_ids = request.spec_token_ids[:limit]
             if not lag_rule or not request.spec_token_ids:
                 continue
             # The lag rule: drafts made on a draft KV cache with a hole would be verified at a lower
@@ -260,7 +259,7 @@ class AdaptiveKScheduler(Scheduler):
             step_durations_s=c.durations_since(since_step),
             policy_info=self.policy.describe(),
             num_prefill_tokens_announced=c.num_prefill_tokens_announced,
-            num_steps_caps_ignored=c.num_steps_caps_ignored,
+            num_drafts_capped=c.num_drafts_capped,
             num_steps_draft_skipped=c.num_steps_draft_skipped,
             num_drafts_cut_for_lag=c.num_drafts_cut_for_lag,
             num_requests_caught_up=c.num_requests_caught_up,

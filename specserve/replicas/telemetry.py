@@ -38,8 +38,8 @@ class StepCounters:
     num_accepted_per_pos: list[int] = field(default_factory=list)
     # Sum over steps of the prefill tokens the step's context announced to the policy.
     num_prefill_tokens_announced: int = 0
-    # Steps whose decision carried per-request caps that the engine did not apply.
-    num_steps_caps_ignored: int = 0
+    # Draft lists cut shorter than the step's k by the policy's per-request caps.
+    num_drafts_capped: int = 0
     # k = 0 decode steps whose draft forward pass the worker skipped (``k0_skip``).
     num_steps_draft_skipped: int = 0
     # Draft lists cut to nothing because the request's draft KV has a hole (the lag rule).

@@ -76,7 +76,12 @@ class Engine:
 
 @contextmanager
 def running_engine(
-    pair, policy: str, max_k: int = 4, max_num_seqs: int = 8, skip_k0_draft_pass: bool = True
+    pair,
+    policy: str,
+    max_k: int = 4,
+    max_num_seqs: int = 8,
+    skip_k0_draft_pass: bool = True,
+    policy_modules: tuple[str, ...] = (),
 ) -> Iterator[Engine]:
     kwargs = speculative_engine_kwargs(
         EngineSpec(
@@ -86,6 +91,7 @@ def running_engine(
             max_k=max_k,
             max_num_seqs=max_num_seqs,
             skip_k0_draft_pass=skip_k0_draft_pass,
+            policy_modules=policy_modules,
         )
     )
     with offline.offline_llm(**kwargs) as llm:

@@ -27,7 +27,7 @@ SAMPLE = EngineTelemetry(
     step_durations_s=(0.01,),
     policy_info={},
     num_prefill_tokens_announced=0,
-    num_steps_caps_ignored=0,
+    num_drafts_capped=0,
 )
 
 

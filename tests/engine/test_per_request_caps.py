@@ -1,0 +1,39 @@
+"""Engine tier: a policy's per-request caps cut each request's drafts before verification, losslessly,
+and a user policy module registers itself in the engine process."""
+
+from __future__ import annotations
+
+import pytest
+from engine_helpers import running_engine
+
+
+@pytest.fixture(scope="module")
+def engine(trained_pair):
+    with running_engine(trained_pair, policy="fixed:k=0", policy_modules=("capped_policy",)) as engine:
+        yield engine
+
+
+def test_capped_requests_verify_only_their_prefix_and_the_output_is_unchanged(engine):
+    engine.set_policy("fixed:k=0")
+    reference = engine.generate(max_tokens=40)
+    engine.set_policy("fixed:k=4")
+    uncapped_before = engine.telemetry()
+    assert engine.generate(max_tokens=40) == reference
+    uncapped = engine.telemetry()
+    engine.set_policy("test-alternate-cap:k=4,cap=1")
+    assert engine.generate(max_tokens=40) == reference
+    capped = engine.telemetry()
+    assert uncapped.num_drafts_capped == uncapped_before.num_drafts_capped
+    assert capped.num_drafts_capped > uncapped.num_drafts_capped
+    # Half the requests stop at one draft, so deep positions are drafted far less often than position 0.
+    drafted = [a - b for a, b in zip(capped.num_drafted_per_pos, uncapped.num_drafted_per_pos, strict=True)]
+    base = [a - b for a, b in zip(uncapped.num_drafted_per_pos, uncapped_before.num_drafted_per_pos, strict=True)]
+    assert base[0] > 0 and base[3] >= 0.9 * base[0]
+    assert drafted[0] > 0 and drafted[3] <= 0.6 * drafted[0]
+
+
+def test_an_unknown_policy_module_fails_the_config_with_its_name():
+    from specserve.cluster.config import ServeConfig
+
+    with pytest.raises(ValueError, match="no_such_policy_module"):
+        ServeConfig(policy_modules=("no_such_policy_module",))

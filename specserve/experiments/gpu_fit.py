@@ -84,20 +84,24 @@ def load(paths: Iterable[Path]) -> tuple[dict[str, list[Point]], dict[str, list[
     return dict(forwards), dict(k0)
 
 
-def fit_linear(points: Sequence[Point]) -> LinearFit:
-    """Relative-error least squares for Eq. 3 with every coefficient >= 0 (a tiny active-set loop)."""
-    x = np.array([[p.num_context_tokens, p.num_batched_tokens, 1.0] for p in points], dtype=float)
-    y = np.array([p.seconds for p in points], dtype=float)
-    w = 1.0 / y
-    active = [0, 1, 2]
-    coef = np.zeros(3)
+def nonneg_lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted least squares with every coefficient >= 0: drop the most negative column and refit."""
+    active = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
     while active:
         sol, *_ = np.linalg.lstsq(x[:, active] * w[:, None], y * w, rcond=None)
         if (sol >= 0).all():
-            coef[:] = 0.0
             coef[active] = sol
             break
         active.pop(int(np.argmin(sol)))
+    return coef
+
+
+def fit_linear(points: Sequence[Point]) -> LinearFit:
+    """Relative-error least squares for Eq. 3 with every coefficient >= 0."""
+    x = np.array([[p.num_context_tokens, p.num_batched_tokens, 1.0] for p in points], dtype=float)
+    y = np.array([p.seconds for p in points], dtype=float)
+    coef = nonneg_lstsq(x, y, 1.0 / y)
     return LinearFit(s_per_context_token=coef[0], s_per_batched_token=coef[1], intercept_s=coef[2])
 
 

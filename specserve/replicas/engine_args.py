@@ -18,6 +18,18 @@ WORKER_EXTENSION_CLS = "specserve.replicas.draft_skip.DraftSkipWorkerExtension"
 # ``await engine_core.call_utility_async(NAME, *args)``.
 SET_POLICY_UTILITY = "specserve_set_policy"
 TELEMETRY_UTILITY = "specserve_telemetry"
+STEP_LOG_UTILITY = "specserve_step_log"
+# What one entry of the step log holds (``StepRecord`` fields).
+STEP_LOG_FIELDS = (
+    "now_s",
+    "k",
+    "duration_s",
+    "num_running",
+    "num_context_tokens",
+    "num_batched_tokens",
+    "num_draft_passes",
+    "num_emitted_tokens",
+)
 
 
 @dataclass(frozen=True, slots=True)

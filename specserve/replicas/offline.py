@@ -20,7 +20,7 @@ from typing import Any
 
 from specserve.messages import EngineTelemetry
 from specserve.replicas import engine_env
-from specserve.replicas.engine_args import SET_POLICY_UTILITY, TELEMETRY_UTILITY
+from specserve.replicas.engine_args import SET_POLICY_UTILITY, STEP_LOG_UTILITY, TELEMETRY_UTILITY
 
 # Plain vLLM draft-model speculation at the sizes `specserve serve` uses by default (EngineSpec):
 # bf16, eager (torch.compile would add about 35 s to each start on CPU), 512-token context,
@@ -52,6 +52,11 @@ def set_policy(llm: Any, spec: str) -> str:
 def read_telemetry(llm: Any, since_step: int = 0) -> EngineTelemetry:
     """One pure read of an engine built with specserve's scheduler (durations after ``since_step``)."""
     return EngineTelemetry.from_dict(llm.llm_engine.engine_core.call_utility(TELEMETRY_UTILITY, since_step))
+
+
+def read_step_log(llm: Any, since_step: int = 0) -> list[dict[str, Any]]:
+    """The engine's records of the steps after ``since_step`` (as far as its ring buffer reaches)."""
+    return llm.llm_engine.engine_core.call_utility(STEP_LOG_UTILITY, since_step)
 
 
 def measure_speculation(target: str, draft: str, prompts: list[str], *, k: int, max_tokens: int) -> dict[str, Any]:

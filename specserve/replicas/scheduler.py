@@ -31,6 +31,8 @@ from specserve.messages import EngineTelemetry
 from specserve.replicas.engine_args import (
     ADDITIONAL_CONFIG_KEY,
     SET_POLICY_UTILITY,
+    STEP_LOG_FIELDS,
+    STEP_LOG_UTILITY,
     TELEMETRY_UTILITY,
     EngineControlConfig,
 )
@@ -287,5 +289,14 @@ def _telemetry(self: EngineCore, since_step: int = 0) -> dict[str, Any]:
     return _scheduler(self).telemetry(since_step).to_dict()
 
 
+def _step_log(self: EngineCore, since_step: int = 0) -> list[dict[str, Any]]:
+    """The steps after ``since_step`` as far as the ring buffer reaches: what each ran and how long it took."""
+    return [
+        {name: getattr(r, name) for name in STEP_LOG_FIELDS}
+        for r in _scheduler(self).counters.records_since(since_step)
+    ]
+
+
 setattr(EngineCore, SET_POLICY_UTILITY, _set_policy)
 setattr(EngineCore, TELEMETRY_UTILITY, _telemetry)
+setattr(EngineCore, STEP_LOG_UTILITY, _step_log)

@@ -49,8 +49,9 @@ class StepCounters:
     num_catch_up_tokens: int = 0
     # Seconds spent inside the policy's choose and observe, summed over steps: the controller's own cost.
     policy_s: float = 0.0
-    # Durations of the latest steps, the last being step ``num_steps``.
-    recent_durations_s: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_RECENT_DURATIONS))
+    # The latest steps' records, the last being step ``num_steps``: durations for the metrics, and the
+    # step log a CPU latency profile is fitted from (experiments/engine_profile.py).
+    recent_steps: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=MAX_RECENT_DURATIONS))
 
     def __post_init__(self) -> None:
         self.num_steps_by_k = [0] * (self.max_k + 1)
@@ -67,11 +68,14 @@ class StepCounters:
             self.num_drafted_per_pos[pos] += drafted[pos]
             self.num_reached_per_pos[pos] += reached[pos]
             self.num_accepted_per_pos[pos] += accepted[pos]
-        self.recent_durations_s.append(record.duration_s)
+        self.recent_steps.append(record)
+
+    def records_since(self, step: int) -> tuple[StepRecord, ...]:
+        """Records of the steps after ``step`` (a step count the reader has seen), oldest first, as far
+        as the buffer reaches back. Reads only."""
+        kept = len(self.recent_steps)
+        wanted = min(max(0, self.num_steps - step), kept)
+        return tuple(islice(self.recent_steps, kept - wanted, None))
 
     def durations_since(self, step: int) -> tuple[float, ...]:
-        """Durations of the steps after ``step`` (a step count the reader has seen), oldest first,
-        as far as the buffer reaches back. Reads only."""
-        kept = len(self.recent_durations_s)
-        wanted = min(max(0, self.num_steps - step), kept)
-        return tuple(islice(self.recent_durations_s, kept - wanted, None))
+        return tuple(r.duration_s for r in self.records_since(step))

@@ -1,0 +1,264 @@
+"""``specserve sim engine-check``: the simulator against the real engine on one replayed trace.
+
+1. A trace (the simulator's CSV format) is replayed into a real vLLM engine (the tiny trained pair, CPU,
+   in this process): each request is added when its arrival time has passed, greedy, ``ignore_eos``, and
+   the engine runs the policy under test. The engine's own step log (``replicas.offline.read_step_log``)
+   records every step: k, batch, context, batched tokens, draft passes, duration.
+2. A CPU step-time model is fitted to that log (``fit_cpu_timer``): TurboSpec Eq. 3 for the target and for
+   one draft pass plus a fixed per-step cost, by non-negative least squares on relative error.
+3. The simulator replays the same trace with that timer, the engine's measured acceptance (the mean of the
+   per-position rates, with their decay) and the same policy.
+4. Both runs are compared on output throughput over the trace and on mean k per time window.
+
+What is fitted and what is compared are not the same numbers: the fit sees step times, the comparison is of
+throughput and of the k the policy chose, which the simulator derives from its own queueing, batching and
+acceptance draws. Agreement within 10 % is the bar.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specserve.experiments.gpu_fit import nonneg_lstsq
+from specserve.sim.config import (
+    AcceptanceConfig,
+    EngineConfig,
+    LatencyConfig,
+    Scenario,
+    TraceArrivals,
+    WorkloadConfig,
+)
+from specserve.sim.latency import LinearForward, StepTimer
+
+# Low -> high -> low: seconds at each rate (QPS). On the tiny pair one engine serves about 8 requests of 64
+# tokens at a time; the middle segment queues.
+SEGMENTS = ((20.0, 0.5), (20.0, 6.0), (20.0, 0.5))
+PROMPT_TOKENS, OUTPUT_TOKENS = 32, 64
+WINDOW_S = 5.0
+MAX_NUM_SEQS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRow:
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    throughput_tok_s: float
+    makespan_s: float
+    # Mean k of the steps that started in each WINDOW_S window (nan where none ran).
+    k_by_window: tuple[float, ...]
+
+
+def make_trace(seed: int) -> list[TraceRow]:
+    """Poisson arrivals over SEGMENTS, fixed lengths (the comparison is of scheduling, not of length draws)."""
+    rng = np.random.default_rng(seed)
+    rows, start = [], 0.0
+    for duration_s, rate in SEGMENTS:
+        t = start + rng.exponential(1.0 / rate)
+        while t < start + duration_s:
+            rows.append(TraceRow(round(t, 4), PROMPT_TOKENS, OUTPUT_TOKENS))
+            t += rng.exponential(1.0 / rate)
+        start += duration_s
+    return rows
+
+
+def write_trace(rows: Sequence[TraceRow], path: Path) -> Path:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["arrival_s", "prompt_tokens", "output_tokens"])
+        for r in rows:
+            writer.writerow([r.arrival_s, r.prompt_tokens, r.output_tokens])
+    return path
+
+
+def replay_engine(llm: Any, rows: Sequence[TraceRow], policy: str, vocab: int) -> tuple[list[dict], float]:
+    """Replay ``rows`` into the engine in real time; returns its step log for the run and the makespan."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from specserve.replicas import offline
+
+    offline.set_policy(llm, policy)
+    first_step = offline.read_telemetry(llm).num_steps
+    engine = llm.llm_engine
+    rng = np.random.default_rng(0)
+    pending = list(enumerate(rows))
+    started = time.monotonic()
+    while pending or engine.has_unfinished_requests():
+        now = time.monotonic() - started
+        while pending and pending[0][1].arrival_s <= now:
+            i, row = pending.pop(0)
+            ids = rng.integers(3, vocab, size=row.prompt_tokens).tolist()
+            params = SamplingParams(temperature=0.0, max_tokens=row.output_tokens, ignore_eos=True)
+            engine.add_request(f"replay-{i}", TokensPrompt(prompt_token_ids=ids), params)
+        if engine.has_unfinished_requests():
+            engine.step()
+        elif pending:
+            time.sleep(min(0.05, max(0.0, pending[0][1].arrival_s - now)))
+    makespan = time.monotonic() - started
+    log = offline.read_step_log(llm, first_step)
+    for entry in log:
+        entry["t_s"] = entry["now_s"] - (log[0]["now_s"] if log else 0.0)
+    return log, makespan
+
+
+def fit_cpu_timer(log: Sequence[dict]) -> tuple[StepTimer, float]:
+    """Step time = overhead + target(context, batched) + per draft pass (fixed + context) + draft tokens.
+
+    The draft's first pass reads the step's batched tokens, each further pass one token per request.
+    Returns the timer and the fit's median relative error over the log."""
+    rows, y = [], []
+    for e in log:
+        passes = e["num_draft_passes"]
+        draft_tokens = (e["num_batched_tokens"] if passes else 0) + max(passes - 1, 0) * e["num_running"]
+        rows.append(
+            [
+                1.0,
+                e["num_context_tokens"],
+                e["num_batched_tokens"],
+                passes,
+                passes * e["num_context_tokens"],
+                draft_tokens,
+            ]
+        )
+        y.append(e["duration_s"])
+    x, target = np.array(rows, dtype=float), np.array(y, dtype=float)
+    c = nonneg_lstsq(x, target, 1.0 / target)
+    timer = StepTimer(
+        target=LinearForward(float(c[1]), float(c[2]), 0.0),
+        draft=LinearForward(float(c[4]), float(c[5]), float(c[3])),
+        step_overhead_s=float(c[0]),
+    )
+    error = float(np.median(np.abs(x @ c / target - 1.0)))
+    return timer, error
+
+
+def acceptance_from(per_pos_reached: Sequence[int], per_pos_accepted: Sequence[int]) -> AcceptanceConfig:
+    """The simulator's per-request acceptance (alpha at position 0, geometric decay) from the engine's
+    conditional rates per position (accepted / reached)."""
+    rates = [a / d for a, d in zip(per_pos_accepted, per_pos_reached, strict=True) if d > 0]
+    if not rates:
+        return AcceptanceConfig(mean=0.5, concentration=None)
+    decay = (rates[-1] / rates[0]) ** (1.0 / (len(rates) - 1)) if len(rates) > 1 and rates[0] > 0 else 1.0
+    return AcceptanceConfig(mean=min(rates[0], 1.0), concentration=None, decay=min(max(decay, 1e-3), 1.0))
+
+
+def simulate_trace(trace: Path, timer: StepTimer, acceptance: AcceptanceConfig, policy: str, max_k: int) -> tuple:
+    """The simulator's run of the trace with the fitted timer; returns (step log rows, makespan)."""
+    from specserve.sim.kernel import Simulator
+    from specserve.sim.scenario import resolve
+
+    scenario = Scenario(
+        name="engine-check",
+        hardware="cpu-2core",
+        pair="tiny-trained",
+        engine=EngineConfig(
+            max_num_seqs=MAX_NUM_SEQS,
+            max_k=max_k,
+            k0_runs_draft_pass=False,
+            num_kv_blocks=4096,
+            max_model_len=512,
+        ),
+        latency=LatencyConfig(),
+        workload=WorkloadConfig(arrivals=TraceArrivals(kind="trace", path=str(trace.resolve()))),
+        acceptance=acceptance,
+    )
+    steps: list[dict] = []
+
+    def on_step(record: Any, _stats: Any) -> None:
+        steps.append({"now_s": record.now_s, "k": record.k, "num_emitted_tokens": record.num_emitted_tokens})
+
+    resolved = dataclasses.replace(resolve(scenario), timer=timer)
+    result = Simulator(resolved, policy, 0, on_step).run()
+    for entry in steps:
+        entry["t_s"] = entry["now_s"] - (steps[0]["now_s"] if steps else 0.0)
+    return steps, float(result.table.finish_s.max() - result.table.arrival_s.min()), result
+
+
+def summarize_run(steps: Sequence[dict], makespan_s: float, horizon_s: float) -> RunSummary:
+    tokens = sum(e["num_emitted_tokens"] for e in steps)
+    windows = []
+    for w in range(math.ceil(horizon_s / WINDOW_S)):
+        ks = [e["k"] for e in steps if w * WINDOW_S <= e["t_s"] < (w + 1) * WINDOW_S]
+        windows.append(statistics.mean(ks) if ks else float("nan"))
+    return RunSummary(tokens / makespan_s, makespan_s, tuple(windows))
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyCheck:
+    policy: str
+    engine: RunSummary
+    sim: RunSummary
+    acceptance: AcceptanceConfig
+
+    @property
+    def throughput_ratio(self) -> float:
+        return self.sim.throughput_tok_s / self.engine.throughput_tok_s
+
+    def k_errors(self) -> list[float]:
+        """Per window where both ran steps: |sim k - engine k| / max(engine k, 1)."""
+        return [
+            abs(s - e) / max(e, 1.0)
+            for e, s in zip(self.engine.k_by_window, self.sim.k_by_window, strict=False)
+            if not (math.isnan(e) or math.isnan(s))
+        ]
+
+
+def run_check(policies: Sequence[str], out: Path, seed: int = 0, max_k: int = 4) -> tuple[list[PolicyCheck], float]:
+    """Engine runs of every policy on one engine, one timer fitted to all their steps, then the simulator's runs."""
+    import tempfile
+
+    from specserve.models import cached_pair
+    from specserve.replicas import engine_env, offline
+    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows = make_trace(seed)
+    trace = write_trace(rows, out / "engine-check-trace.csv")
+    horizon = sum(d for d, _ in SEGMENTS)
+    pair = cached_pair("trained")
+    kwargs = speculative_engine_kwargs(
+        EngineSpec(str(pair.target), str(pair.draft), policy=policies[0], max_k=max_k, max_num_seqs=MAX_NUM_SEQS)
+    )
+    engine_runs = []
+    scratch = tempfile.mkdtemp(prefix="specserve-engine-check-")
+    with engine_env.applied(engine_env.engine_env(scratch)), offline.offline_llm(**kwargs) as llm:
+        vocab = len(llm.get_tokenizer())
+        for policy in policies:
+            before = offline.read_telemetry(llm)
+            log, makespan = replay_engine(llm, rows, policy, vocab)
+            after = offline.read_telemetry(llm)
+            # Conditional rates (accepted / reached), the simulator's alpha_j.
+            drafted = [a - b for a, b in zip(after.num_reached_per_pos, before.num_reached_per_pos, strict=True)]
+            accepted = [a - b for a, b in zip(after.num_accepted_per_pos, before.num_accepted_per_pos, strict=True)]
+            engine_runs.append((policy, log, makespan - rows[0].arrival_s, drafted, accepted))
+    timer, fit_error = fit_cpu_timer([e for _, log, _, _, _ in engine_runs for e in log])
+    pooled_drafted = [sum(col) for col in zip(*(r[3] for r in engine_runs), strict=True)]
+    pooled_accepted = [sum(col) for col in zip(*(r[4] for r in engine_runs), strict=True)]
+    acceptance = acceptance_from(pooled_drafted, pooled_accepted)
+    checks = []
+    for policy, log, makespan, _, _ in engine_runs:
+        sim_steps, sim_makespan, _ = simulate_trace(trace, timer, acceptance, policy, max_k)
+        checks.append(
+            PolicyCheck(
+                policy,
+                summarize_run(log, makespan, horizon),
+                summarize_run(sim_steps, sim_makespan, horizon),
+                acceptance,
+            )
+        )
+    return checks, fit_error

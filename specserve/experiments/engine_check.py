@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import math
 import statistics
 import time
@@ -35,14 +36,15 @@ from specserve.sim.config import (
     EngineConfig,
     LatencyConfig,
     Scenario,
+    SignalsConfig,
     TraceArrivals,
     WorkloadConfig,
 )
 from specserve.sim.latency import LinearForward, StepTimer
 
-# Low -> high -> low: seconds at each rate (QPS). On the tiny pair one engine serves about 8 requests of 64
-# tokens at a time; the middle segment queues.
-SEGMENTS = ((20.0, 0.5), (20.0, 6.0), (20.0, 0.5))
+# Low -> high -> low: seconds at each rate (QPS). The tiny pair serves a request alone in about a tenth of a
+# second; the middle segment offers more than 8 seats serve, so the batch fills and a queue builds.
+SEGMENTS = ((15.0, 1.0), (15.0, 40.0), (15.0, 1.0))
 PROMPT_TOKENS, OUTPUT_TOKENS = 32, 64
 WINDOW_S = 5.0
 MAX_NUM_SEQS = 8
@@ -61,6 +63,8 @@ class RunSummary:
     makespan_s: float
     # Mean k of the steps that started in each WINDOW_S window (nan where none ran).
     k_by_window: tuple[float, ...]
+    # Mean arrival-to-last-token seconds: what the throughput of an arrival-bound trace cannot show.
+    mean_e2e_s: float = float("nan")
 
 
 def make_trace(seed: int) -> list[TraceRow]:
@@ -85,18 +89,22 @@ def write_trace(rows: Sequence[TraceRow], path: Path) -> Path:
     return path
 
 
-def replay_engine(llm: Any, rows: Sequence[TraceRow], policy: str, vocab: int) -> tuple[list[dict], float]:
-    """Replay ``rows`` into the engine in real time; returns its step log for the run and the makespan."""
+def replay_engine(llm: Any, rows: Sequence[TraceRow], policy: str, vocab: int) -> tuple[list[dict], float, list[float]]:
+    """Replay ``rows`` into the engine in real time; returns its step log for the run, the makespan and each
+    request's end-to-end seconds (from its trace arrival)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from specserve.replicas import offline
 
     offline.set_policy(llm, policy)
-    first_step = offline.read_telemetry(llm).num_steps
+    cursor = offline.read_telemetry(llm).num_steps
     engine = llm.llm_engine
     rng = np.random.default_rng(0)
     pending = list(enumerate(rows))
+    log: list[dict] = []
+    e2e: list[float] = []
+    steps = 0
     started = time.monotonic()
     while pending or engine.has_unfinished_requests():
         now = time.monotonic() - started
@@ -106,14 +114,28 @@ def replay_engine(llm: Any, rows: Sequence[TraceRow], policy: str, vocab: int) -
             params = SamplingParams(temperature=0.0, max_tokens=row.output_tokens, ignore_eos=True)
             engine.add_request(f"replay-{i}", TokensPrompt(prompt_token_ids=ids), params)
         if engine.has_unfinished_requests():
-            engine.step()
+            for out in engine.step():
+                if out.finished:
+                    index = int(out.request_id.removeprefix("replay-"))
+                    e2e.append(time.monotonic() - started - rows[index].arrival_s)
+            steps += 1
+            if steps % 512 == 0:  # the engine keeps a bounded ring of records: collect them as the run goes
+                cursor = _collect(llm, log, cursor)
         elif pending:
             time.sleep(min(0.05, max(0.0, pending[0][1].arrival_s - now)))
     makespan = time.monotonic() - started
-    log = offline.read_step_log(llm, first_step)
+    _collect(llm, log, cursor)
     for entry in log:
         entry["t_s"] = entry["now_s"] - (log[0]["now_s"] if log else 0.0)
-    return log, makespan
+    return log, makespan, e2e
+
+
+def _collect(llm: Any, log: list[dict], cursor: int) -> int:
+    from specserve.replicas import offline
+
+    new = offline.read_step_log(llm, cursor)
+    log.extend(new)
+    return cursor + len(new)
 
 
 def fit_cpu_timer(log: Sequence[dict]) -> tuple[StepTimer, float]:
@@ -175,7 +197,8 @@ def simulate_trace(trace: Path, timer: StepTimer, acceptance: AcceptanceConfig, 
         ),
         latency=LatencyConfig(),
         workload=WorkloadConfig(arrivals=TraceArrivals(kind="trace", path=str(trace.resolve()))),
-        acceptance=acceptance,
+        # The engine gives the policy no draft signals; neither does this run.
+        acceptance=acceptance.model_copy(update={"signals": SignalsConfig(enabled=False)}),
     )
     steps: list[dict] = []
 
@@ -189,13 +212,21 @@ def simulate_trace(trace: Path, timer: StepTimer, acceptance: AcceptanceConfig, 
     return steps, float(result.table.finish_s.max() - result.table.arrival_s.min()), result
 
 
-def summarize_run(steps: Sequence[dict], makespan_s: float, horizon_s: float) -> RunSummary:
+def sim_e2e(result: Any) -> list[float]:
+    return list(result.table.finish_s - result.table.arrival_s)
+
+
+def summarize_run(
+    steps: Sequence[dict], makespan_s: float, horizon_s: float, e2e_s: Sequence[float] = ()
+) -> RunSummary:
     tokens = sum(e["num_emitted_tokens"] for e in steps)
     windows = []
     for w in range(math.ceil(horizon_s / WINDOW_S)):
         ks = [e["k"] for e in steps if w * WINDOW_S <= e["t_s"] < (w + 1) * WINDOW_S]
         windows.append(statistics.mean(ks) if ks else float("nan"))
-    return RunSummary(tokens / makespan_s, makespan_s, tuple(windows))
+    return RunSummary(
+        tokens / makespan_s, makespan_s, tuple(windows), statistics.mean(e2e_s) if e2e_s else float("nan")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +235,10 @@ class PolicyCheck:
     engine: RunSummary
     sim: RunSummary
     acceptance: AcceptanceConfig
+
+    @property
+    def e2e_ratio(self) -> float:
+        return self.sim.mean_e2e_s / self.engine.mean_e2e_s
 
     @property
     def throughput_ratio(self) -> float:
@@ -240,24 +275,27 @@ def run_check(policies: Sequence[str], out: Path, seed: int = 0, max_k: int = 4)
         vocab = len(llm.get_tokenizer())
         for policy in policies:
             before = offline.read_telemetry(llm)
-            log, makespan = replay_engine(llm, rows, policy, vocab)
+            log, makespan, e2e = replay_engine(llm, rows, policy, vocab)
             after = offline.read_telemetry(llm)
             # Conditional rates (accepted / reached), the simulator's alpha_j.
             drafted = [a - b for a, b in zip(after.num_reached_per_pos, before.num_reached_per_pos, strict=True)]
             accepted = [a - b for a, b in zip(after.num_accepted_per_pos, before.num_accepted_per_pos, strict=True)]
-            engine_runs.append((policy, log, makespan - rows[0].arrival_s, drafted, accepted))
-    timer, fit_error = fit_cpu_timer([e for _, log, _, _, _ in engine_runs for e in log])
-    pooled_drafted = [sum(col) for col in zip(*(r[3] for r in engine_runs), strict=True)]
+            engine_runs.append((policy, log, makespan - rows[0].arrival_s, drafted, accepted, e2e))
+    (out / "engine-check-steps.json").write_text(
+        json.dumps([{"policy": r[0], "makespan_s": r[2], "e2e_s": r[5], "steps": r[1]} for r in engine_runs]) + "\n"
+    )
+    timer, fit_error = fit_cpu_timer([e for run in engine_runs for e in run[1]])
+    pooled_drafted = [sum(col) for col in zip(*(r[3] for r in engine_runs), strict=True)]  # reached
     pooled_accepted = [sum(col) for col in zip(*(r[4] for r in engine_runs), strict=True)]
     acceptance = acceptance_from(pooled_drafted, pooled_accepted)
     checks = []
-    for policy, log, makespan, _, _ in engine_runs:
-        sim_steps, sim_makespan, _ = simulate_trace(trace, timer, acceptance, policy, max_k)
+    for policy, log, makespan, _, _, e2e in engine_runs:
+        sim_steps, sim_makespan, result = simulate_trace(trace, timer, acceptance, policy, max_k)
         checks.append(
             PolicyCheck(
                 policy,
-                summarize_run(log, makespan, horizon),
-                summarize_run(sim_steps, sim_makespan, horizon),
+                summarize_run(log, makespan, horizon, e2e),
+                summarize_run(sim_steps, sim_makespan, horizon, sim_e2e(result)),
                 acceptance,
             )
         )

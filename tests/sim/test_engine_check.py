@@ -1,0 +1,64 @@
+"""engine-check's pure parts: the CPU step-time fit, acceptance from the engine's rates, the trace, windows."""
+
+from __future__ import annotations
+
+import pytest
+
+from specserve.experiments.engine_check import (
+    SEGMENTS,
+    acceptance_from,
+    fit_cpu_timer,
+    make_trace,
+    summarize_run,
+)
+
+
+def _step(k: int, batch: int, context: int, overhead=2e-3, per_token=8e-5, per_pass=1e-3, per_draft_token=5e-5):
+    passes = k  # k = 0 decode steps skip the pass
+    batched = batch * (k + 1)
+    draft_tokens = (batched if passes else 0) + max(passes - 1, 0) * batch
+    duration = overhead + per_token * batched + passes * per_pass + per_draft_token * draft_tokens
+    return {
+        "k": k,
+        "num_running": batch,
+        "num_context_tokens": context,
+        "num_batched_tokens": batched,
+        "num_draft_passes": passes,
+        "duration_s": duration,
+    }
+
+
+def test_the_fit_recovers_the_step_time_model_that_made_the_log() -> None:
+    log = [_step(k, b, c) for k in range(5) for b in (1, 2, 4, 8) for c in (50, 300, 1000)]
+    timer, error = fit_cpu_timer(log)
+    assert error < 1e-6
+    assert timer.step_overhead_s == pytest.approx(2e-3, rel=1e-4)
+    assert timer.target.s_per_batched_token == pytest.approx(8e-5, rel=1e-4)
+    assert timer.draft.intercept_s == pytest.approx(1e-3, rel=1e-4)
+    assert timer.draft.s_per_batched_token == pytest.approx(5e-5, rel=1e-4)
+    for e in log:
+        passes = [e["num_batched_tokens"]] + [e["num_running"]] * (e["num_draft_passes"] - 1) if e["k"] else []
+        assert timer.step_s(e["num_context_tokens"], e["num_batched_tokens"], passes) == pytest.approx(e["duration_s"])
+
+
+def test_acceptance_takes_position_0_and_a_geometric_decay_from_conditional_rates() -> None:
+    acc = acceptance_from([100, 80, 60, 40], [80, 64 * 0.9, 48 * 0.81, 32 * 0.729])
+    assert acc.mean == pytest.approx(0.8)
+    assert acc.decay == pytest.approx(0.9)
+    assert acc.signals.enabled  # the check turns them off when it builds its scenario
+    assert acceptance_from([0, 0], [0, 0]).mean == 0.5
+
+
+def test_the_trace_is_seeded_and_its_middle_segment_is_the_busiest() -> None:
+    rows = make_trace(0)
+    assert rows == make_trace(0) and rows != make_trace(1)
+    (d0, _), (d1, _), _ = SEGMENTS
+    counts = [sum(lo <= r.arrival_s < hi for r in rows) for lo, hi in ((0, d0), (d0, d0 + d1), (d0 + d1, 1e9))]
+    assert counts[1] > 5 * max(counts[0], counts[2])
+
+
+def test_windows_average_k_and_skip_empty_ones() -> None:
+    steps = [{"t_s": 0.5, "k": 2, "num_emitted_tokens": 3}, {"t_s": 1.0, "k": 4, "num_emitted_tokens": 5}]
+    run = summarize_run(steps, makespan_s=4.0, horizon_s=10.0)
+    assert run.throughput_tok_s == 2.0
+    assert run.k_by_window[0] == 3.0 and run.k_by_window[1] != run.k_by_window[1]  # nan

@@ -5,7 +5,8 @@
    the engine runs the policy under test. The engine's own step log (``replicas.offline.read_step_log``)
    records every step: k, batch, context, batched tokens, draft passes, duration.
 2. A CPU step-time model is fitted to that log (``fit_cpu_timer``): TurboSpec Eq. 3 for the target and for
-   one draft pass plus a fixed per-step cost, by non-negative least squares on relative error.
+   one draft pass plus a fixed per-step cost, by non-negative least squares on relative error, on each
+   busy step's start-to-start wall time (``busy_step_times``), which includes the loop's work between steps.
 3. The simulator replays the same trace with that timer, the engine's measured acceptance (the mean of the
    per-position rates, with their decay) and the same policy.
 4. Both runs are compared on output throughput over the trace and on mean k per time window.
@@ -136,6 +137,20 @@ def _collect(llm: Any, log: list[dict], cursor: int) -> int:
     new = offline.read_step_log(llm, cursor)
     log.extend(new)
     return cursor + len(new)
+
+
+def busy_step_times(log: Sequence[dict]) -> list[dict]:
+    """Each step's wall time start to next start, where the engine went straight on to the next step.
+
+    A step's own duration (schedule to update) leaves out what the engine's loop does between steps
+    (output processing, detokenizing, the client adding requests); back to back, start-to-start is the
+    time a step really costs the trace. Steps followed by an idle gap are dropped."""
+    out = []
+    for e, nxt in zip(log, log[1:], strict=False):
+        wall = nxt["now_s"] - e["now_s"]
+        if wall <= 2.0 * e["duration_s"] + 0.005:
+            out.append({**e, "duration_s": wall})
+    return out
 
 
 def fit_cpu_timer(log: Sequence[dict]) -> tuple[StepTimer, float]:
@@ -284,7 +299,7 @@ def run_check(policies: Sequence[str], out: Path, seed: int = 0, max_k: int = 4)
     (out / "engine-check-steps.json").write_text(
         json.dumps([{"policy": r[0], "makespan_s": r[2], "e2e_s": r[5], "steps": r[1]} for r in engine_runs]) + "\n"
     )
-    timer, fit_error = fit_cpu_timer([e for run in engine_runs for e in run[1]])
+    timer, fit_error = fit_cpu_timer([e for run in engine_runs for e in busy_step_times(run[1])])
     pooled_drafted = [sum(col) for col in zip(*(r[3] for r in engine_runs), strict=True)]  # reached
     pooled_accepted = [sum(col) for col in zip(*(r[4] for r in engine_runs), strict=True)]
     acceptance = acceptance_from(pooled_drafted, pooled_accepted)

@@ -49,6 +49,7 @@ class _Pending:
     sampled: np.ndarray  # bool per row: this step samples tokens for the row
     record: StepRecord
     num_preempted: int
+    num_waiting: int  # requests left in the queue once the step was scheduled
 
 
 class Replica:
@@ -143,6 +144,7 @@ class Replica:
                 self.index,
                 int(pending.sampled.sum()),
                 pending.num_preempted,
+                pending.num_waiting,
                 num_finished,
                 used,
                 self.num_kv_blocks_total,
@@ -288,7 +290,7 @@ class Replica:
         self.series_time_s.append(now_s)
         self.series_k.append(k)
         self.series_running.append(record.num_running)
-        return _Pending(grant, accepted, sampled, record, num_preempted)
+        return _Pending(grant, accepted, sampled, record, num_preempted, len(self.waiting))
 
     def _expanded_context(self, num_context: int, rows: np.ndarray, drafts: Drafts | None) -> int | None:
         """The context the target reads under vLLM V0's batch expansion, None under a single-pass scorer.

@@ -170,7 +170,7 @@ def latency_ratio_bars(
             values.append(bar)
         values.extend(ratios)
     ax.set_yticks(range(len(labels)), labels, fontsize=7)
-    ax.invert_yaxis()
+    ax.set_ylim(len(labels) - 0.5, -0.5)  # first label on top, no empty rows
     ax.set_xlim(max(0.0, min([*values, 1.0]) - 0.02), max([*values, 1.0]) + 0.02)
     ax.axvline(1.0, color="grey", linewidth=0.8)
     if len(series) > 1 or any(bar is not None for _, _, bar in series):

@@ -16,6 +16,7 @@ from specserve.experiments import latency_check, latency_report, leaderboard, le
 from specserve.experiments.papers import REPRODUCED
 from specserve.sim import cli as kernel_cli
 from specserve.sim.cli import CommandError
+from specserve.sim.oracle import check_policy
 from specserve.sim.scenario import load_scenario
 from specserve.speculation import EngineTraits, make_policy
 
@@ -72,8 +73,8 @@ def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> 
     check.set_defaults(sim_handler=_engine_check)
     board = commands.add_parser(
         "leaderboard",
-        help="one policy against the whole zoo: every static rate, the dynamic "
-        "scenarios, k switches (the bar adaptive must clear)",
+        help="one policy against the whole zoo and the oracle: latency and TPOT at every static rate, throughput "
+        "where saturated, SLO goodput, the dynamic scenarios, k switches (the bar adaptive must clear)",
     )
     board.add_argument("--policy", default="adaptive", help="policy spec to test (default: adaptive)")
     board.add_argument("--scenarios", help="comma-separated built-in names or YAML files (default: all built-in)")
@@ -140,7 +141,7 @@ def _engine_check(args: argparse.Namespace) -> int:
 
 def _leaderboard(args: argparse.Namespace) -> int:
     try:
-        make_policy(args.policy, EngineTraits(max_k=8))
+        check_policy(args.policy, EngineTraits(max_k=8))
     except ValueError as exc:
         raise CommandError(f"--policy {args.policy!r}: {exc}") from None
     names = [name.strip() for name in args.scenarios.split(",")] if args.scenarios else None
@@ -157,10 +158,18 @@ def _leaderboard(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**_board_json(board), "written": written}, indent=2))
     else:
+        p = board.policy
+        print(f"{'CELL':45s} {'LOAD':9s} {'MEAN E2E':>8s} {'P99 E2E':>8s} {'TPOT':>6s} {'TOK/S':>6s} {'/ORACLE':>7s}")
         for cell in board.static:
             label = cell.scenario if cell.rate_qps is None else f"{cell.scenario} @ {cell.rate_qps:g} QPS"
-            print(f"{label:45s} {cell.ratio(board.policy):.3f} x {cell.best_rival(board.policy)}")
-        print(f"static {board.static_pass()}, dynamic {board.dynamic_pass()}, switches {board.switches_pass()}")
+            tput = f"{cell.ratio(p):.3f}" if leaderboard.THROUGHPUT in cell.metrics() else "-"
+            oracle = cell.oracle_ratio(p)
+            print(
+                f"{label:45s} {cell.load:9s} {cell.ratio(p, leaderboard.MEAN_E2E):8.3f} "
+                f"{cell.ratio(p, leaderboard.P99_E2E):8.3f} {cell.ratio(p, leaderboard.MEAN_TPOT):6.3f} {tput:>6s} "
+                f"{'-' if oracle is None else f'{oracle:.3f}':>7s}"
+            )
+        print(", ".join(f"{name} {ok}" for name, ok in board.verdicts().items()))
         _log_written(written)
     return 0 if board.passed() else 1
 
@@ -178,21 +187,28 @@ def _board_command(args: argparse.Namespace) -> str:
 
 
 def _board_json(board: leaderboard.Leaderboard) -> dict:
+    p = board.policy
     return {
-        "policy": board.policy,
+        "policy": p,
         "passed": board.passed(),
-        "static_pass": board.static_pass(),
-        "dynamic_pass": board.dynamic_pass(),
-        "switches_pass": board.switches_pass(),
+        "verdicts": board.verdicts(),
         "static": [
             {
                 "scenario": c.scenario,
                 "rate_qps": c.rate_qps,
-                "best_rival": c.best_rival(board.policy),
-                "ratio": c.ratio(board.policy),
+                "load": c.load,
+                "compared": {
+                    m.key: {"value": c.results[p][m.key], "best_rival": c.best_rival(p, m), "ratio": c.ratio(p, m)}
+                    for m in c.metrics()
+                },
+                "oracle_ratio": {m.key: c.oracle_ratio(p, m) for m in (leaderboard.GOODPUT, *leaderboard.LATENCY)},
+                "results": c.results,
             }
             for c in board.static
         ],
+        "oracle_distances": {
+            m.key: board.oracle_distances(m) for m in (leaderboard.GOODPUT, leaderboard.MEAN_E2E, leaderboard.P99_E2E)
+        },
         "dynamic_means": board.dynamic_means(),
         "switches": [{"scenario": n, "ours": o, "bandit": b} for n, o, b in board.switches()],
     }

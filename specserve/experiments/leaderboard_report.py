@@ -5,22 +5,52 @@ from __future__ import annotations
 from pathlib import Path
 
 from specserve.experiments import plots
-from specserve.experiments.leaderboard import STATIC_BAR, Leaderboard
+from specserve.experiments.leaderboard import (
+    E2E_BAR,
+    GOODPUT,
+    MEAN_E2E,
+    MEAN_TPOT,
+    ORACLE,
+    ORACLE_BAR,
+    P99_BAR,
+    P99_E2E,
+    P99_TPOT,
+    SATURATED_SHARE,
+    THROUGHPUT,
+    THROUGHPUT_BAR,
+    Cell,
+    Leaderboard,
+    Metric,
+)
 
 
 def write_report(board: Leaderboard, out_dir: Path, command: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = board.policy.replace(":", "-").replace(",", "-").replace("=", "")
     static_png = out_dir / f"{stem}-static.png"
+    oracle_png = out_dir / f"{stem}-oracle.png"
     dynamic_png = out_dir / f"{stem}-dynamic.png"
-    labels = [_cell_label(cell.scenario, cell.rate_qps) for cell in board.static]
-    plots.ratio_bars(
+    p = board.policy
+    plots.latency_ratio_bars(
         static_png,
-        f"{board.policy}: throughput / best rival's, each static rate",
-        labels,
-        [cell.ratio(board.policy) for cell in board.static],
-        STATIC_BAR,
+        f"{p}: E2E latency / the best rival's, each static rate (lower is better)",
+        [_cell_label(cell) for cell in board.static],
+        [
+            ("mean E2E", [cell.ratio(p, MEAN_E2E) for cell in board.static], E2E_BAR),
+            ("p99 E2E", [cell.ratio(p, P99_E2E) for cell in board.static], P99_BAR),
+        ],
     )
+    written = [static_png]
+    e2e_to_oracle = board.oracle_distances(MEAN_E2E)
+    if e2e_to_oracle:
+        plots.latency_ratio_bars(
+            oracle_png,
+            "mean E2E / the oracle's, averaged over the static rates (lower is better)",
+            list(e2e_to_oracle),
+            [("mean E2E / oracle", list(e2e_to_oracle.values()), None)],
+            highlight=p,
+        )
+        written.append(oracle_png)
     means = board.dynamic_means()
     plots.ratio_bars(
         dynamic_png,
@@ -28,23 +58,60 @@ def write_report(board: Leaderboard, out_dir: Path, command: str) -> list[Path]:
         list(means),
         list(means.values()),
         None,
-        highlight=board.policy,
+        highlight=p,
     )
+    written.append(dynamic_png)
     path = out_dir / f"{stem}.md"
-    path.write_text(_markdown(board, command, static_png.name, dynamic_png.name))
-    return [path, static_png, dynamic_png]
+    path.write_text(_markdown(board, command, static_png.name, oracle_png.name if e2e_to_oracle else None))
+    return [path, *written]
 
 
-def _cell_label(scenario: str, rate_qps: float | None) -> str:
-    return scenario if rate_qps is None else f"{scenario} @ {rate_qps:g} QPS"
+def _cell_label(cell: Cell) -> str:
+    return cell.scenario if cell.rate_qps is None else f"{cell.scenario} @ {cell.rate_qps:g} QPS"
+
+
+def _rate(cell: Cell) -> str:
+    return "as written" if cell.rate_qps is None else f"{cell.rate_qps:g}"
 
 
 def _verdict(ok: bool) -> str:
     return "**pass**" if ok else "**FAIL**"
 
 
-def _markdown(board: Leaderboard, command: str, static_png: str, dynamic_png: str) -> str:
+def _mark(ok: bool) -> str:
+    return "" if ok else " ✗"
+
+
+def _value(metric: Metric, value: float) -> str:
+    if metric.key.endswith("tok_s"):
+        return f"{value:.0f}"
+    if metric.key.endswith("tpot_s"):
+        return f"{1e3 * value:.2f}"
+    if metric.key.endswith("_s"):
+        return f"{value:.2f}"
+    return f"{value:.0f}"
+
+
+def _compare(cell: Cell, policy: str, metric: Metric, bar: float | None) -> list[str]:
+    """Ours, the best rival, theirs, the ratio (marked where it misses ``bar``)."""
+    rival = cell.best_rival(policy, metric)
+    ratio = cell.ratio(policy, metric)
+    ok = bar is None or (ratio <= bar if metric.lower_is_better else ratio >= bar)
+    return [
+        _value(metric, cell.results[policy][metric.key]),
+        f"`{rival}`",
+        _value(metric, cell.results[rival][metric.key]),
+        f"{ratio:.3f}{_mark(ok)}",
+    ]
+
+
+def _row(*cells: str) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _markdown(board: Leaderboard, command: str, static_png: str, oracle_png: str | None) -> str:
     p = board.policy
+    goodput_to_oracle = board.oracle_distances()
     lines = [
         f"# `{p}` against the policy zoo",
         "",
@@ -52,37 +119,140 @@ def _markdown(board: Leaderboard, command: str, static_png: str, dynamic_png: st
         f"{', '.join(map(str, board.seeds))}; specserve/experiments/leaderboard.py says why). "
         "Rivals: every other policy of the zoo with its paper "
         "defaults, fixed k = 0..4 (6 and 8 where the engine allows) and vLLM's static batch-size table. "
-        "Throughput is output tokens per second of the whole run, drain included (specserve/sim/metrics.py).",
+        "The `oracle` (specserve/sim/oracle.py) is a reference, not a rival: it reads each request's true "
+        "acceptance and the simulator's step cost, and picks the batch k with the most expected decode tokens per "
+        "second each step. Latencies are per request from arrival; TPOT is (finish - first token) / (output tokens "
+        "- 1); throughput is output tokens per second of the whole run, drain included; goodput counts only "
+        "the requests that meet the scenario's SLO, and equals throughput where none is set "
+        "(specserve/sim/metrics.py).",
+        "",
+        "A static cell's load is *open* when the run keeps up with its arrivals, *saturated* when under the median "
+        f"policy the engine left requests waiting or preempted them for at least {SATURATED_SHARE:g} of the arrival "
+        "window, and *offline* when every request arrives at once. Throughput is compared only in saturated and "
+        "offline cells: in an open one every policy serves the offered load.",
         "",
         "## The bar",
         "",
-        f"- {_verdict(board.static_pass())} at least {STATIC_BAR} x the best rival's throughput at each static "
-        "rate (a Poisson scenario is one cell; a dynamic one is split into one 60 s Poisson run per distinct "
-        "rate);",
+        f"- {_verdict(board.latency_pass())} mean E2E at most {E2E_BAR} x and p99 E2E at most {P99_BAR} x the best "
+        "rival's at each static rate (a Poisson or trace scenario is one cell; a dynamic one is split into one 60 s "
+        "Poisson run per distinct rate);",
+    ]
+    if goodput_to_oracle:
+        lines.append(
+            f"- {_verdict(board.oracle_pass())} goodput at least {ORACLE_BAR} x the oracle's on average over the "
+            f"static cells ({goodput_to_oracle[p]:.4f});"
+        )
+    lines += [
+        f"- {_verdict(board.throughput_pass())} at least {THROUGHPUT_BAR} x the best rival's throughput in the "
+        f"saturated and offline cells ({len(board.throughput_cells())} of {len(board.static)});",
         f"- {_verdict(board.dynamic_pass())} the best mean relative throughput over the dynamic-rate scenarios;",
         f"- {_verdict(board.switches_pass())} fewer k switches than `bandit` on every scenario.",
         "",
-        "## Static rates",
+        "## End-to-end latency at every static rate",
         "",
-        "| scenario | rate QPS | ours tok/s | best rival | its tok/s | ratio | ours mean e2e s | rival mean e2e s |",
-        "|---|---|---|---|---|---|---|---|",
+        f"✗ marks a ratio past the bar ({E2E_BAR} mean, {P99_BAR} p99).",
+        "",
+        "| scenario | rate QPS | load | ours mean s | best rival | its mean s | ratio | ours p99 s | best rival | "
+        "its p99 s | ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in board.static:
-        rival = cell.best_rival(p)
-        ours, theirs = cell.results[p], cell.results[rival]
-        rate = "as written" if cell.rate_qps is None else f"{cell.rate_qps:g}"
         lines.append(
-            f"| {cell.scenario} | {rate} | {ours['throughput_tok_s']:.0f} | `{rival}` | "
-            f"{theirs['throughput_tok_s']:.0f} | {cell.ratio(p):.3f} | {ours['mean_e2e_s']:.2f} | "
-            f"{theirs['mean_e2e_s']:.2f} |"
+            _row(
+                cell.scenario,
+                _rate(cell),
+                cell.load,
+                *_compare(cell, p, MEAN_E2E, E2E_BAR),
+                *_compare(cell, p, P99_E2E, P99_BAR),
+            )
         )
     lines += [
         "",
-        f"![static]({static_png})",
+        f"![E2E latency against the best rival]({static_png})",
+        "",
+        "## Time per output token",
+        "",
+        "| scenario | rate QPS | ours mean ms | best rival | its mean ms | ratio | ours p99 ms | best rival | "
+        "its p99 ms | ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in board.static:
+        lines.append(
+            _row(cell.scenario, _rate(cell), *_compare(cell, p, MEAN_TPOT, None), *_compare(cell, p, P99_TPOT, None))
+        )
+    lines += [
+        "",
+        "## Throughput where the load separates policies, and SLO goodput",
+        "",
+        f"Throughput in the saturated and offline cells (bar {THROUGHPUT_BAR}), SLO goodput where the scenario sets "
+        "an SLO (no bar).",
+        "",
+        "| scenario | rate QPS | load | metric | ours | best rival | its | ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in board.static:
+        for metric, bar in ((THROUGHPUT, THROUGHPUT_BAR), (GOODPUT, None)):
+            if metric in cell.metrics():
+                lines.append(
+                    _row(
+                        cell.scenario, _rate(cell), cell.load, f"{metric.label} tok/s", *_compare(cell, p, metric, bar)
+                    )
+                )
+    if goodput_to_oracle:
+        lines += _oracle_section(board, goodput_to_oracle, oracle_png)
+    lines += _dynamic_section(board)
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _oracle_section(board: Leaderboard, goodput_to_oracle: dict[str, float], oracle_png: str | None) -> list[str]:
+    p = board.policy
+    e2e = board.oracle_distances(MEAN_E2E)
+    p99 = board.oracle_distances(P99_E2E)
+    lines = [
+        "",
+        "## Distance to the oracle",
+        "",
+        "Each policy's value over the oracle's, averaged over the static cells: goodput (higher is better; the oracle "
+        "can be beaten, since it has no early stop of the draft loop and prices each step on its own) and mean and "
+        "p99 E2E (lower is better).",
+        "",
+        "| policy | goodput / oracle | mean E2E / oracle | p99 E2E / oracle |",
+        "|---|---|---|---|",
+    ]
+    for spec in sorted(e2e, key=e2e.__getitem__):
+        name = f"**`{spec}`**" if spec == p else f"`{spec}`"
+        lines.append(_row(name, f"{goodput_to_oracle[spec]:.4f}", f"{e2e[spec]:.3f}", f"{p99[spec]:.3f}"))
+    lines += [
+        "",
+        f"Per cell, `{p}` over the oracle:",
+        "",
+        "| scenario | rate QPS | goodput | mean E2E | p99 E2E | mean TPOT | oracle mean k | ours mean k |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in board.static:
+        lines.append(
+            _row(
+                cell.scenario,
+                _rate(cell),
+                *(f"{cell.oracle_ratio(p, m) or 0.0:.3f}" for m in (GOODPUT, MEAN_E2E, P99_E2E, MEAN_TPOT)),
+                f"{cell.results[ORACLE]['mean_k']:.2f}",
+                f"{cell.results[p]['mean_k']:.2f}",
+            )
+        )
+    if oracle_png:
+        lines += ["", f"![mean E2E over the oracle's, every policy]({oracle_png})"]
+    return lines
+
+
+def _dynamic_section(board: Leaderboard) -> list[str]:
+    p = board.policy
+    lines = [
         "",
         "## Dynamic-rate scenarios",
         "",
-        "Mean over the dynamic scenarios of each policy's throughput divided by the scenario's best:",
+        "Mean over the dynamic scenarios of each policy's throughput divided by the scenario's best (the oracle "
+        "left out):",
         "",
         "| policy | mean relative throughput |",
         "|---|---|",
@@ -90,20 +260,29 @@ def _markdown(board: Leaderboard, command: str, static_png: str, dynamic_png: st
     lines += [f"| `{spec}` | {value:.4f} |" for spec, value in board.dynamic_means().items()]
     lines += [
         "",
-        "| scenario | ours tok/s | best other | its tok/s | ours mean e2e s | best other's mean e2e s |",
-        "|---|---|---|---|---|---|",
+        "| scenario | ours tok/s | best rival | its tok/s | ours mean e2e s | its mean e2e s | oracle tok/s | "
+        "oracle mean e2e s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for cell in board.dynamic:
         rival = cell.best_rival(p)
         ours, theirs = cell.results[p], cell.results[rival]
+        oracle = cell.results.get(ORACLE)
         lines.append(
-            f"| {cell.scenario} | {ours['throughput_tok_s']:.0f} | `{rival}` | "
-            f"{theirs['throughput_tok_s']:.0f} "
-            f"| {ours['mean_e2e_s']:.2f} | {theirs['mean_e2e_s']:.2f} |"
+            _row(
+                cell.scenario,
+                f"{ours['throughput_tok_s']:.0f}",
+                f"`{rival}`",
+                f"{theirs['throughput_tok_s']:.0f}",
+                f"{ours['mean_e2e_s']:.2f}",
+                f"{theirs['mean_e2e_s']:.2f}",
+                f"{oracle['throughput_tok_s']:.0f}" if oracle else "-",
+                f"{oracle['mean_e2e_s']:.2f}" if oracle else "-",
+            )
         )
     lines += [
         "",
-        f"![dynamic]({dynamic_png})",
+        f"![dynamic]({p.replace(':', '-').replace(',', '-').replace('=', '')}-dynamic.png)",
         "",
         "## k switches",
         "",
@@ -111,5 +290,4 @@ def _markdown(board: Leaderboard, command: str, static_png: str, dynamic_png: st
         "|---|---|---|",
     ]
     lines += [f"| {name} | {ours:.1f} | {theirs:.1f} |" for name, ours, theirs in board.switches()]
-    lines.append("")
-    return "\n".join(lines)
+    return lines

@@ -140,3 +140,43 @@ def ratio_bars(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def latency_ratio_bars(
+    path: Path,
+    title: str,
+    labels: list[str],
+    series: list[tuple[str, list[float], float | None]],
+    highlight: str | None = None,
+) -> Path:
+    """Horizontal bars of latency ratios (1 = as fast as the reference, lower is better), one group per label and
+    one bar per series (name, ratios, pass line or None); a bar past its series' line is red, ``highlight`` colours
+    one label's bars."""
+    plt = _pyplot()
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, ax = plt.subplots(figsize=(8, 0.22 * len(labels) * max(len(series), 1) + 1.6))
+    height = 0.8 / max(len(series), 1)
+    values: list[float] = []
+    for i, (name, ratios, bar) in enumerate(series):
+        base = colours[i % len(colours)]
+        fills = [
+            "tab:red" if bar is not None and ratio > bar else ("tab:orange" if label == highlight else base)
+            for label, ratio in zip(labels, ratios, strict=True)
+        ]
+        positions = [j + (i - (len(series) - 1) / 2) * height for j in range(len(labels))]
+        ax.barh(positions, ratios, height=height, color=fills, label=name)
+        if bar is not None:
+            ax.axvline(bar, color=base, linestyle="--", linewidth=1, label=f"{name} bar {bar:g}")
+            values.append(bar)
+        values.extend(ratios)
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylim(len(labels) - 0.5, -0.5)  # first label on top, no empty rows
+    ax.set_xlim(max(0.0, min([*values, 1.0]) - 0.02), max([*values, 1.0]) + 0.02)
+    ax.axvline(1.0, color="grey", linewidth=0.8)
+    if len(series) > 1 or any(bar is not None for _, _, bar in series):
+        ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -20,9 +20,10 @@ from tqdm import tqdm
 
 from specserve.sim.metrics import summarize
 from specserve.sim.mlp_dump import DEFAULT_MAX_SAMPLES, collect_samples, default_policy, write_samples
+from specserve.sim.oracle import check_policy
 from specserve.sim.runner import simulate
 from specserve.sim.scenario import ScenarioError, builtin_scenarios, load_scenario, resolve
-from specserve.speculation import EngineTraits, make_policy, split_specs
+from specserve.speculation import EngineTraits, split_specs
 from specserve.speculation.speckv.model import COMPRESSION_CODES, weights_to_json
 from specserve.speculation.speckv.training import DEFAULT_EPOCHS, DEFAULT_LEARNING_RATE, mean_squared_error, train_file
 
@@ -130,7 +131,7 @@ def _compare(args: argparse.Namespace) -> int:
     traits = EngineTraits(max_k=scenario.engine.max_k, k0_runs_draft_pass=scenario.engine.k0_runs_draft_pass)
     for spec in specs:
         try:
-            make_policy(spec, traits)
+            check_policy(spec, traits)
         except ValueError as exc:
             raise CommandError(f"bad policy {spec!r}: {exc}") from None
     results = []
@@ -156,7 +157,7 @@ def _mlp_samples(args: argparse.Namespace) -> int:
     spec = args.policy or default_policy(scenario.engine.max_k)
     traits = EngineTraits(max_k=scenario.engine.max_k, k0_runs_draft_pass=scenario.engine.k0_runs_draft_pass)
     try:
-        make_policy(spec, traits)
+        check_policy(spec, traits)
     except ValueError as exc:
         raise CommandError(f"bad policy {spec!r}: {exc}") from None
     if args.max_samples < 1:

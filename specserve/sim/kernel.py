@@ -22,16 +22,18 @@ from specserve.sim.batch import RequestTable
 from specserve.sim.drafting import Drafter
 from specserve.sim.events import EventQueue, Phase
 from specserve.sim.latency import StepTimer
+from specserve.sim.oracle import Truth, build_policy
 from specserve.sim.replica import Replica
 from specserve.sim.scenario import ResolvedScenario, ScenarioError
 from specserve.sim.signals import SignalModel
 from specserve.sim.steps import StepListener
 from specserve.sim.true_acceptance import TrueAcceptance
 from specserve.sim.workload import Workload, build_workload
-from specserve.speculation import EngineTraits, Policy, make_policy
+from specserve.speculation import EngineTraits, Policy
 
-# Builds one replica's policy from the engine's traits: ``make_policy`` for a spec string, or a caller's own
-# constructor (tests pass policies that are not in the global registry this way).
+# Builds one replica's policy from the engine's traits: a caller's own constructor (tests pass policies that are
+# not in the global registry this way). A spec string is built by ``oracle.build_policy``, which also knows the
+# simulator-only policies and hands them the run's truth.
 PolicyFactory = Callable[[EngineTraits], Policy]
 
 
@@ -60,6 +62,10 @@ class SimResult:
     trace: list[TraceEntry] = field(default_factory=list)
 
 
+def _without_truth(factory: PolicyFactory) -> Callable[[EngineTraits, Truth], Policy]:
+    return lambda traits, _: factory(traits)
+
+
 class Simulator:
     def __init__(
         self,
@@ -72,7 +78,9 @@ class Simulator:
         self.resolved = resolved
         # A spec string names the run; a factory's policies name it by their own spec once built.
         self.policy_spec = policy if isinstance(policy, str) else None
-        self.policy_factory: PolicyFactory = partial(make_policy, policy) if isinstance(policy, str) else policy
+        self.build_policy: Callable[[EngineTraits, Truth], Policy] = (
+            partial(build_policy, policy) if isinstance(policy, str) else _without_truth(policy)
+        )
         self.seed = seed
         self.on_step = on_step
         self.max_trace_events = max_trace_events
@@ -102,21 +110,21 @@ class Simulator:
         slo_tpot_s = scenario.slo.max_tpot_s if scenario.slo is not None else None
         replicas = []
         for i, (verdict_rng, signal_rng) in enumerate(zip(verdict_rngs, signal_rngs, strict=True)):
-            policy = self.policy_factory(traits)
+            truth = Truth(table, acceptance, self.resolved.timer)
+            policy = self.build_policy(traits, truth)
             drafter = Drafter(acceptance, signals, verdict_rng, signal_rng)
-            replicas.append(
-                Replica(
-                    i,
-                    engine,
-                    self.resolved.num_kv_blocks,
-                    self.resolved.timer,
-                    policy,
-                    drafter,
-                    table,
-                    slo_tpot_s,
-                    self.on_step,
-                )
+            truth.replica = Replica(
+                i,
+                engine,
+                self.resolved.num_kv_blocks,
+                self.resolved.timer,
+                policy,
+                drafter,
+                table,
+                slo_tpot_s,
+                self.on_step,
             )
+            replicas.append(truth.replica)
         trace: list[TraceEntry] = []
         end_s = self._loop(workload, replicas, trace)
         spec = self.policy_spec or replicas[0].policy.spec

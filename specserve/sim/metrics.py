@@ -12,7 +12,8 @@ step's end, so an overloaded policy that drains slowly pays for it in throughput
 - acceptance: accepted / drafted tokens over all verified drafts (vLLM's draft acceptance rate; a prefix
   count, so below the per-position alpha of TurboSpec §4.1.3, Eq. 4).
 - mean_k: mean of the k chosen per step; k_switches: steps whose k differs from the previous step's.
-- mean_tpot_s: per request, (finish - first token) / (output tokens - 1), averaged over requests with 2+.
+- mean_tpot_s: per request, (finish - first token) / (output tokens - 1), averaged over requests with 2+;
+  p99_tpot_s: the 99th percentile of the same per-request values.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def summarize(result: SimResult) -> dict[str, float | int | str | None]:
         "p99_e2e_s": float(np.percentile(e2e, 99)) if len(e2e) else 0.0,
         "mean_ttft_s": _mean(ttft),
         "mean_tpot_s": _mean(tpot),
+        "p99_tpot_s": float(np.percentile(tpot, 99)) if len(tpot) else 0.0,
         "acceptance": accepted / drafted if drafted else 0.0,
         "mean_k": _mean(ks),
         "k_switches": sum(int(np.count_nonzero(np.diff(r.series_k))) for r in result.replicas),

@@ -50,6 +50,7 @@ class _Pending:
     sampled: np.ndarray  # bool per row: this step samples tokens for the row
     record: StepRecord
     num_preempted: int
+    num_waiting: int  # requests left in the queue once the step was scheduled
 
 
 class Replica:
@@ -144,6 +145,7 @@ class Replica:
                 self.index,
                 int(pending.sampled.sum()),
                 pending.num_preempted,
+                pending.num_waiting,
                 num_finished,
                 used,
                 self.num_kv_blocks_total,
@@ -294,7 +296,7 @@ class Replica:
         self.series_time_s.append(now_s)
         self.series_k.append(k)
         self.series_running.append(record.num_running)
-        return _Pending(grant, accepted, sampled, record, num_preempted)
+        return _Pending(grant, accepted, sampled, record, num_preempted, len(self.waiting))
 
     def _catch_up(self, scheduled: np.ndarray, num_batched: int) -> int:
         """Tokens the draft's first pass prepends for lagging requests (the engine's catch-up): a run of m

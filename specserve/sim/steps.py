@@ -24,6 +24,8 @@ class StepStats:
     # Requests that sampled tokens this step (decodes, and prefills that completed their prompt).
     num_sampled: int
     num_preempted: int
+    # Requests still waiting once this step was scheduled: the seats, KV or token budget had no room for them.
+    num_waiting: int
     num_finished: int
     num_kv_blocks_used: int
     num_kv_blocks_total: int

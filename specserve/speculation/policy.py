@@ -47,6 +47,12 @@ class Policy(ABC):
 _REGISTRY: dict[str, type[Policy]] = {}
 #: Names that point at another policy (``adaptive`` is the project default).
 _ALIASES: dict[str, str] = {}
+#: Policies that read what only the simulator knows, with the reason an engine cannot run them. The simulator
+#: builds them itself; here they are only names, so that an engine, ``specserve serve --policy`` and ``policy set``
+#: refuse them with that reason instead of "unknown policy".
+SIMULATOR_ONLY: dict[str, str] = {
+    "oracle": "it reads each request's true acceptance rate and the true step cost, which only the simulator has",
+}
 
 
 def register(cls: type[Policy]) -> type[Policy]:
@@ -100,15 +106,21 @@ def split_specs(text: str) -> list[str]:
 def make_policy(spec: str, traits: EngineTraits) -> Policy:
     """Build a policy from ``NAME[:key=value,...]``; errors name the bad name, key or value."""
     name, raw = parse_spec(spec)
+    if name in SIMULATOR_ONLY:
+        raise ValueError(
+            f"policy {name!r} runs only in the simulator: {SIMULATOR_ONLY[name]} (use it with `specserve sim compare` "
+            "or `specserve sim leaderboard`)"
+        )
     resolved = _ALIASES.get(name, name)
     if resolved not in _REGISTRY:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
     cls = _REGISTRY[resolved]
-    params = _build_params(cls, raw)
+    params = build_params(cls, raw)
     return cls(params, traits)
 
 
-def _build_params(cls: type[Policy], raw: dict[str, str]) -> Any:
+def build_params(cls: type[Policy], raw: dict[str, str]) -> Any:
+    """``cls.Params`` from raw ``key=value`` strings; errors name the bad key or value."""
     fields = {f.name: f for f in dataclasses.fields(cls.Params)}
     hints = get_type_hints(cls.Params)
     values: dict[str, Any] = {}

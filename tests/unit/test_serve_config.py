@@ -31,6 +31,7 @@ def test_defaults_and_override_order(tmp_path):
         ("k_max: 0\n", "k_max: Input should be greater than or equal to 1"),
         ("port: http\n", "port: Input should be a valid integer"),
         ("policy: bogus\n", "policy: unknown policy 'bogus'"),
+        ("policy: oracle\n", "policy 'oracle' runs only in the simulator"),
         ("policy: 'fixed:k=-1'\n", "k=-1 must be non-negative"),
         ("model: /nonexistent\n", "`model` and `draft` go together"),
         ("- a\n- b\n", "expected a mapping"),

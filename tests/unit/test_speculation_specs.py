@@ -74,6 +74,15 @@ def test_bad_specs_raise_value_error_naming_the_problem(spec: str, named: str) -
         make_policy(spec, TRAITS)
 
 
+def test_simulator_only_policies_are_refused_with_the_reason() -> None:
+    """The engine (scheduler.set_policy), serve's config and `policy set` all build policies with make_policy."""
+    with pytest.raises(ValueError, match="policy 'oracle' runs only in the simulator: it reads each request's true"):
+        make_policy("oracle", TRAITS)
+    with pytest.raises(ValueError, match="runs only in the simulator"):
+        make_policy("oracle:k_max=2", TRAITS)
+    assert "oracle" not in policy_names()
+
+
 def test_parse_spec() -> None:
     assert parse_spec(" goodput : k_max=2 , probe_k=1 ") == ("goodput", {"k_max": "2", "probe_k": "1"})
     assert parse_spec("fixed") == ("fixed", {})

@@ -18,7 +18,7 @@ from specserve.sim import cli as kernel_cli
 from specserve.sim.cli import CommandError
 from specserve.sim.oracle import check_policy
 from specserve.sim.scenario import load_scenario
-from specserve.speculation import EngineTraits, make_policy
+from specserve.speculation import EngineTraits
 
 QUICK_S = 10.0  # arrival window of every scenario under --quick
 run = kernel_cli.run
@@ -60,17 +60,6 @@ def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> 
     )
     gpu.add_argument("--out", type=Path, help="write gpu-calibration.md and its PNGs here (e.g. bench/results)")
     gpu.set_defaults(sim_handler=_gpu_fit)
-    check = commands.add_parser(
-        "engine-check",
-        help="replay one trace into the real engine (tiny pair, CPU) and into the simulator with a step-time "
-        "model fitted from the engine's step log; compare throughput and k over time",
-    )
-    check.add_argument(
-        "--policies", default="adaptive,fixed:k=2", help="comma-separated specs (default: adaptive,fixed:k=2)"
-    )
-    check.add_argument("--seed", type=int, default=0, help="trace seed (default: 0)")
-    check.add_argument("--out", type=Path, default=Path("bench/results"), help="folder for engine-check.md/.png")
-    check.set_defaults(sim_handler=_engine_check)
     board = commands.add_parser(
         "leaderboard",
         help="one policy against the whole zoo and the oracle: latency and TPOT at every static rate, throughput "
@@ -121,21 +110,6 @@ def _gpu_fit(args: argparse.Namespace) -> int:
             f"  held-out {f.held_out_mape:.1%} mean, {f.held_out_max:.1%} max"
         )
     _log_written([str(p) for p in written])
-    return 0
-
-
-def _engine_check(args: argparse.Namespace) -> int:
-    from specserve.experiments import engine_check_report
-    from specserve.speculation import split_specs
-
-    specs = split_specs(args.policies)
-    for spec in specs:
-        try:
-            make_policy(spec, EngineTraits(max_k=4))
-        except ValueError as exc:
-            raise CommandError(f"--policies: {spec!r}: {exc}") from None
-    for path in engine_check_report.check_and_report(specs, args.out, args.seed):
-        print(path)
     return 0
 
 

@@ -1,8 +1,8 @@
-"""``specserve sim engine-check``: the simulator against the real engine on one replayed trace.
+"""The simulator against the real engine on one replayed trace (``bench/engine_check.py`` runs it).
 
 1. A trace (the simulator's CSV format) is replayed into a real vLLM engine (the tiny trained pair, CPU,
    in this process): each request is added when its arrival time has passed, greedy, ``ignore_eos``, and
-   the engine runs the policy under test. The engine's own step log (``replicas.offline.read_step_log``)
+   the engine runs the policy under test. The engine's own step log (``replicas.replay``)
    records every step: k, batch, context, batched tokens, draft passes, duration.
 2. A CPU step-time model is fitted to that log (``fit_cpu_timer``): TurboSpec Eq. 3 for the target and for
    one draft pass plus a fixed per-step cost, by non-negative least squares on relative error, on each
@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import math
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,55 +86,6 @@ def write_trace(rows: Sequence[TraceRow], path: Path) -> Path:
         for r in rows:
             writer.writerow([r.arrival_s, r.prompt_tokens, r.output_tokens])
     return path
-
-
-def replay_engine(llm: Any, rows: Sequence[TraceRow], policy: str, vocab: int) -> tuple[list[dict], float, list[float]]:
-    """Replay ``rows`` into the engine in real time; returns its step log for the run, the makespan and each
-    request's end-to-end seconds (from its trace arrival)."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    from specserve.replicas import offline
-
-    offline.set_policy(llm, policy)
-    cursor = offline.read_telemetry(llm).num_steps
-    engine = llm.llm_engine
-    rng = np.random.default_rng(0)
-    pending = list(enumerate(rows))
-    log: list[dict] = []
-    e2e: list[float] = []
-    steps = 0
-    started = time.monotonic()
-    while pending or engine.has_unfinished_requests():
-        now = time.monotonic() - started
-        while pending and pending[0][1].arrival_s <= now:
-            i, row = pending.pop(0)
-            ids = rng.integers(3, vocab, size=row.prompt_tokens).tolist()
-            params = SamplingParams(temperature=0.0, max_tokens=row.output_tokens, ignore_eos=True)
-            engine.add_request(f"replay-{i}", TokensPrompt(prompt_token_ids=ids), params)
-        if engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    index = int(out.request_id.removeprefix("replay-"))
-                    e2e.append(time.monotonic() - started - rows[index].arrival_s)
-            steps += 1
-            if steps % 512 == 0:  # the engine keeps a bounded ring of records: collect them as the run goes
-                cursor = _collect(llm, log, cursor)
-        elif pending:
-            time.sleep(min(0.05, max(0.0, pending[0][1].arrival_s - now)))
-    makespan = time.monotonic() - started
-    _collect(llm, log, cursor)
-    for entry in log:
-        entry["t_s"] = entry["now_s"] - (log[0]["now_s"] if log else 0.0)
-    return log, makespan, e2e
-
-
-def _collect(llm: Any, log: list[dict], cursor: int) -> int:
-    from specserve.replicas import offline
-
-    new = offline.read_step_log(llm, cursor)
-    log.extend(new)
-    return cursor + len(new)
 
 
 def busy_step_times(log: Sequence[dict]) -> list[dict]:
@@ -268,48 +217,33 @@ class PolicyCheck:
         ]
 
 
-def run_check(policies: Sequence[str], out: Path, seed: int = 0, max_k: int = 4) -> tuple[list[PolicyCheck], float]:
-    """Engine runs of every policy on one engine, one timer fitted to all their steps, then the simulator's runs."""
-    import tempfile
+@dataclass(frozen=True, slots=True)
+class EngineRun:
+    """One policy's replay on the real engine (``replicas.replay``)."""
 
-    from specserve.models import cached_pair
-    from specserve.replicas import engine_env, offline
-    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+    policy: str
+    steps: list[dict]
+    makespan_s: float
+    e2e_s: list[float]
+    # Per draft position, reached and accepted drafts over the run: conditional acceptance.
+    reached_per_pos: list[int]
+    accepted_per_pos: list[int]
 
-    out.mkdir(parents=True, exist_ok=True)
-    rows = make_trace(seed)
-    trace = write_trace(rows, out / "engine-check-trace.csv")
+
+def compare(runs: Sequence[EngineRun], trace: Path, max_k: int = 4) -> tuple[list[PolicyCheck], float]:
+    """One timer fitted to all the runs' busy steps, then the simulator's replay of each policy."""
     horizon = sum(d for d, _ in SEGMENTS)
-    pair = cached_pair("trained")
-    kwargs = speculative_engine_kwargs(
-        EngineSpec(str(pair.target), str(pair.draft), policy=policies[0], max_k=max_k, max_num_seqs=MAX_NUM_SEQS)
-    )
-    engine_runs = []
-    scratch = tempfile.mkdtemp(prefix="specserve-engine-check-")
-    with engine_env.applied(engine_env.engine_env(scratch)), offline.offline_llm(**kwargs) as llm:
-        vocab = len(llm.get_tokenizer())
-        for policy in policies:
-            before = offline.read_telemetry(llm)
-            log, makespan, e2e = replay_engine(llm, rows, policy, vocab)
-            after = offline.read_telemetry(llm)
-            # Conditional rates (accepted / reached), the simulator's alpha_j.
-            drafted = [a - b for a, b in zip(after.num_reached_per_pos, before.num_reached_per_pos, strict=True)]
-            accepted = [a - b for a, b in zip(after.num_accepted_per_pos, before.num_accepted_per_pos, strict=True)]
-            engine_runs.append((policy, log, makespan - rows[0].arrival_s, drafted, accepted, e2e))
-    (out / "engine-check-steps.json").write_text(
-        json.dumps([{"policy": r[0], "makespan_s": r[2], "e2e_s": r[5], "steps": r[1]} for r in engine_runs]) + "\n"
-    )
-    timer, fit_error = fit_cpu_timer([e for run in engine_runs for e in busy_step_times(run[1])])
-    pooled_drafted = [sum(col) for col in zip(*(r[3] for r in engine_runs), strict=True)]  # reached
-    pooled_accepted = [sum(col) for col in zip(*(r[4] for r in engine_runs), strict=True)]
-    acceptance = acceptance_from(pooled_drafted, pooled_accepted)
+    timer, fit_error = fit_cpu_timer([e for run in runs for e in busy_step_times(run.steps)])
+    reached = [sum(col) for col in zip(*(r.reached_per_pos for r in runs), strict=True)]
+    accepted = [sum(col) for col in zip(*(r.accepted_per_pos for r in runs), strict=True)]
+    acceptance = acceptance_from(reached, accepted)
     checks = []
-    for policy, log, makespan, _, _, e2e in engine_runs:
-        sim_steps, sim_makespan, result = simulate_trace(trace, timer, acceptance, policy, max_k)
+    for run in runs:
+        sim_steps, sim_makespan, result = simulate_trace(trace, timer, acceptance, run.policy, max_k)
         checks.append(
             PolicyCheck(
-                policy,
-                summarize_run(log, makespan, horizon, e2e),
+                run.policy,
+                summarize_run(run.steps, run.makespan_s, horizon, run.e2e_s),
                 summarize_run(sim_steps, sim_makespan, horizon, sim_e2e(result)),
                 acceptance,
             )

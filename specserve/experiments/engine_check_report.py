@@ -1,4 +1,4 @@
-"""engine-check.md, engine-check.png and engine-check.json from ``engine_check.run_check``."""
+"""engine-check.md, engine-check.png and engine-check.json from ``engine_check.compare``."""
 
 from __future__ import annotations
 
@@ -9,18 +9,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specserve.experiments import plots
-from specserve.experiments.engine_check import OUTPUT_TOKENS, PROMPT_TOKENS, SEGMENTS, WINDOW_S, PolicyCheck, run_check
+from specserve.experiments.engine_check import OUTPUT_TOKENS, PROMPT_TOKENS, SEGMENTS, WINDOW_S, PolicyCheck
 
 BAR = 0.10
 
 
-def check_and_report(policies: Sequence[str], out: Path, seed: int) -> list[Path]:
-    checks, fit_error = run_check(policies, out, seed)
+def write(checks: Sequence[PolicyCheck], fit_error: float, seed: int, out: Path) -> list[Path]:
     md, png, raw = out / "engine-check.md", out / "engine-check.png", out / "engine-check.json"
     raw.write_text(json.dumps(as_json(checks, fit_error, seed), indent=2) + "\n")
     md.write_text(render_markdown(checks, fit_error, seed))
     _plot(png, checks)
-    return [md, png, raw, out / "engine-check-trace.csv"]
+    return [md, png, raw]
 
 
 def as_json(checks: Sequence[PolicyCheck], fit_error: float, seed: int) -> dict:
@@ -56,7 +55,8 @@ def render_markdown(checks: Sequence[PolicyCheck], fit_error: float, seed: int) 
         "# Simulator against the engine on one replayed trace",
         "",
         "```",
-        f"specserve sim engine-check --policies {','.join(c.policy for c in checks)} --seed {seed} --out bench/results",
+        "PYTHONPATH=$PWD .venv/bin/python bench/engine_check.py "
+        f"--policies {','.join(c.policy for c in checks)} --seed {seed} --out bench/results",
         "```",
         "",
         f"Trace: Poisson arrivals, {segments}; {PROMPT_TOKENS} prompt and {OUTPUT_TOKENS} output tokens each",

@@ -69,13 +69,14 @@ PERF_SIZES: dict[str, PerfSize] = {
         draft_layers=1,
         extra_layers=16,
     ),
+    # S's draft (the same shapes and seed give the same weights) under a target twice as deep.
     "M": PerfSize(
-        hidden_size=1536,
-        intermediate_size=4096,
-        num_attention_heads=24,
-        num_key_value_heads=6,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_attention_heads=16,
+        num_key_value_heads=4,
         draft_layers=1,
-        extra_layers=20,
+        extra_layers=32,
     ),
 }
 assert tuple(PERF_SIZES) == PERF_SIZE_NAMES, "specserve.models.arguments.PERF_SIZE_NAMES lists the sizes"
@@ -175,7 +176,7 @@ def stacked_target(
     target.model.norm.load_state_dict(draft.model.norm.state_dict())
     target.lm_head.load_state_dict(draft.lm_head.state_dict())
     writes = [
-        (layer.get_submodule(name), layer.get_submodule(name).weight.detach().float().clone())
+        (layer.get_submodule(name), layer.get_submodule(name).weight.detach().clone())
         for layer in layers[dims.draft_layers :]
         for name in RESIDUAL_WRITES
     ]
@@ -185,7 +186,7 @@ def stacked_target(
 def set_strength(writes: list[tuple[torch.nn.Linear, torch.Tensor]], strength: float) -> None:
     with torch.no_grad():
         for linear, base in writes:
-            linear.weight.copy_((base * strength).to(linear.weight.dtype))
+            linear.weight.copy_((base.float() * strength).to(linear.weight.dtype))
 
 
 def find_strength(agreement_at: Callable[[float], float], wanted: float, calibration: Calibration) -> tuple[float, int]:

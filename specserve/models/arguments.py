@@ -49,7 +49,7 @@ def perf_options(args: argparse.Namespace) -> dict[str, object]:
     """The builder options of ``make`` / ``cached``: size and agreement for perf, nothing otherwise."""
     given = {name: value for name, value in (("size", args.size), ("agreement", args.agreement)) if value is not None}
     if given and args.kind != "perf":
-        raise SystemExit(f"--{' and --'.join(given)} apply only to --kind perf, not --kind {args.kind}")
+        raise SystemExit(f"only --kind perf takes --{' or --'.join(given)} (got --kind {args.kind})")
     return given
 
 
@@ -84,10 +84,12 @@ def _add_perf_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--size",
         type=perf_size,
-        help=f"S or M: how costly the target is; the draft is one of its layers (default {DEFAULT_PERF_SIZE})",
+        metavar="{" + ",".join(PERF_SIZE_NAMES) + "}",
+        help=f"how costly the target is; M's is twice as deep as S's, the draft the same (default {DEFAULT_PERF_SIZE})",
     )
     group.add_argument(
         "--agreement",
         type=fraction,
+        metavar="A",
         help=f"greedy agreement of draft and target, 0..1, calibrated at build (default {DEFAULT_AGREEMENT})",
     )

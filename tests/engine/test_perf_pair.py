@@ -108,7 +108,7 @@ def test_bad_size_and_agreement_are_named(capsys):
         with pytest.raises(SystemExit):
             build_parser().parse_args(argv)
         assert bad in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="only to --kind perf"):
+    with pytest.raises(SystemExit, match="only --kind perf takes --size"):
         main(["make", "--kind", "self", "--size", "S", "--out", "x"])
     with pytest.raises(ValueError, match="'X'"):
         make_pair("perf", Path("unused"), size="X")

@@ -6,7 +6,9 @@
         speculative_config={"method": "draft_model", "model": str(pair.draft), "num_speculative_tokens": 4})
 
 Kinds: ``trained`` (distilled draft, position-0 acceptance about 0.8), ``self`` (draft = target,
-acceptance 1.0) and ``random`` (unrelated random draft, acceptance about 0). ``measure_acceptance``
+acceptance 1.0), ``random`` (unrelated random draft, acceptance about 0) and ``perf`` (a target many
+times costlier per step than its draft, with a chosen agreement: ``cached_pair("perf", size="S",
+agreement=0.8)``). ``measure_acceptance``
 (in ``specserve.models.measure``) starts a real vLLM engine; it is not imported here because
 importing vLLM takes seconds.
 """

@@ -1,6 +1,7 @@
 """Command line: build, fetch from cache, or measure tiny model pairs. Prints JSON on stdout.
 
 python -m specserve.models make --kind trained --out DIR
+python -m specserve.models make --kind perf --size S --agreement 0.8 --out DIR
 python -m specserve.models cached --kind self
 python -m specserve.models measure --target DIR/target --draft DIR/draft [--k 4]
 """
@@ -13,7 +14,7 @@ import json
 import os
 import sys
 
-from specserve.models.arguments import add_commands
+from specserve.models.arguments import add_commands, perf_options
 from specserve.models.build import PairPaths, make_pair
 from specserve.models.cache import cached_pair
 
@@ -29,9 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> dict[str, object]:
     """Execute parsed arguments; returns the JSON-able result."""
     if args.command == "make":
-        return _paths_json(make_pair(args.kind, args.out, seed=args.seed, progress=not args.no_progress))
+        options = perf_options(args)
+        return _paths_json(make_pair(args.kind, args.out, seed=args.seed, progress=not args.no_progress, **options))
     if args.command == "cached":
-        return _paths_json(cached_pair(args.kind, args.cache_dir, progress=not args.no_progress))
+        options = perf_options(args)
+        return _paths_json(cached_pair(args.kind, args.cache_dir, progress=not args.no_progress, **options))
     # vLLM logs to stdout by default; keep stdout for the JSON result.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     from specserve.models.measure import measure_acceptance

@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-KINDS = ("random", "self", "trained")
+KINDS = ("perf", "random", "self", "trained")
+# Sizes of the perf pair (specserve.models.perf.PERF_SIZES) and its default agreement.
+PERF_SIZE_NAMES = ("S", "M")
+DEFAULT_PERF_SIZE = "S"
+DEFAULT_AGREEMENT = 0.8  # about the trained pair's position-0 acceptance
 
 
 def model_dir(value: str) -> Path:
@@ -25,6 +29,30 @@ def positive_int(value: str) -> int:
     return number
 
 
+def perf_size(value: str) -> str:
+    if value not in PERF_SIZE_NAMES:
+        raise argparse.ArgumentTypeError(f"unknown size {value!r}; expected one of {', '.join(PERF_SIZE_NAMES)}")
+    return value
+
+
+def fraction(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not 0.0 <= number <= 1.0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value!r}")
+    return number
+
+
+def perf_options(args: argparse.Namespace) -> dict[str, object]:
+    """The builder options of ``make`` / ``cached``: size and agreement for perf, nothing otherwise."""
+    given = {name: value for name, value in (("size", args.size), ("agreement", args.agreement)) if value is not None}
+    if given and args.kind != "perf":
+        raise SystemExit(f"only --kind perf takes --{' or --'.join(given)} (got --kind {args.kind})")
+    return given
+
+
 def add_commands(parser: argparse.ArgumentParser, dest: str) -> None:
     """The ``make`` / ``cached`` / ``measure`` sub-commands, for ``specserve models`` and
     ``python -m specserve.models`` alike; the chosen one lands in ``args.<dest>``."""
@@ -35,11 +63,13 @@ def add_commands(parser: argparse.ArgumentParser, dest: str) -> None:
     make.add_argument("--out", required=True, type=Path, help="folder to create target/ and draft/ in")
     make.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     make.add_argument("--no-progress", action="store_true", help="hide the training progress bar")
+    _add_perf_options(make)
 
     cached = commands.add_parser("cached", help="print a cached pair's folders, building it once")
     cached.add_argument("--kind", required=True, choices=KINDS, help="which pair")
     cached.add_argument("--cache-dir", type=Path, default=None, help="cache root (default $SPECSERVE_CACHE)")
     cached.add_argument("--no-progress", action="store_true", help="hide the training progress bar")
+    _add_perf_options(cached)
 
     measure = commands.add_parser("measure", help="measure greedy acceptance in a vLLM engine")
     measure.add_argument("--target", required=True, type=model_dir, help="target model folder")
@@ -47,3 +77,19 @@ def add_commands(parser: argparse.ArgumentParser, dest: str) -> None:
     measure.add_argument("--k", type=positive_int, default=4, help="draft tokens per step (default 4)")
     measure.add_argument("--num-prompts", type=positive_int, default=8, help="prompts (default 8)")
     measure.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per prompt (default 64)")
+
+
+def _add_perf_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("perf pair (--kind perf)")
+    group.add_argument(
+        "--size",
+        type=perf_size,
+        metavar="{" + ",".join(PERF_SIZE_NAMES) + "}",
+        help=f"how costly the target is; M's is twice as deep as S's, the draft the same (default {DEFAULT_PERF_SIZE})",
+    )
+    group.add_argument(
+        "--agreement",
+        type=fraction,
+        metavar="A",
+        help=f"greedy agreement of draft and target, 0..1, calibrated at build (default {DEFAULT_AGREEMENT})",
+    )

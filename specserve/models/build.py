@@ -1,12 +1,14 @@
 """Builders of tiny local target/draft model folders that vLLM loads like any Hugging Face model.
 
-Three kinds of pair, each a folder ``<out>/target`` and ``<out>/draft`` sharing one tokenizer:
+Four kinds of pair, each a folder ``<out>/target`` and ``<out>/draft`` sharing one tokenizer:
 
 - ``trained``: a Llama target trained briefly on stdlib Python and a smaller draft distilled from it;
   with k=4, vLLM measures greedy acceptance 0.80 / 0.62 / 0.51 / 0.45 at positions 0-3 (mean
   acceptance length 3.4; see specserve.models.measure). Build: about 2 min on 2 cores.
 - ``self``: the draft is a copy of a random target, so every draft token is accepted.
 - ``random``: a random target and an unrelated random draft, so almost nothing is accepted.
+- ``perf``: a random draft and a target many times costlier per step built on the draft's layers, with
+  a chosen agreement (specserve.models.perf); options ``size`` (S, M) and ``agreement`` (0..1).
 
 Every builder is deterministic given its seed; ``self`` and ``random`` take a second or two.
 """
@@ -21,6 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -28,7 +31,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 from transformers.utils import logging as hf_logging
 
 from specserve.models import training
-from specserve.models.arguments import KINDS
+from specserve.models.arguments import DEFAULT_AGREEMENT, DEFAULT_PERF_SIZE, KINDS
 from specserve.models.tokenizer import read_corpus, save_tokenizer, train_tokenizer
 
 # Bump when anything that changes the built files changes (shapes, recipe, corpus, tokenizer).
@@ -204,18 +207,36 @@ def make_trained_pair(
     return paths
 
 
+def make_perf_pair(out_dir: Path, **kwargs: Any) -> PairPaths:
+    from specserve.models import perf  # it builds on this module
+
+    return perf.make_perf_pair(out_dir, **kwargs)
+
+
 PairBuilder = Callable[..., PairPaths]
 # The pair kinds by name; `make_pair` and the cache accept exactly these.
 BUILDERS: dict[str, PairBuilder] = {
     "trained": make_trained_pair,
     "self": make_self_pair,
     "random": make_random_pair,
+    "perf": make_perf_pair,
 }
 assert tuple(sorted(BUILDERS)) == KINDS, "specserve.models.arguments.KINDS lists the builders for the CLI"
+# Options a kind's builder takes beyond seed and progress, with their defaults.
+OPTION_DEFAULTS: dict[str, dict[str, Any]] = {"perf": {"size": DEFAULT_PERF_SIZE, "agreement": DEFAULT_AGREEMENT}}
 
 
-def make_pair(kind: str, out_dir: Path, *, seed: int = 0, progress: bool = True) -> PairPaths:
-    """Build the pair named ``kind`` (one of BUILDERS) under ``out_dir``."""
+def pair_options(kind: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` checked against ``kind``, with that kind's defaults filled in."""
     if kind not in BUILDERS:
         raise ValueError(f"unknown model pair kind {kind!r}; expected one of {sorted(BUILDERS)}")
-    return BUILDERS[kind](Path(out_dir), seed=seed, progress=progress)
+    defaults = OPTION_DEFAULTS.get(kind, {})
+    if unknown := sorted(set(options) - set(defaults)):
+        raise ValueError(f"model pair kind {kind!r} takes no option {', '.join(map(repr, unknown))}")
+    return {**defaults, **options}
+
+
+def make_pair(kind: str, out_dir: Path, *, seed: int = 0, progress: bool = True, **options: Any) -> PairPaths:
+    """Build the pair named ``kind`` (one of BUILDERS) under ``out_dir``; ``options`` as OPTION_DEFAULTS."""
+    options = pair_options(kind, options)
+    return BUILDERS[kind](Path(out_dir), seed=seed, progress=progress, **options)

@@ -1,6 +1,7 @@
 """A build-once cache of model pairs, shared by ``make serve``, ``make test`` and concurrent builders.
 
-Layout: ``<root>/<kind>-<BUILD_VERSION>-py<major><minor>/{target,draft,specserve_build.json}``, with
+Layout: ``<root>/<kind>[-<options>]-<BUILD_VERSION>-py<major><minor>/{target,draft,specserve_build.json}``
+(options: the perf pair's size and agreement, e.g. ``perf-S-a0.8-v1-py311``), with
 ``<root>`` = ``$SPECSERVE_CACHE`` if set, else ``~/.cache/specserve/models``. The Python version is
 part of the key because the training corpus is that interpreter's standard library.
 
@@ -20,8 +21,9 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from specserve.models.build import BUILD_INFO_FILE, BUILD_VERSION, BUILDERS, PairPaths, make_pair
+from specserve.models.build import BUILD_INFO_FILE, BUILD_VERSION, PairPaths, make_pair, pair_options
 
 CACHE_ENV = "SPECSERVE_CACHE"
 
@@ -32,23 +34,31 @@ def cache_root() -> Path:
     return Path(configured).expanduser() if configured else Path.home() / ".cache" / "specserve" / "models"
 
 
-def cache_key(kind: str) -> str:
-    """The folder name of a cached pair: kind, build version and Python minor version."""
-    return f"{kind}-{BUILD_VERSION}-py{sys.version_info.major}{sys.version_info.minor}"
+def cache_key(kind: str, **options: Any) -> str:
+    """The folder name of a cached pair: kind, its options (defaults filled in), build version and
+    Python minor version."""
+    options = pair_options(kind, options)
+    parts = [kind, *(_option_part(name, value) for name, value in options.items())]
+    return f"{'-'.join(parts)}-{BUILD_VERSION}-py{sys.version_info.major}{sys.version_info.minor}"
 
 
-def cached_pair(kind: str, cache_dir: Path | None = None, *, progress: bool = True) -> PairPaths:
-    """The pair ``kind`` from the cache, building it first (seed 0) if it is not there yet."""
-    if kind not in BUILDERS:
-        raise ValueError(f"unknown model pair kind {kind!r}; expected one of {sorted(BUILDERS)}")
+def _option_part(name: str, value: object) -> str:
+    return f"a{value:g}" if name == "agreement" else str(value)
+
+
+def cached_pair(kind: str, cache_dir: Path | None = None, *, progress: bool = True, **options: Any) -> PairPaths:
+    """The pair ``kind`` from the cache, building it first (seed 0) if it is not there yet; ``options``
+    as ``make_pair``'s, e.g. ``cached_pair("perf", size="S", agreement=0.8)``."""
+    options = pair_options(kind, options)
     root = Path(cache_dir) if cache_dir is not None else cache_root()
-    final = root / cache_key(kind)
+    key = cache_key(kind, **options)
+    final = root / key
     if is_complete(final):
         return PairPaths.under(final)
     root.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(root / f".{cache_key(kind)}.lock"):
+    with _exclusive_lock(root / f".{key}.lock"):
         if not is_complete(final):  # another process may have finished while we waited
-            _build_and_publish(kind, final, progress=progress)
+            _build_and_publish(kind, final, progress=progress, options=options)
     return PairPaths.under(final)
 
 
@@ -57,11 +67,11 @@ def is_complete(pair_dir: Path) -> bool:
     return (pair_dir / BUILD_INFO_FILE).is_file()
 
 
-def _build_and_publish(kind: str, final: Path, *, progress: bool) -> None:
+def _build_and_publish(kind: str, final: Path, *, progress: bool, options: dict[str, Any]) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the published pair should read like any folder
     try:
-        make_pair(kind, staging, progress=progress)
+        make_pair(kind, staging, progress=progress, **options)
         try:
             os.rename(staging, final)  # atomic on one filesystem; fails if `final` already exists
         except OSError as err:

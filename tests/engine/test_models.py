@@ -141,7 +141,7 @@ def test_cache_root_follows_environment(tmp_path, monkeypatch):
 
 
 def test_cli_make_prints_paths_and_names_bad_values(tmp_path, capsys):
-    assert set(KINDS) == {"trained", "self", "random"}
+    assert set(KINDS) == {"trained", "self", "random", "perf"}
     assert main(["make", "--kind", "self", "--out", str(tmp_path / "p"), "--no-progress"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == {"target": str(tmp_path / "p" / "target"), "draft": str(tmp_path / "p" / "draft")}

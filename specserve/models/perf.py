@@ -3,7 +3,7 @@
 The draft is a small random Llama. The target is the draft's own layers followed by extra layers of
 the same width whose residual writes (``o_proj``, ``down_proj``) are scaled by a strength: at
 strength 0 the extra layers add nothing and the target computes exactly the draft's function (greedy
-agreement 1); larger strengths push the target's argmax away from the draft's. The build bisects on
+agreement 1); larger strengths push the target's argmax away from the draft's. The build searches
 the strength until the greedy agreement, measured in torch along the target's own greedy
 continuations of corpus prefixes (what vLLM's position-0 acceptance counts), is close to the asked
 value, then measures it again on other prefixes and records that in the build info.

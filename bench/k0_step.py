@@ -2,6 +2,7 @@
 engine started without speculation (the tiny trained pair, CPU, bf16, eager).
 
     PYTHONPATH=$PWD .venv/bin/python bench/k0_step.py [--rounds 3] [--reps 5] [--out FILE]
+        [--pair trained | --pair perf --size S --agreement 0.6]
 
 One engine runs at a time. Each round starts each engine once (the order rotates between rounds) and
 times greedy generation of B prompts (B = 1, 4, 8) at two lengths; a decode step's time is the
@@ -92,12 +93,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--pair", choices=("trained", "perf"), default="trained")
+    parser.add_argument("--size", default="S", help="perf pair size")
+    parser.add_argument("--agreement", type=float, default=0.6, help="perf pair agreement")
     args = parser.parse_args()
 
     from specserve.models import cached_pair
     from specserve.replicas import engine_env
 
-    pair = cached_pair("trained")
+    options = {"size": args.size, "agreement": args.agreement} if args.pair == "perf" else {}
+    pair = cached_pair(args.pair, **options)
     rounds: list[dict[str, dict[int, float]]] = []
     with engine_env.applied(engine_env.engine_env(tempfile.mkdtemp(prefix="specserve-k0-bench-"))):
         for r in range(args.rounds):
@@ -109,7 +114,8 @@ def main() -> None:
             rounds.append(result)
 
     report: dict[str, Any] = {
-        "what": "ms per k=0 decode step (greedy, tiny trained pair, bf16, CPU eager, max_k=4)",
+        "what": "ms per k=0 decode step (greedy, bf16, CPU eager, max_k=4)",
+        "pair": {"kind": args.pair, **options},
         "rounds": args.rounds,
         "reps_per_round": args.reps,
         "tokens": [SHORT, LONG],

@@ -5,6 +5,7 @@ policy in turn and prints one JSON line per policy. A benchmark, not a test: sin
 machine move by +-20 %; the share is what to read.
 
     .venv/bin/python bench/policy_cost.py [--policies adaptive,goodput,fixed:k=4]
+        [--pair trained | --pair perf --size S --agreement 0.6]
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policies", default="adaptive,goodput,fixed:k=4")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--pair", choices=("trained", "perf"), default="trained")
+    parser.add_argument("--size", default="S", help="perf pair size")
+    parser.add_argument("--agreement", type=float, default=0.6, help="perf pair agreement")
     args = parser.parse_args()
 
     from vllm import SamplingParams
@@ -29,7 +33,8 @@ def main() -> None:
     from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
     from specserve.replicas.offline import offline_llm, read_telemetry, set_policy
 
-    pair = cached_pair("trained")
+    options = {"size": args.size, "agreement": args.agreement} if args.pair == "perf" else {}
+    pair = cached_pair(args.pair, **options)
     spec = EngineSpec(target=str(pair.target), draft=str(pair.draft), policy="fixed:k=0", max_k=4, max_num_seqs=8)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     env = engine_env.engine_env(tempfile.mkdtemp(prefix="specserve-bench-"), num_cpus=2)
@@ -45,6 +50,7 @@ def main() -> None:
             policy_s = after.policy_s - before.policy_s
             row = {
                 "policy": policy,
+                "pair": args.pair if args.pair == "trained" else f"perf-{args.size}-a{args.agreement}",
                 "steps": steps,
                 "mean_step_ms": round(1e3 * step_s / steps, 3),
                 "policy_us_per_step": round(1e6 * policy_s / steps, 1),

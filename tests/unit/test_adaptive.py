@@ -30,11 +30,21 @@ def test_bucket_correction_averages_residuals_and_falls_back_within_the_bucket()
 
 
 def trained_policy(
-    spec: str = "adaptive", alpha: float = 0.8, max_k: int = 4, asks_stop_drafting: bool = False
+    spec: str = "adaptive",
+    alpha: float = 0.8,
+    max_k: int = 4,
+    asks_stop_drafting: bool = False,
+    resume_s_per_token: float | None = None,
 ) -> AdaptivePolicy:
     """A policy whose step-time fit has learned the kinked step cost (its correction has not: the steps go to the
     fit directly), then has observed steps with a steady acceptance of ``alpha``."""
-    policy = make_policy(spec, EngineTraits(max_k=max_k, asks_stop_drafting=asks_stop_drafting))
+    traits = EngineTraits(
+        max_k=max_k,
+        asks_stop_drafting=asks_stop_drafting,
+        k0_runs_draft_pass=resume_s_per_token is None,
+        resume_s_per_token=resume_s_per_token,
+    )
+    policy = make_policy(spec, traits)
     assert isinstance(policy, AdaptivePolicy)
     rng = random.Random(2)
     for step in kinked_steps(2000):
@@ -130,3 +140,40 @@ def test_an_exploration_down_to_zero_is_not_extended() -> None:
     assert {d.k for d in decisions} == {0, 3, 4}
     assert [d.k for d in decisions].count(3) > 30
     assert all((d.draft_stop is None) == (d.k == 0) for d in decisions)
+
+
+def k0_steps(policy: AdaptivePolicy, steps: int, batch: int, draft_passes: int) -> None:
+    for _ in range(steps):
+        policy.observe(
+            StepRecord(
+                now_s=0.0,
+                k=0,
+                duration_s=roofline_s(batch, draft_passes, batch),
+                num_running=batch,
+                num_context_tokens=0,
+                num_batched_tokens=batch,
+                num_draft_passes=draft_passes,
+                num_emitted_tokens=batch,
+            )
+        )
+
+
+@pytest.mark.parametrize(
+    ("resume_s_per_token", "draft_passes", "context_per_request", "resumes"),
+    [
+        (1e-2, 0, 400, False),  # 299 tokens x 4 requests to catch up at 10 ms each: 12 s, more than a second's gain
+        (1e-7, 0, 400, True),  # the same catch-up, nearly free
+        (1e-2, 1, 400, True),  # k = 0 kept the draft in sync: nothing to catch up
+        (1e-2, 0, 2, True),  # the requests are 2 tokens long: whatever the count says, they lag by at most that
+    ],
+)
+def test_resuming_waits_until_the_gain_repays_the_catch_up(
+    resume_s_per_token: float, draft_passes: int, context_per_request: int, resumes: bool
+) -> None:
+    spec = "adaptive:explore_interval_s=inf,probe_interval_s=inf"
+    policy = trained_policy(spec, resume_s_per_token=resume_s_per_token)
+    assert policy.choose(ctx(1024)).k == 0  # settled at k = 0 ...
+    k0_steps(policy, 300, batch=4, draft_passes=draft_passes)  # ... for 300 steps
+    small = StepContext(now_s=1.0, num_running=4, num_waiting=0, num_context_tokens=4 * context_per_request)
+    assert (policy.choose(small).k == 4) == resumes
+    assert policy.describe()["num_resumes_deferred"] == (0.0 if resumes else 1.0)

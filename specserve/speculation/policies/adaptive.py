@@ -17,7 +17,11 @@
    draft's batch and, in vLLM, cuts drafts already proposed. Exploration of neighbouring k (needed by any
    online fit, ``parts.probe.NeighbourExplorer``) runs every ``explore_interval_s``, less often than goodput's, and
    backs off (doubling, up to ``explore_backoff_max`` x) while the explorations leave k where it is.
-5. **Confidence-driven draft length** (``parts.early_stop``), where the engine asks after each draft pass
+5. **Resuming priced** where k = 0 skips the draft pass (``EngineTraits.resume_s_per_token``): leaving k = 0
+   costs one catch-up of the draft over the tokens it skipped (``parts.switching.DraftLag``), so the policy
+   resumes only if the predicted gain over k = 0 repays that within ``resume_payback_s``. Nightjar prices the
+   same switch per token in its Eq. 4; a payback time keeps it in the goodput objective's units.
+6. **Confidence-driven draft length** (``parts.early_stop``), where the engine asks after each draft pass
    (``EngineTraits.asks_stop_drafting``; the simulator, not vLLM yet): the step is granted up to
    ``early_stop_extra`` drafts beyond k, and its ``Decision.draft_stop`` ends the loop once the drafts'
    confidences say further passes lower the same objective. AdaSpec's execute-correct loop (§5.1) stops early
@@ -39,6 +43,7 @@ from specserve.speculation.estimators.bucket_correction import BucketCorrection
 from specserve.speculation.estimators.step_latency import HINGED, StepLatencyModel
 from specserve.speculation.policies.parts.early_stop import ConfidenceStop, StopCounter
 from specserve.speculation.policies.parts.goodput_core import MIN_STEP_S, GoodputCore
+from specserve.speculation.policies.parts.switching import DraftLag, measured_resume_s
 from specserve.speculation.policy import Policy, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
@@ -67,6 +72,8 @@ class AdaptiveParams:
     confidence_stop: bool = True
     # Drafts granted beyond k when confidences may stop the loop.
     early_stop_extra: int = 2
+    # Seconds within which the predicted gain of resuming must repay the draft's catch-up (module docstring, 5).
+    resume_payback_s: float = 1.0
 
     def __post_init__(self) -> None:
         checks = {
@@ -82,6 +89,7 @@ class AdaptiveParams:
             "correction_memory": self.correction_memory >= 1.0,
             "explore_backoff_max": self.explore_backoff_max >= 1.0,
             "early_stop_extra": self.early_stop_extra >= 0,
+            "resume_payback_s": self.resume_payback_s >= 0,
         }
         for name, ok in checks.items():
             if not ok:
@@ -116,8 +124,11 @@ class AdaptivePolicy(Policy):
         self._explorations_seen = 0
         # Shared with every draft-loop rule handed out, so describe() can report their early stops.
         self._early_stops = StopCounter()
+        self._lag = DraftLag()
+        self.num_resumes_deferred = 0
 
     def choose(self, ctx: StepContext) -> Decision:
+        self._lag.see(ctx.draft_resident)
         if not ctx.draft_resident:
             return Decision(k=0)
         if ctx.num_running == 0:
@@ -129,6 +140,9 @@ class AdaptivePolicy(Policy):
         current = min(self._k, self.max_k)
         if k > 0 and current > 0 and goodputs[k] < goodputs[current] * (1.0 + self.params.switch_margin):
             k = current
+        if k > 0 and current == 0 and not self._resume_pays(ctx, goodputs[k] - goodputs[0], goodputs[0]):
+            k = 0
+            self.num_resumes_deferred += 1
         self._back_off_exploration(k)
         self._k = k
         run_k = self.core.run(ctx.now_s, k, goodputs)
@@ -138,6 +152,17 @@ class AdaptivePolicy(Policy):
             stop = ConfidenceStop(ctx.num_running, seconds, self.core.acceptance.alphas(), budget, self._early_stops)
             return Decision(k=budget, draft_stop=stop)
         return Decision(k=run_k)
+
+    def _resume_pays(self, ctx: StepContext, gain_tokens_per_s: float, k0_tokens_per_s: float) -> bool:
+        """Whether the gain over k = 0 repays, within ``resume_payback_s``, the tokens the catch-up step costs."""
+        resume = self.traits.resume_s_per_token
+        if resume is None:
+            return True
+        # Priced at the mean lag, at most the mean context: the catch-up is one forward over every request's lag.
+        mean_context = ctx.num_context_tokens / max(ctx.num_running, 1)
+        lag = min(self._lag.effective(ctx.num_context_tokens, ctx.num_running), mean_context)
+        cost_s = measured_resume_s(resume, lag, ctx.num_running)
+        return gain_tokens_per_s * self.params.resume_payback_s >= cost_s * k0_tokens_per_s
 
     def _back_off_exploration(self, k: int) -> None:
         explorer, base = self.core.explorer, self.params.explore_interval_s
@@ -154,6 +179,7 @@ class AdaptivePolicy(Policy):
         k_run = max(record.num_drafted_per_request, default=0) or record.k
         self.correction.observe(record.num_running, k_run, record.duration_s - predicted_s)
         self.core.observe(record)
+        self._lag.observe(record.k, record.num_draft_passes, record.num_batched_tokens, record.num_running)
 
     def decode_seconds_all(self, ctx: StepContext) -> np.ndarray:
         """Per k = 0 .. max_k, the step's time the decodes are charged with: all of it minus the prefill's own
@@ -171,4 +197,6 @@ class AdaptivePolicy(Policy):
     def describe(self) -> dict[str, float]:
         out = self.core.describe(self.latency)
         out["num_early_stops"] = float(self._early_stops.count)
+        out["draft_lag_tokens"] = float(self._lag.tokens)
+        out["num_resumes_deferred"] = float(self.num_resumes_deferred)
         return out

@@ -23,12 +23,7 @@ describes no drift test).
 The re-enable step's own duration, catch-up prefill included, is kept in lbar as measured: the paper
 observes "the realized goodput", and records do not say how much of a step was catch-up.
 
-L_eff, the largest draft lag in the batch, is not carried by StepContext, so it is estimated from the
-records: a k = 0 step that ran no draft pass adds one token to every request's lag, and a request
-admitted then lags by at least its prompt chunk (batched tokens - B); a k = 0 step that still ran a
-draft pass (vLLM keeps the draft in sync) and any k > 0 step leave nothing to re-prefill. After the
-draft was offloaded (``draft_resident`` False), all of its KV is gone: the lag is at least the mean
-context per request (the max is not carried).
+L_eff, the largest draft lag in the batch, is estimated from the records (``parts.switching.DraftLag``).
 """
 
 from __future__ import annotations
@@ -38,7 +33,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specserve.speculation.policies.parts.bingreedy import EXPLORE_SCHEDULES, BinSchedule, explore_probability
-from specserve.speculation.policies.parts.switching import DEFAULT_SWITCH_COST_TABLE, SwitchCostTable
+from specserve.speculation.policies.parts.switching import (
+    DEFAULT_SWITCH_COST_TABLE,
+    DraftLag,
+    SwitchCostTable,
+    measured_resume_s,
+)
 from specserve.speculation.policies.parts.ties import argmin_smallest
 from specserve.speculation.policy import Policy, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
@@ -122,8 +122,7 @@ class BanditPolicy(Policy):
         # Engine-wide, not per context: the draft's lag belongs to the engine, and k_prev is the k of
         # the last observed step. Algorithm 1 starts with speculation on: the first bins pay no switch.
         self._k_prev = self.max_k
-        self._lag_tokens = 0
-        self._draft_offloaded = False
+        self._lag = DraftLag()
         self._last_bucket = 0
         self._last_switch_cost_s = 0.0
         self.num_explore_bins = 0
@@ -138,8 +137,7 @@ class BanditPolicy(Policy):
         return self._schedules.setdefault(bucket, BinSchedule())
 
     def choose(self, ctx: StepContext) -> Decision:
-        if not ctx.draft_resident:
-            self._draft_offloaded = True
+        self._lag.see(ctx.draft_resident)
         if ctx.num_running == 0:
             return Decision(k=0)  # nothing decodes: not a round on any timeline
         self._last_bucket = bucket = self.bucket(ctx.num_running)
@@ -170,18 +168,14 @@ class BanditPolicy(Policy):
 
     def switch_cost_s(self, ctx: StepContext) -> float:
         """C_sw(L_eff, B) in seconds for re-enabling speculation at this step."""
-        lag = float(self._lag_tokens)
-        if self._draft_offloaded and ctx.num_running > 0:
-            lag = max(lag, ctx.num_context_tokens / ctx.num_running)
+        lag = self._lag.effective(ctx.num_context_tokens, ctx.num_running)
         resume = self.traits.resume_s_per_token
         if resume is None:
             return self.params.switch_cost_scale * self.switch_costs.cost_s(lag, ctx.num_running)
-        # The engine's own measured catch-up: every request catches up its lag less the one token the last
-        # pass wrote ahead (draft_sync), in one forward.
-        return self.params.switch_cost_scale * resume * max(lag - 1.0, 0.0) * ctx.num_running
+        return self.params.switch_cost_scale * measured_resume_s(resume, lag, ctx.num_running)
 
     def observe(self, record: StepRecord) -> None:
-        self._track_lag(record)
+        self._lag.observe(record.k, record.num_draft_passes, record.num_batched_tokens, record.num_running)
         if record.num_running > 0:
             # k_{t-1} of Eq. (4) is the k the engine actually ran last, engine-wide (module docstring).
             if self._k_prev == 0 and record.k > 0:
@@ -197,17 +191,6 @@ class BanditPolicy(Policy):
         counts[record.k] += 1
         means[record.k] += (latency_s - means[record.k]) / counts[record.k]
 
-    def _track_lag(self, record: StepRecord) -> None:
-        """Update the estimate of the largest draft lag (see the module docstring)."""
-        if record.k > 0:
-            self._lag_tokens = 0  # the draft ran, after catching up
-            self._draft_offloaded = False
-        elif record.num_draft_passes > 0:
-            self._lag_tokens = 0  # k = 0 that still kept the draft's KV in sync
-        else:
-            prefill_tokens = max(0, record.num_batched_tokens - record.num_running)
-            self._lag_tokens = max(self._lag_tokens + (1 if record.num_running > 0 else 0), prefill_tokens)
-
     def mean_latencies_s(self, bucket: int) -> list[float]:
         """lbar per arm for a context; ``inf`` for arms never played there."""
         counts = self._counts.get(bucket, [0] * (self.max_k + 1))
@@ -221,7 +204,7 @@ class BanditPolicy(Policy):
             "num_explore_bins": float(self.num_explore_bins),
             "num_exploit_bins": float(self.num_exploit_bins),
             "num_reenables": float(self.num_reenables),
-            "draft_lag_tokens": float(self._lag_tokens),
+            "draft_lag_tokens": float(self._lag.tokens),
             "switch_cost_s": self._last_switch_cost_s,
         }
         for k, latency_s in enumerate(self.mean_latencies_s(self._last_bucket)):

@@ -87,3 +87,46 @@ def _interpolate_log2(points: Sequence[int], values: Sequence[float], at: float)
     low, high = math.log2(points[index - 1]), math.log2(points[index])
     fraction = (math.log2(at) - low) / (high - low)
     return values[index - 1] + (values[index] - values[index - 1]) * fraction
+
+
+class DraftLag:
+    """The largest draft lag in the batch, estimated from step records; what a resume must catch up.
+
+    StepContext does not carry lags, so: a k = 0 step that ran no draft pass adds one token to every request's
+    lag, and a request admitted then lags by at least its prompt chunk (batched tokens - B); a k = 0 step that
+    still ran a draft pass (vLLM keeps the draft in sync) and any k > 0 step leave nothing to catch up. After
+    the draft was offloaded (``draft_resident`` False) all of its KV is gone: the lag is at least the mean
+    context per request (the max is not carried).
+    """
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.offloaded = False
+
+    def see(self, draft_resident: bool) -> None:
+        """Called with each step's ``StepContext.draft_resident`` before the step runs."""
+        if not draft_resident:
+            self.offloaded = True
+
+    def observe(self, k: int, num_draft_passes: int, num_batched_tokens: int, num_running: int) -> None:
+        if k > 0:
+            self.tokens, self.offloaded = 0, False  # the draft ran, after catching up
+        elif num_draft_passes > 0:
+            self.tokens = 0  # k = 0 that still kept the draft's KV in sync
+        else:
+            prefill_tokens = max(0, num_batched_tokens - num_running)
+            self.tokens = max(self.tokens + (1 if num_running > 0 else 0), prefill_tokens)
+
+    def effective(self, num_context_tokens: int, num_running: int) -> float:
+        """L_eff in tokens for a batch with this context: no request lags by more than its own context, which
+        bounds the count of a long k = 0 stretch that outlived the requests it started with."""
+        lag = float(self.tokens)
+        if self.offloaded and num_running > 0:
+            lag = max(lag, num_context_tokens / num_running)
+        return min(lag, float(num_context_tokens))
+
+
+def measured_resume_s(resume_s_per_token: float, lag_tokens: float, num_running: int) -> float:
+    """An engine's own measured catch-up: every request catches up its lag less the one token the last pass
+    wrote ahead (draft_sync), in one forward."""
+    return resume_s_per_token * max(lag_tokens - 1.0, 0.0) * num_running

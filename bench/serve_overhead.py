@@ -1,0 +1,218 @@
+"""What the whole specserve path costs against vLLM's bare ``AsyncLLM`` at the same k.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/serve_overhead.py --config bench/configs/perf-S.yaml \
+        [--k 2] [--concurrency 1,4,16] [--num-requests 32] [--rounds 3] [--out FILE]
+
+Two ways to serve the same pair at the same fixed k:
+
+- ``bare``: vLLM's ``AsyncLLM`` in this process with the draft model at ``num_speculative_tokens = k``: no
+  specserve scheduler, worker extension or policy, no HTTP, no Ray. Requests go straight to ``generate``.
+- ``served``: ``specserve serve --config CONFIG --policy fixed:k=K --k-max K`` in its own session (stopped by its
+  PID with SIGINT), loaded by ``specserve bench run`` over HTTP: Ray Serve's proxy and OpenAI ingress, the
+  replica, our scheduler and policy, streaming.
+
+Both get the same closed-loop load (the same prompts: ``bench.prompts.Prompter`` with one seed, greedy,
+``ignore_eos``). Each round starts each way once, the order alternating between rounds; the JSON gives output
+tokens/s and mean end-to-end latency per way and concurrency, and the paired ratio served / bare per round.
+On a machine with few cores the client, Ray's processes and the engine share them, so the ratio there is an
+upper bound on the overhead a GPU node with spare cores would see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def bare_kwargs(config: dict[str, Any], k: int) -> dict[str, Any]:
+    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+
+    spec = EngineSpec(
+        target=str(ROOT / config["model"]),
+        draft=str(ROOT / config["draft"]),
+        policy=f"fixed:k={k}",
+        max_k=k,
+        max_num_seqs=int(config.get("max_num_seqs", 8)),
+        max_model_len=int(config.get("max_model_len", 512)),
+    )
+    kwargs = speculative_engine_kwargs(spec)
+    for key in ("scheduler_cls", "worker_extension_cls", "additional_config"):
+        kwargs.pop(key)  # vLLM's own scheduler and worker: nothing of specserve's
+    return kwargs
+
+
+async def closed_loop(engine: Any, prompts: list[str], concurrency: int, max_tokens: int) -> dict[str, float]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    queue = list(enumerate(prompts))
+    tokens, e2e = [], []
+
+    async def client() -> None:
+        while queue:
+            index, prompt = queue.pop(0)
+            sent = time.perf_counter()
+            count = 0
+            async for output in engine.generate(prompt, params, request_id=f"bench-{time.time_ns()}-{index}"):
+                count = len(output.outputs[0].token_ids)  # cumulative: the last output holds them all
+            e2e.append(time.perf_counter() - sent)
+            tokens.append(count)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    return {"output_tokens_per_s": sum(tokens) / elapsed, "mean_e2e_ms": 1e3 * statistics.mean(e2e)}
+
+
+def run_bare(config: dict[str, Any], args: argparse.Namespace) -> dict[int, dict[str, float]]:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from specserve.bench.prompts import Prompter
+    from specserve.replicas import engine_env
+
+    results: dict[int, dict[str, float]] = {}
+    env = engine_env.engine_env(
+        tempfile.mkdtemp(prefix="specserve-overhead-"),
+        num_cpus=args.num_cpus,
+        kv_cache_space_gib=int(config.get("kv_cache_space_gib", 1)),
+    )
+    with engine_env.applied(env):
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**bare_kwargs(config, args.k)))
+        try:
+
+            async def all_points() -> None:
+                prompter = Prompter(args.seed)
+                warm = [prompter.prompt(args.input_len) for _ in range(args.warmup)]
+                await closed_loop(engine, warm, max(args.concurrency), args.output_len)
+                for c in args.concurrency:
+                    prompts = [Prompter(args.seed + c).prompt(args.input_len) for _ in range(args.num_requests)]
+                    results[c] = await closed_loop(engine, prompts, c, args.output_len)
+                    print(f"bare c={c}: {results[c]}", file=sys.stderr, flush=True)
+
+            asyncio.run(all_points())
+        finally:
+            engine.shutdown()
+    return results
+
+
+def run_served(config_path: Path, args: argparse.Namespace) -> dict[int, dict[str, float]]:
+    port = args.port
+    cmd = [
+        sys.executable, "-m", "specserve.cluster.cli", "serve", "--config", str(config_path),
+        "--policy", f"fixed:k={args.k}", "--k-max", str(max(args.k, 1)), "--port", str(port),
+    ]  # fmt: skip
+    log = open(tempfile.mktemp(prefix="specserve-overhead-serve-", suffix=".log"), "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+    results: dict[int, dict[str, float]] = {}
+    try:
+        url = wait_for_endpoint(Path(log.name), proc, timeout_s=600)
+        bench = [sys.executable, "-m", "specserve.cluster.cli", "bench", "run", "--url", url, "--json"]
+        common = ["--input-len", str(args.input_len), "--output-len", str(args.output_len), "--no-progress"]
+        subprocess.run(
+            [*bench, *common, "--concurrency", str(max(args.concurrency)), "--num-requests", str(args.warmup)],
+            check=True,
+            capture_output=True,
+        )
+        for c in args.concurrency:
+            load = ["--concurrency", str(c), "--num-requests", str(args.num_requests), "--seed", str(args.seed + c)]
+            out = subprocess.run([*bench, *common, *load], check=True, capture_output=True, text=True).stdout
+            report = json.loads(out)
+            results[c] = {
+                "output_tokens_per_s": report["throughput"]["output_tokens_per_s"],
+                "mean_e2e_ms": report["e2e_ms"]["mean"],
+            }
+            print(f"served c={c}: {results[c]}", file=sys.stderr, flush=True)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    return results
+
+
+def wait_for_endpoint(log_path: Path, proc: subprocess.Popen, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in log_path.read_text().splitlines():
+            if line.startswith("endpoint: "):
+                return line.split()[1]
+        if proc.poll() is not None:
+            raise RuntimeError(f"specserve serve exited with {proc.returncode}; log: {log_path}")
+        time.sleep(1.0)
+    raise TimeoutError(f"no endpoint after {timeout_s} s; log: {log_path}")
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
+
+
+def ratios(rounds: list[dict[str, Any]], concurrency: list[int], metric: str) -> dict[str, dict[str, float]]:
+    """Per concurrency, served / bare of ``metric`` taken within each round."""
+    return {str(c): spread([r["served"][c][metric] / r["bare"][c][metric] for r in rounds]) for c in concurrency}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=ROOT / "bench/configs/perf-S.yaml")
+    parser.add_argument("--k", type=int, default=2)
+    parser.add_argument("--concurrency", type=parse_ints, default=[1, 4, 16])
+    parser.add_argument("--num-requests", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--input-len", type=int, default=32)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--num-cpus", type=int, default=2)
+    parser.add_argument("--port", type=int, default=8010)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    args = parser.parse_args()
+    config = yaml.safe_load(args.config.read_text())
+
+    rounds = []
+    for r in range(args.rounds):
+        order = ("bare", "served") if r % 2 == 0 else ("served", "bare")
+        result = {}
+        for way in order:
+            result[way] = run_bare(config, args) if way == "bare" else run_served(args.config, args)
+        rounds.append(result)
+
+    report = {
+        "what": "specserve serve over HTTP against vLLM's bare AsyncLLM in-process, same pair and fixed k",
+        "config": str(args.config.relative_to(ROOT) if args.config.is_absolute() else args.config),
+        "k": args.k,
+        "load": {"input_len": args.input_len, "output_len": args.output_len, "num_requests": args.num_requests},
+        "rounds": args.rounds,
+        "served_over_bare_tokens_per_s": ratios(rounds, args.concurrency, "output_tokens_per_s"),
+        "served_over_bare_mean_e2e": ratios(rounds, args.concurrency, "mean_e2e_ms"),
+        "per_round": [{way: {str(c): v for c, v in r[way].items()} for way in r} for r in rounds],
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

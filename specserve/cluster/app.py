@@ -27,6 +27,7 @@ class ResolvedServe:
 def llm_config(resolved: ResolvedServe) -> Any:
     from ray.serve.llm import LLMConfig
 
+    from specserve.replicas.engine import CPU_EXECUTOR_KEY
     from specserve.replicas.server import SpecLLMServer
 
     config = resolved.config
@@ -52,6 +53,7 @@ def llm_config(resolved: ResolvedServe) -> Any:
         runtime_env={"env_vars": resolved.env_vars},
         server_cls=SpecLLMServer,
         engine_kwargs=kwargs,
+        experimental_configs={CPU_EXECUTOR_KEY: config.cpu_executor},
     )
 
 

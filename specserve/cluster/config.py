@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -54,6 +54,11 @@ class ServeConfig(BaseModel):
     )
     kv_cache_space_gib: int = Field(
         1, ge=1, description="CPU only: KV cache size per engine, GiB (VLLM_CPU_KVCACHE_SPACE)."
+    )
+    cpu_executor: Literal["uni", "mp"] = Field(
+        "uni",
+        description="CPU engines of one rank: `uni` runs vLLM's worker inside its EngineCore process; `mp` is Ray "
+        "Serve LLM's default, a worker process the EngineCore waits on by spinning (a core lost on small machines).",
     )
     engine_start_timeout_s: float = Field(600.0, gt=0, description="How long `serve` waits for the endpoint to answer.")
 

@@ -7,7 +7,7 @@ call, a few ms), updates the metrics, pushes a snapshot to the cluster controlle
 directives it gets back. Nothing in it waits on a request, and no request waits on it.
 
 Private interfaces used (Ray 2.60 / vLLM 0.32): ``LLMServer.engine._engine_client`` (the AsyncLLM)
-and its ``engine_core.call_utility_async``.
+and its ``engine_core.call_utility_async``; ``LLMServer._default_engine_cls`` (engine.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from ray import serve
 from ray.serve.llm.deployment import LLMServer
 
 from specserve.messages import CONTROLLER_NAME, CONTROLLER_NAMESPACE, EngineTelemetry, ReplicaSnapshot
+from specserve.replicas.engine import SpecVLLMEngine
 from specserve.replicas.engine_args import SET_POLICY_UTILITY, TELEMETRY_UTILITY
 from specserve.replicas.metrics import ReplicaMetrics
 
@@ -33,6 +34,9 @@ CONTROLLER_TIMEOUT_S = 2.0
 
 
 class SpecLLMServer(LLMServer):
+    # The engine class LLMServer starts (engine.py: the executor a CPU replica runs).
+    _default_engine_cls = SpecVLLMEngine
+
     # Ray Serve awaits an async __init__ (LLMServer's own is async); Python's type rules say __init__ returns
     # None, so the checker is told this one is deliberate.
     async def __init__(self, llm_config: Any, **kwargs: Any) -> None:  # type: ignore[misc]

@@ -216,6 +216,13 @@ def test_a_real_prometheus_scrapes_speculation_metrics(server, client, tmp_path)
         prometheus.stop()
 
 
+def test_a_one_rank_cpu_engine_runs_its_worker_inside_the_engine_core(server):
+    # Ray Serve LLM would start a worker process that the EngineCore spins on (replicas/engine.py).
+    names = [p.name() for p in server.descendants()]
+    assert any(name.startswith("VLLM::EngineCor") for name in names), names
+    assert not any(name.startswith("VLLM::Worker") for name in names), names
+
+
 def test_sigterm_stops_everything(server):
     tree = server.descendants()
     assert len(tree) >= 5, "Ray, Serve and the engine run under the serve process"

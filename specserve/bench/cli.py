@@ -250,10 +250,14 @@ def compare_points(args: argparse.Namespace) -> list[Any]:
 
 
 def _load_note(args: argparse.Namespace) -> str:
-    per_run = f"{args.num_requests} requests" if args.num_requests else f"{args.duration:g} s of requests"
+    if args.num_requests:
+        per_run = f"{args.num_requests} requests"
+    elif args.duration:
+        per_run = f"{args.duration:g} s of requests"
+    else:
+        per_run = "the whole trace"  # only a trace has no count by default
     if args.trace is not None:
         what = f"replay of trace {args.trace} at {args.trace_speed:g}x"
-        per_run = "the whole trace" if not (args.num_requests or args.duration) else per_run
     else:
         unit = "tokens" if args.tokenizer else "words"
         what = f"closed loop, prompts of {args.input_len} {unit}, {args.output_len} output tokens"

@@ -303,3 +303,25 @@ def test_engines_run_without_prefix_caching_so_rounds_may_reuse_prompts():
 def test_settings_reject_rounds_below_one():
     with pytest.raises(BenchError, match="--rounds 0"):
         settings(["fixed:k=0", "adaptive"], rounds=0, max_rounds=1)
+
+
+@pytest.mark.parametrize(
+    ("extra", "per_run"),
+    [
+        ([], "the whole trace per run"),
+        (["--duration", "20"], "20 s of requests per run"),
+        (["--num-requests", "9"], "9 requests per run"),
+    ],
+)
+def test_a_trace_run_is_described_whatever_bounds_it(extra, per_run):
+    # A trace with neither a count nor a duration replays whole; describing it once crashed the command.
+    import argparse
+
+    from specserve.bench.cli import _load_note, add_commands
+
+    parser = argparse.ArgumentParser()
+    add_commands(parser, "bench", policies=object())  # any backend: nothing is switched
+    args = parser.parse_args(
+        ["compare", "--url", "http://x/v1", "--policies", "fixed:k=0,adaptive", "--trace", "t.csv", *extra]
+    )
+    assert per_run in _load_note(args)

@@ -1,19 +1,20 @@
 """What the whole specserve path costs against vLLM's bare ``AsyncLLM`` at the same k.
 
     PYTHONPATH=$PWD .venv/bin/python bench/serve_overhead.py --config bench/configs/perf-S.yaml \
-        [--k 2] [--concurrency 1,4,16] [--num-requests 32] [--rounds 3] [--out FILE]
+        [--k 2] [--concurrency 1,4,16] [--num-requests 32] [--rounds 3] [--ways bare,uni,mp] [--out FILE]
 
-Two ways to serve the same pair at the same fixed k:
+Ways to serve the same pair at the same fixed k:
 
 - ``bare``: vLLM's ``AsyncLLM`` in this process with the draft model at ``num_speculative_tokens = k``: no
   specserve scheduler, worker extension or policy, no HTTP, no Ray. Requests go straight to ``generate``.
-- ``served``: ``specserve serve --config CONFIG --policy fixed:k=K --k-max K`` in its own session (stopped by its
+- ``uni`` / ``mp``: ``specserve serve --config CONFIG --policy fixed:k=K --k-max K`` in its own session (stopped by its
   PID with SIGINT), loaded by ``specserve bench run`` over HTTP: Ray Serve's proxy and OpenAI ingress, the
-  replica, our scheduler and policy, streaming.
+  replica, our scheduler and policy, streaming. ``uni`` and ``mp`` are the two ``cpu_executor`` settings
+  (``specserve/replicas/engine.py``): the worker inside the EngineCore process, or in a process of its own.
 
 Both get the same closed-loop load (the same prompts: ``bench.prompts.Prompter`` with one seed, greedy,
 ``ignore_eos``). Each round starts each way once, the order alternating between rounds; the JSON gives output
-tokens/s and mean end-to-end latency per way and concurrency, and the paired ratio served / bare per round.
+tokens/s and mean end-to-end latency per way and concurrency, and each served way's paired ratio to bare.
 On a machine with few cores the client, Ray's processes and the engine share them, so the ratio there is an
 upper bound on the overhead a GPU node with spare cores would see.
 """
@@ -114,8 +115,11 @@ def run_bare(config: dict[str, Any], args: argparse.Namespace) -> dict[int, dict
     return results
 
 
-def run_served(config_path: Path, args: argparse.Namespace) -> dict[int, dict[str, float]]:
+def run_served(config: dict[str, Any], executor: str, args: argparse.Namespace) -> dict[int, dict[str, float]]:
     port = args.port
+    config_path = Path(tempfile.mktemp(prefix="specserve-overhead-", suffix=".yaml"))
+    paths = {key: str(ROOT / config[key]) for key in ("model", "draft") if config.get(key)}
+    config_path.write_text(yaml.safe_dump({**config, **paths, "cpu_executor": executor}))
     cmd = [
         sys.executable, "-m", "specserve.cluster.cli", "serve", "--config", str(config_path),
         "--policy", f"fixed:k={args.k}", "--k-max", str(max(args.k, 1)), "--port", str(port),
@@ -140,7 +144,7 @@ def run_served(config_path: Path, args: argparse.Namespace) -> dict[int, dict[st
                 "output_tokens_per_s": report["throughput"]["output_tokens_per_s"],
                 "mean_e2e_ms": report["e2e_ms"]["mean"],
             }
-            print(f"served c={c}: {results[c]}", file=sys.stderr, flush=True)
+            print(f"{executor} c={c}: {results[c]}", file=sys.stderr, flush=True)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -168,9 +172,9 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
 
 
-def ratios(rounds: list[dict[str, Any]], concurrency: list[int], metric: str) -> dict[str, dict[str, float]]:
-    """Per concurrency, served / bare of ``metric`` taken within each round."""
-    return {str(c): spread([r["served"][c][metric] / r["bare"][c][metric] for r in rounds]) for c in concurrency}
+def ratios(rounds: list[dict[str, Any]], way: str, concurrency: list[int], metric: str) -> dict[str, dict[str, float]]:
+    """Per concurrency, ``way`` / bare of ``metric`` taken within each round."""
+    return {str(c): spread([r[way][c][metric] / r["bare"][c][metric] for r in rounds]) for c in concurrency}
 
 
 def main() -> None:
@@ -186,16 +190,21 @@ def main() -> None:
     parser.add_argument("--num-cpus", type=int, default=2)
     parser.add_argument("--port", type=int, default=8010)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ways", default="bare,uni,mp", help="bare and any of the served ways uni, mp")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     config = yaml.safe_load(args.config.read_text())
 
+    ways = args.ways.split(",")
+    if "bare" not in ways or not set(ways) <= {"bare", "uni", "mp"}:
+        parser.error(f"--ways {args.ways!r}: bare and at least one of uni, mp")
+    served = [way for way in ways if way != "bare"]
     rounds = []
     for r in range(args.rounds):
-        order = ("bare", "served") if r % 2 == 0 else ("served", "bare")
+        order = ways[r % len(ways) :] + ways[: r % len(ways)]  # rotate, so drift hits every way alike
         result = {}
         for way in order:
-            result[way] = run_bare(config, args) if way == "bare" else run_served(args.config, args)
+            result[way] = run_bare(config, args) if way == "bare" else run_served(config, way, args)
         rounds.append(result)
 
     report = {
@@ -204,8 +213,8 @@ def main() -> None:
         "k": args.k,
         "load": {"input_len": args.input_len, "output_len": args.output_len, "num_requests": args.num_requests},
         "rounds": args.rounds,
-        "served_over_bare_tokens_per_s": ratios(rounds, args.concurrency, "output_tokens_per_s"),
-        "served_over_bare_mean_e2e": ratios(rounds, args.concurrency, "mean_e2e_ms"),
+        "over_bare_tokens_per_s": {way: ratios(rounds, way, args.concurrency, "output_tokens_per_s") for way in served},
+        "over_bare_mean_e2e": {way: ratios(rounds, way, args.concurrency, "mean_e2e_ms") for way in served},
         "per_round": [{way: {str(c): v for c, v in r[way].items()} for way in r} for r in rounds],
     }
     text = json.dumps(report, indent=2)

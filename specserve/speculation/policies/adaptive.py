@@ -1,4 +1,4 @@
-"""``adaptive``: the project's own policy, TurboSpec's goodput argmax with four changes.
+"""``adaptive``: the project's own policy, TurboSpec's goodput argmax with six changes.
 
 1. **A step cost that bends** (``StepLatencyModel`` with ``HINGED`` features). The batched-token cost is a
    linear spline, so the policy sees that drafts are nearly free below the GPU's ridge point and cost their
@@ -67,7 +67,7 @@ class AdaptiveParams:
     explore_backoff_max: float = 8.0
     # Samples each (batch bucket, k) residual average remembers (``estimators.bucket_correction``).
     correction_memory: float = 20.0
-    # Let draft confidences end the draft loop where the engine asks (module docstring, 5); false prices k as on an
+    # Let draft confidences end the draft loop where the engine asks (module docstring, 6); false prices k as on an
     # engine that cannot stop early (vLLM today), for comparing like with like.
     confidence_stop: bool = True
     # Drafts granted beyond k when confidences may stop the loop.

@@ -11,6 +11,8 @@ Ways to serve the same pair at the same fixed k:
   PID with SIGINT), loaded by ``specserve bench run`` over HTTP: Ray Serve's proxy and OpenAI ingress, the
   replica, our scheduler and policy, streaming. ``uni`` and ``mp`` are the two ``cpu_executor`` settings
   (``specserve/replicas/engine.py``): the worker inside the EngineCore process, or in a process of its own.
+- ``vllm``: vLLM's own OpenAI server (``vllm.entrypoints.openai.api_server``) with the same engine arguments
+  as ``bare``, loaded the same way over HTTP: what HTTP and vLLM's OpenAI layer cost without Ray Serve.
 
 Both get the same closed-loop load (the same prompts: ``bench.prompts.Prompter`` with one seed, greedy,
 ``ignore_eos``). Each round starts each way once, the order alternating between rounds; the JSON gives output
@@ -115,20 +117,38 @@ def run_bare(config: dict[str, Any], args: argparse.Namespace) -> dict[int, dict
     return results
 
 
-def run_served(config: dict[str, Any], executor: str, args: argparse.Namespace) -> dict[int, dict[str, float]]:
-    port = args.port
-    config_path = Path(tempfile.mktemp(prefix="specserve-overhead-", suffix=".yaml"))
+def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> dict[int, dict[str, float]]:
+    """``uni`` / ``mp``: ``specserve serve`` with that executor; ``vllm``: vLLM's own OpenAI server, no Ray."""
     paths = {key: str(ROOT / config[key]) for key in ("model", "draft") if config.get(key)}
-    config_path.write_text(yaml.safe_dump({**config, **paths, "cpu_executor": executor}))
-    cmd = [
-        sys.executable, "-m", "specserve.cluster.cli", "serve", "--config", str(config_path),
-        "--policy", f"fixed:k={args.k}", "--k-max", str(max(args.k, 1)), "--port", str(port),
-    ]  # fmt: skip
-    log = open(tempfile.mktemp(prefix="specserve-overhead-serve-", suffix=".log"), "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+    env = None
+    if way == "vllm":
+        from specserve.replicas import engine_env
+
+        kwargs = bare_kwargs(config, args.k)
+        cmd = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", kwargs["model"],
+            "--served-model-name", str(config.get("model_id", "model")), "--port", str(args.port),
+            "--dtype", kwargs["dtype"], "--max-model-len", str(kwargs["max_model_len"]),
+            "--max-num-seqs", str(kwargs["max_num_seqs"]), "--enforce-eager", "--no-enable-prefix-caching",
+            "--speculative-config", json.dumps(kwargs["speculative_config"]),
+        ]  # fmt: skip
+        scratch = tempfile.mkdtemp(prefix="specserve-overhead-vllm-")
+        gib = int(config.get("kv_cache_space_gib", 1))
+        env = {**os.environ, **engine_env.engine_env(scratch, num_cpus=args.num_cpus, kv_cache_space_gib=gib)}
+        url = f"http://127.0.0.1:{args.port}/v1"
+    else:
+        config_path = Path(tempfile.mktemp(prefix="specserve-overhead-", suffix=".yaml"))
+        config_path.write_text(yaml.safe_dump({**config, **paths, "cpu_executor": way}))
+        cmd = [
+            sys.executable, "-m", "specserve.cluster.cli", "serve", "--config", str(config_path),
+            "--policy", f"fixed:k={args.k}", "--k-max", str(max(args.k, 1)), "--port", str(args.port),
+        ]  # fmt: skip
+        url = None
+    log = open(tempfile.mktemp(prefix=f"specserve-overhead-{way}-", suffix=".log"), "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT, env=env)
     results: dict[int, dict[str, float]] = {}
     try:
-        url = wait_for_endpoint(Path(log.name), proc, timeout_s=600)
+        url = wait_for_endpoint(Path(log.name), proc, url, timeout_s=600)
         bench = [sys.executable, "-m", "specserve.cluster.cli", "bench", "run", "--url", url, "--json"]
         common = ["--input-len", str(args.input_len), "--output-len", str(args.output_len), "--no-progress"]
         subprocess.run(
@@ -144,7 +164,7 @@ def run_served(config: dict[str, Any], executor: str, args: argparse.Namespace) 
                 "output_tokens_per_s": report["throughput"]["output_tokens_per_s"],
                 "mean_e2e_ms": report["e2e_ms"]["mean"],
             }
-            print(f"{executor} c={c}: {results[c]}", file=sys.stderr, flush=True)
+            print(f"{way} c={c}: {results[c]}", file=sys.stderr, flush=True)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -156,14 +176,25 @@ def run_served(config: dict[str, Any], executor: str, args: argparse.Namespace) 
     return results
 
 
-def wait_for_endpoint(log_path: Path, proc: subprocess.Popen, timeout_s: float) -> str:
+def wait_for_endpoint(log_path: Path, proc: subprocess.Popen, url: str | None, timeout_s: float) -> str:
+    """The URL once the server answers: ``specserve serve`` prints its ``endpoint:`` line; vLLM's server is
+    polled at ``url``/models."""
+    import requests
+
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for line in log_path.read_text().splitlines():
-            if line.startswith("endpoint: "):
-                return line.split()[1]
+        if url is None:
+            for line in log_path.read_text().splitlines():
+                if line.startswith("endpoint: "):
+                    return line.split()[1]
+        else:
+            try:
+                if requests.get(f"{url}/models", timeout=2).ok:
+                    return url
+            except requests.RequestException:
+                pass
         if proc.poll() is not None:
-            raise RuntimeError(f"specserve serve exited with {proc.returncode}; log: {log_path}")
+            raise RuntimeError(f"{proc.args[:4]} exited with {proc.returncode}; log: {log_path}")
         time.sleep(1.0)
     raise TimeoutError(f"no endpoint after {timeout_s} s; log: {log_path}")
 
@@ -190,14 +221,14 @@ def main() -> None:
     parser.add_argument("--num-cpus", type=int, default=2)
     parser.add_argument("--port", type=int, default=8010)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ways", default="bare,uni,mp", help="bare and any of the served ways uni, mp")
+    parser.add_argument("--ways", default="bare,uni,mp", help="bare and any of the served ways uni, mp, vllm")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     config = yaml.safe_load(args.config.read_text())
 
     ways = args.ways.split(",")
-    if "bare" not in ways or not set(ways) <= {"bare", "uni", "mp"}:
-        parser.error(f"--ways {args.ways!r}: bare and at least one of uni, mp")
+    if "bare" not in ways or len(ways) < 2 or not set(ways) <= {"bare", "uni", "mp", "vllm"}:
+        parser.error(f"--ways {args.ways!r}: bare and at least one of uni, mp, vllm")
     served = [way for way in ways if way != "bare"]
     rounds = []
     for r in range(args.rounds):

@@ -22,6 +22,9 @@ import tempfile
 import time
 from typing import Any
 
+from specserve.bench.stats import spread
+from specserve.models.arguments import add_perf_options
+
 PROMPTS = [
     "def fibonacci(n):\n    ",
     "import os\nimport sys\n\n",
@@ -38,15 +41,10 @@ ENGINES = ("skip", "no_skip", "no_spec")
 
 
 def engine_kwargs(name: str, target: str, draft: str) -> dict[str, Any]:
-    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.engine_args import EngineSpec, plain_vllm_kwargs, speculative_engine_kwargs
 
-    kwargs = speculative_engine_kwargs(
-        EngineSpec(target=target, draft=draft, policy="fixed:k=0", max_k=4, skip_k0_draft_pass=name == "skip")
-    )
-    if name == "no_spec":
-        for key in ("speculative_config", "scheduler_cls", "worker_extension_cls", "additional_config"):
-            kwargs.pop(key)
-    return kwargs
+    spec = EngineSpec(target=target, draft=draft, policy="fixed:k=0", max_k=4, skip_k0_draft_pass=name == "skip")
+    return plain_vllm_kwargs(spec, speculative=False) if name == "no_spec" else speculative_engine_kwargs(spec)
 
 
 def time_engine(name: str, target: str, draft: str, reps: int) -> dict[int, float]:
@@ -80,22 +78,13 @@ def time_engine(name: str, target: str, draft: str, reps: int) -> dict[int, floa
     return per_batch
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    return {
-        "median": round(statistics.median(values), 3),
-        "min": round(min(values), 3),
-        "max": round(max(values), 3),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", help="also write the JSON here")
     parser.add_argument("--pair", choices=("trained", "perf"), default="trained")
-    parser.add_argument("--size", default="S", help="perf pair size")
-    parser.add_argument("--agreement", type=float, default=0.6, help="perf pair agreement")
+    add_perf_options(parser, size="S", agreement=0.6)
     args = parser.parse_args()
 
     from specserve.models import cached_pair

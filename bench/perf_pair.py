@@ -21,12 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from specserve.bench.stats import spread
+from specserve.models.arguments import add_perf_options
 
 CONCURRENCY = (1, 2, 4, 8, 16)
 KS = (0, 1, 2, 3, 4)
@@ -35,14 +37,10 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def engine_kwargs(target: str, draft: str, *, speculative: bool, max_num_seqs: int) -> dict[str, Any]:
-    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.engine_args import EngineSpec, plain_vllm_kwargs, speculative_engine_kwargs
 
     spec = EngineSpec(target=target, draft=draft, policy="fixed:k=0", max_k=MAX_K, max_num_seqs=max_num_seqs)
-    kwargs = speculative_engine_kwargs(spec)
-    if not speculative:
-        for key in ("speculative_config", "scheduler_cls", "worker_extension_cls", "additional_config"):
-            kwargs.pop(key)
-    return kwargs
+    return speculative_engine_kwargs(spec) if speculative else plain_vllm_kwargs(spec, speculative=False)
 
 
 def timed_generate(llm: Any, prompts: list[str], max_tokens: int) -> float:
@@ -91,10 +89,10 @@ def measure(pair: Any, args: argparse.Namespace) -> dict[str, Any]:
         "ratio_of_best": {
             n: {str(c): round(best[n][c] / best["no_spec"][c], 3) for c in args.concurrency} for n in names[1:]
         },
-        "tokens_per_s": {n: {str(c): spread(v) for c, v in per_c.items()} for n, per_c in samples.items()},
+        "tokens_per_s": {n: {str(c): spread(v, 2) for c, v in per_c.items()} for n, per_c in samples.items()},
         "paired_ratio_to_no_spec": {
             n: {
-                str(c): spread([a / b for a, b in zip(samples[n][c], samples["no_spec"][c], strict=True)])
+                str(c): spread([a / b for a, b in zip(samples[n][c], samples["no_spec"][c], strict=True)], 2)
                 for c in args.concurrency
             }
             for n in names[1:]
@@ -103,10 +101,6 @@ def measure(pair: Any, args: argparse.Namespace) -> dict[str, Any]:
             f"k={k}": round(v["accepted_pos0"] / v["drafts"], 4) if v["drafts"] else None for k, v in counters.items()
         },
     }
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -142,10 +136,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", default="S")
     # On a 2-core CPU the target turns compute-bound near 20 tokens a step, so at 0.8 speculation still
     # about breaks even at concurrency 16, and at 0.5 it no longer wins at 1; 0.6 shows both regimes.
-    parser.add_argument("--agreement", type=float, default=0.6)
+    add_perf_options(parser, size="S", agreement=0.6)
     parser.add_argument("--pair", type=Path, help="a built pair folder instead of the cached one")
     parser.add_argument("--reps", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)

@@ -14,6 +14,8 @@ import argparse
 import json
 import tempfile
 
+from specserve.models.arguments import add_perf_options
+
 PROMPTS = ["def f(x):\n    ", "import os\n", "class A:\n    ", "for i in range(10):\n"] * 2
 
 
@@ -22,8 +24,7 @@ def main() -> None:
     parser.add_argument("--policies", default="adaptive,goodput,fixed:k=4")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--pair", choices=("trained", "perf"), default="trained")
-    parser.add_argument("--size", default="S", help="perf pair size")
-    parser.add_argument("--agreement", type=float, default=0.6, help="perf pair agreement")
+    add_perf_options(parser, size="S", agreement=0.6)
     args = parser.parse_args()
 
     from vllm import SamplingParams

@@ -38,6 +38,8 @@ from typing import Any
 
 import yaml
 
+from specserve.bench.stats import spread
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -46,7 +48,7 @@ def parse_ints(text: str) -> list[int]:
 
 
 def bare_kwargs(config: dict[str, Any], k: int) -> dict[str, Any]:
-    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.engine_args import EngineSpec, plain_vllm_kwargs
 
     spec = EngineSpec(
         target=str(ROOT / config["model"]),
@@ -56,10 +58,7 @@ def bare_kwargs(config: dict[str, Any], k: int) -> dict[str, Any]:
         max_num_seqs=int(config.get("max_num_seqs", 8)),
         max_model_len=int(config.get("max_model_len", 512)),
     )
-    kwargs = speculative_engine_kwargs(spec)
-    for key in ("scheduler_cls", "worker_extension_cls", "additional_config"):
-        kwargs.pop(key)  # vLLM's own scheduler and worker: nothing of specserve's
-    return kwargs
+    return plain_vllm_kwargs(spec, speculative=True)
 
 
 async def closed_loop(engine: Any, prompts: list[str], concurrency: int, max_tokens: int) -> dict[str, float]:
@@ -197,10 +196,6 @@ def wait_for_endpoint(log_path: Path, proc: subprocess.Popen, url: str | None, t
             raise RuntimeError(f"{proc.args[:4]} exited with {proc.returncode}; log: {log_path}")
         time.sleep(1.0)
     raise TimeoutError(f"no endpoint after {timeout_s} s; log: {log_path}")
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
 
 
 def ratios(rounds: list[dict[str, Any]], way: str, concurrency: list[int], metric: str) -> dict[str, dict[str, float]]:

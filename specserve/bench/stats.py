@@ -118,3 +118,12 @@ def settled(interval: Interval, width: float) -> bool:
     """Enough rounds for a claim: the interval excludes 1 (a difference) or is narrower than ``width``
     (no difference larger than about width / 2)."""
     return interval.excludes(1.0) or interval.width < width
+
+
+def spread(values: Sequence[float], digits: int = 3) -> dict[str, float]:
+    """Median, min and max of a few repeated measurements, rounded: how benchmark scripts report rounds."""
+    return {
+        "median": round(float(np.median(values)), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+    }

@@ -63,13 +63,13 @@ def add_commands(parser: argparse.ArgumentParser, dest: str) -> None:
     make.add_argument("--out", required=True, type=Path, help="folder to create target/ and draft/ in")
     make.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     make.add_argument("--no-progress", action="store_true", help="hide the training progress bar")
-    _add_perf_options(make)
+    add_perf_options(make)
 
     cached = commands.add_parser("cached", help="print a cached pair's folders, building it once")
     cached.add_argument("--kind", required=True, choices=KINDS, help="which pair")
     cached.add_argument("--cache-dir", type=Path, default=None, help="cache root (default $SPECSERVE_CACHE)")
     cached.add_argument("--no-progress", action="store_true", help="hide the training progress bar")
-    _add_perf_options(cached)
+    add_perf_options(cached)
 
     measure = commands.add_parser("measure", help="measure greedy acceptance in a vLLM engine")
     measure.add_argument("--target", required=True, type=model_dir, help="target model folder")
@@ -79,17 +79,22 @@ def add_commands(parser: argparse.ArgumentParser, dest: str) -> None:
     measure.add_argument("--max-tokens", type=positive_int, default=64, help="tokens per prompt (default 64)")
 
 
-def _add_perf_options(parser: argparse.ArgumentParser) -> None:
+def add_perf_options(
+    parser: argparse.ArgumentParser, *, size: str | None = None, agreement: float | None = None
+) -> None:
+    """``--size`` and ``--agreement``, validated; defaults None leave the builder's own (``perf_options``)."""
     group = parser.add_argument_group("perf pair (--kind perf)")
     group.add_argument(
         "--size",
         type=perf_size,
+        default=size,
         metavar="{" + ",".join(PERF_SIZE_NAMES) + "}",
         help=f"how costly the target is; M's is twice as deep as S's, the draft the same (default {DEFAULT_PERF_SIZE})",
     )
     group.add_argument(
         "--agreement",
         type=fraction,
+        default=agreement,
         metavar="A",
         help=f"greedy agreement of draft and target, 0..1, calibrated at build (default {DEFAULT_AGREEMENT})",
     )

@@ -14,6 +14,7 @@ behave like a real pair's: a target whose step is dominated by streaming its wei
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -60,24 +61,18 @@ class PerfSize:
         )
 
 
+_SIZE_S = PerfSize(
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    draft_layers=1,
+    extra_layers=16,
+)
 PERF_SIZES: dict[str, PerfSize] = {
-    "S": PerfSize(
-        hidden_size=1024,
-        intermediate_size=2816,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        draft_layers=1,
-        extra_layers=16,
-    ),
+    "S": _SIZE_S,
     # S's draft (the same shapes and seed give the same weights) under a target twice as deep.
-    "M": PerfSize(
-        hidden_size=1024,
-        intermediate_size=2816,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        draft_layers=1,
-        extra_layers=32,
-    ),
+    "M": dataclasses.replace(_SIZE_S, extra_layers=32),
 }
 assert tuple(PERF_SIZES) == PERF_SIZE_NAMES, "specserve.models.arguments.PERF_SIZE_NAMES lists the sizes"
 

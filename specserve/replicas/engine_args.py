@@ -120,3 +120,16 @@ def speculative_engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
     )
     kwargs.update(dict(spec.extra))
     return kwargs
+
+
+# What ``speculative_engine_kwargs`` adds to vLLM's arguments for specserve's own scheduler, worker and policy.
+SPECSERVE_KWARGS = ("scheduler_cls", "worker_extension_cls", "additional_config")
+
+
+def plain_vllm_kwargs(spec: EngineSpec, *, speculative: bool) -> dict[str, Any]:
+    """The same engine as vLLM ships it, for baselines: vLLM's own scheduler and worker, with the draft at a fixed
+    ``num_speculative_tokens = spec.max_k`` or (``speculative=False``) no speculation at all."""
+    kwargs = speculative_engine_kwargs(spec)
+    for key in SPECSERVE_KWARGS if speculative else ("speculative_config", *SPECSERVE_KWARGS):
+        kwargs.pop(key)
+    return kwargs

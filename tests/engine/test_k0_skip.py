@@ -74,7 +74,10 @@ def test_greedy_output_is_unchanged_through_long_k0_stretches(engine, cycle):
     assert caught_up == worker_after["caught_up"] - worker_before["caught_up"] > 0
     assert catch_up_tokens == worker_after["catch_up_tokens"] - worker_before["catch_up_tokens"]
     if cycle.startswith("cycle:ks=4-4-0-0-0-0-0-0"):
-        assert catch_up_tokens == 5 * caught_up
+        # A full stretch leaves five positions; only a request's first stretch can be shorter, when its
+        # prompt reached the engine core after the stretch began (offline prompts may arrive over steps).
+        assert catch_up_tokens <= 5 * caught_up
+        assert catch_up_tokens >= 5 * (caught_up - len(PROMPTS)) + len(PROMPTS)
     # Caught up before they drafted again, so no request's drafts had to be cut.
     assert after.num_drafts_cut_for_lag == before.num_drafts_cut_for_lag
 

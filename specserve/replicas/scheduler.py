@@ -52,6 +52,10 @@ from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, c
 
 logger = init_logger(__name__)
 
+# Steps a newly set policy replays (``Policy.warm_start``): about the half-life of adaptive's step-cost fit.
+# Replaying them pauses the engine loop once, for tens of milliseconds, between two steps.
+WARM_START_STEPS = 1024
+
 
 class AdaptiveKScheduler(Scheduler):
     """vLLM's scheduler with k chosen by a specserve policy every step.
@@ -234,7 +238,11 @@ class AdaptiveKScheduler(Scheduler):
     # -- run-time control (EngineCore utility methods below) --------------------------------------
 
     def set_policy(self, spec: str) -> str:
-        self.policy = make_policy(spec, self.traits)  # raises ValueError naming the bad part
+        policy = make_policy(spec, self.traits)  # raises ValueError naming the bad part
+        # The new policy learns what this engine's steps cost and accept from the last ones it ran.
+        steps = self.counters.num_steps
+        policy.warm_start(self.counters.records_since(max(0, steps - WARM_START_STEPS)))
+        self.policy = policy
         logger.info("specserve: policy set to %s", self.policy.spec)
         return self.policy.spec
 

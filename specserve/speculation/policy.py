@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar, get_type_hints
 
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
@@ -33,6 +34,18 @@ class Policy(ABC):
 
     def observe(self, record: StepRecord) -> None:  # noqa: B027 - stateless policies need nothing
         """Learn from a finished step. The default keeps no state."""
+
+    def warm_start(self, history: Sequence[StepRecord]) -> None:
+        """Learn from steps the engine ran before this policy took over, oldest first.
+
+        An engine outlives its policies (``specserve policy set``), and what its steps cost and how often its
+        drafts are accepted does not change with the policy that chose k: a policy that starts from the
+        engine's measured steps instead of its prior does not spend its first minutes relearning them.
+        Replaying ``observe`` is right for every policy that learns only from records; one that must not
+        learn from another policy's steps overrides this.
+        """
+        for record in history:
+            self.observe(record)
 
     def describe(self) -> dict[str, float]:
         """Numbers worth showing an operator (estimates, model fit); empty by default."""

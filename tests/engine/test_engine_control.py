@@ -107,3 +107,20 @@ def test_the_policys_own_time_is_measured_inside_the_engine(engine):
     # steps' wall time, so it is below the whole generation's.
     assert after.num_steps > before.num_steps
     assert 0 < policy_s < wall_s
+
+
+def test_a_policy_set_at_run_time_starts_from_the_steps_the_engine_ran(engine):
+    from specserve.speculation import EngineTraits, make_policy
+
+    engine.set_policy("fixed:k=4")
+    before = engine.telemetry()
+    engine.generate(max_tokens=64)
+    after = engine.telemetry()
+    engine.set_policy("adaptive")
+    warm = engine.telemetry().policy_info
+    cold = make_policy("adaptive", EngineTraits(max_k=after.max_k)).describe()
+    # Before adaptive has chosen a single k, its step-cost fit and acceptance are the engine's, not its prior.
+    assert warm["latency_intercept_s"] != cold["latency_intercept_s"]
+    accepted = delta(after.num_accepted_per_pos, before.num_accepted_per_pos)
+    drafted = delta(after.num_drafted_per_pos, before.num_drafted_per_pos)
+    assert warm["alpha_0"] == pytest.approx(accepted[0] / drafted[0], abs=0.1)

@@ -118,6 +118,9 @@ def status_table(snapshots: list[Any]) -> list[str]:
         e = s.engine
         used = e.num_kv_blocks_total - e.num_kv_blocks_free
         acceptance = "-" if e.acceptance is None else f"{e.acceptance:.2f}"
+        # While the draft is offloaded the pool holds its bytes as extra blocks: shown as "+N".
+        grown = e.num_kv_blocks_total - e.num_kv_blocks_baseline if e.num_kv_blocks_baseline else 0
+        kv = f"{used}/{e.num_kv_blocks_total}" + (f" (+{grown})" if grown > 0 else "")
         table.append(
             (
                 s.replica_id,
@@ -127,7 +130,7 @@ def status_table(snapshots: list[Any]) -> list[str]:
                 acceptance,
                 str(e.num_running),
                 str(e.num_waiting),
-                f"{used}/{e.num_kv_blocks_total}",
+                kv,
                 e.draft_state,
             )
         )

@@ -45,8 +45,9 @@ class EngineTelemetry:
     # The target's KV block pool: capacity left for new requests and for speculative lookahead.
     num_kv_blocks_total: int
     num_kv_blocks_free: int
-    # Where the draft model's weights are: always "resident" until draft offload exists; the status
-    # DRAFT column reads it so that column need not change then.
+    # Where the draft model's weights are: "resident", "offloaded" (the KV pool grown into their bytes),
+    # "contracting" (the grown blocks draining before the draft reloads), or "none" without speculation.
+    # The status DRAFT column and the specserve_draft_state metric read it.
     draft_state: str
     # Steps run so far. Also the reader's cursor for ``step_durations_s`` (see there).
     num_steps: int
@@ -85,6 +86,17 @@ class EngineTelemetry:
     # Seconds the policy spent in choose and observe, summed over steps: what adaptive control costs the
     # engine, as a share of step time (the policy_seconds_total metric over step_duration_seconds_sum).
     policy_s: float = 0.0
+    # Elastic draft memory: the pool's size with the draft resident, the draft's bytes at the engine's dtype,
+    # and draft transfers by direction (count, seconds, bytes) and failed reloads, cumulative.
+    num_kv_blocks_baseline: int = 0
+    draft_bytes: int = 0
+    num_offloads: int = 0
+    num_reloads: int = 0
+    num_reload_failures: int = 0
+    offload_s: float = 0.0
+    reload_s: float = 0.0
+    bytes_offloaded: int = 0
+    bytes_reloaded: int = 0
 
     @property
     def acceptance(self) -> float | None:

@@ -51,6 +51,7 @@ import torch
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+from specserve.replicas import draft_memory
 from specserve.replicas.k0_skip import skipping_enabled, step_skips_draft_pass
 from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan
 
@@ -75,7 +76,7 @@ def _propose_or_skip(
     if enabled is None:
         enabled = skipping_enabled(self.vllm_config)
         setattr(self, _ENABLED_ATTR, enabled)
-    if not step_skips_draft_pass(enabled, scheduler_output):
+    if not step_skips_draft_pass(enabled, scheduler_output, draft_memory.draft_resident(self)):
         _counts["ran"] += 1
         if enabled:
             _install_catch_up(self, scheduler_output)
@@ -204,3 +205,28 @@ class DraftSkipWorkerExtension:
         out = list(_propose_times)
         _propose_times.clear()
         return out
+
+    # -- elastic draft memory (draft_memory.py); the EngineCore calls these between two steps -------------
+
+    def specserve_kv_layout(self) -> dict[str, int]:
+        runner = self.model_runner  # type: ignore[attr-defined]
+        return {
+            "num_blocks": int(runner.kv_cache_config.num_blocks),
+            "bytes_per_block": draft_memory.kv_bytes_per_block(runner),
+            "draft_resident": int(draft_memory.draft_resident(runner)),
+        }
+
+    def specserve_drop_draft(self) -> dict[str, float]:
+        runner = self.model_runner  # type: ignore[attr-defined]
+        report = draft_memory.drop_draft(runner)
+        # The draft's KV is not kept up to date while it is away: every request starts over from position 0.
+        tracker = getattr(runner, _TRACKER_ATTR, None)
+        if isinstance(tracker, DraftKVTracker):
+            tracker.draft_upto.clear()
+        return report
+
+    def specserve_restore_draft(self) -> dict[str, float]:
+        return draft_memory.restore_draft(self.model_runner)  # type: ignore[attr-defined]
+
+    def specserve_resize_kv(self, num_blocks: int) -> dict[str, float]:
+        return draft_memory.resize_kv(self.model_runner, num_blocks)  # type: ignore[attr-defined]

@@ -19,6 +19,10 @@ WORKER_EXTENSION_CLS = "specserve.replicas.draft_skip.DraftSkipWorkerExtension"
 SET_POLICY_UTILITY = "specserve_set_policy"
 TELEMETRY_UTILITY = "specserve_telemetry"
 STEP_LOG_UTILITY = "specserve_step_log"
+# Elastic draft memory (elastic_draft.py): offload the draft and grow the KV pool; reload it; read its state.
+OFFLOAD_DRAFT_UTILITY = "specserve_offload_draft"
+RELOAD_DRAFT_UTILITY = "specserve_reload_draft"
+DRAFT_MEMORY_UTILITY = "specserve_draft_memory"
 # What one entry of the step log holds (``StepRecord`` fields).
 STEP_LOG_FIELDS = (
     "now_s",

@@ -51,11 +51,12 @@ def resume_cost(vllm_config: Any) -> float | None:
     return float(json.loads(CATCH_UP_PROFILE.read_text())["fit"]["s_per_token"])
 
 
-def step_skips_draft_pass(enabled: bool, output: SchedulerOutput) -> bool:
+def step_skips_draft_pass(enabled: bool, output: SchedulerOutput, draft_resident: bool = True) -> bool:
     """``skips_draft_pass`` over one step's ``SchedulerOutput``."""
     return skips_draft_pass(
         enabled=enabled,
         k=output.num_spec_tokens_to_schedule,
         num_new_requests=len(output.scheduled_new_reqs) + len(output.scheduled_cached_reqs.resumed_req_ids),
         num_scheduled_tokens=output.num_scheduled_tokens.values(),
+        draft_resident=draft_resident,
     )

@@ -74,10 +74,32 @@ class ReplicaMetrics:
         self._step_time.set_default_tags(tags)
         self._kv_total = _gauge("specserve_kv_blocks_total", "KV cache blocks in the target's pool.", tags)
         self._kv_free = _gauge("specserve_kv_blocks_free", "Free KV cache blocks in the target's pool.", tags)
+        self._kv_baseline = _gauge(
+            "specserve_kv_blocks_baseline", "KV cache blocks in the pool while the draft is resident.", tags
+        )
+        self._draft_state = metrics.Gauge(
+            "specserve_draft_state",
+            description="1 for the draft's current residency (label state: resident, offloaded, contracting).",
+            tag_keys=(*_TAGS, "state"),
+        )
+        self._draft_state.set_default_tags(tags)
+        self._transfers = _counter(
+            "specserve_draft_transfers_total", "Draft offloads and reloads, by direction.", tags, "direction"
+        )
+        self._transfer_s = _counter(
+            "specserve_draft_transfer_seconds_total", "Seconds spent moving the draft, by direction.", tags, "direction"
+        )
+        self._transfer_bytes = _counter(
+            "specserve_draft_transfer_bytes_total", "Draft bytes moved, by direction.", tags, "direction"
+        )
+        self._reload_failures = _counter(
+            "specserve_draft_reload_failures_total", "Draft reloads that failed (speculation stayed off).", tags
+        )
         self._running = _gauge("specserve_num_requests_running", "Requests in the decode batch.", tags)
         self._waiting = _gauge("specserve_num_requests_waiting", "Requests queued for admission.", tags)
         self._last: EngineTelemetry | None = None
         self._last_policy: str | None = None
+        self._last_draft_state: str | None = None
 
     @property
     def num_steps_seen(self) -> int:
@@ -113,7 +135,31 @@ class ReplicaMetrics:
             self._policy_time.inc(policy_s)
         for duration in now.step_durations_s:
             self._step_time.observe(duration)
+        self._update_memory(now, before)
         self._last = now
+
+    def _update_memory(self, now: EngineTelemetry, before: EngineTelemetry | None) -> None:
+        self._kv_baseline.set(now.num_kv_blocks_baseline or now.num_kv_blocks_total)
+        if now.draft_state != self._last_draft_state:
+            if self._last_draft_state is not None:
+                self._draft_state.set(0, tags={"state": self._last_draft_state})
+            self._draft_state.set(1, tags={"state": now.draft_state})
+            self._last_draft_state = now.draft_state
+        for direction, count, seconds, moved in (
+            ("offload", "num_offloads", "offload_s", "bytes_offloaded"),
+            ("reload", "num_reloads", "reload_s", "bytes_reloaded"),
+        ):
+            for counter, field in (
+                (self._transfers, count),
+                (self._transfer_s, seconds),
+                (self._transfer_bytes, moved),
+            ):
+                delta = getattr(now, field) - (getattr(before, field) if before else 0)
+                if delta > 0:
+                    counter.inc(delta, tags={"direction": direction})
+        failures = now.num_reload_failures - (before.num_reload_failures if before else 0)
+        if failures > 0:
+            self._reload_failures.inc(failures)
 
 
 def _gauge(name: str, description: str, tags: dict[str, str], extra: tuple[str, ...] = ()) -> metrics.Gauge:

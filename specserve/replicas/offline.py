@@ -20,7 +20,14 @@ from typing import Any
 
 from specserve.messages import EngineTelemetry
 from specserve.replicas import engine_env
-from specserve.replicas.engine_args import SET_POLICY_UTILITY, STEP_LOG_UTILITY, TELEMETRY_UTILITY
+from specserve.replicas.engine_args import (
+    DRAFT_MEMORY_UTILITY,
+    OFFLOAD_DRAFT_UTILITY,
+    RELOAD_DRAFT_UTILITY,
+    SET_POLICY_UTILITY,
+    STEP_LOG_UTILITY,
+    TELEMETRY_UTILITY,
+)
 
 # Plain vLLM draft-model speculation at the sizes `specserve serve` uses by default (EngineSpec):
 # bf16, eager (torch.compile would add about 35 s to each start on CPU), 512-token context,
@@ -47,6 +54,20 @@ def offline_llm(**engine_kwargs: Any) -> Iterator[Any]:
 def set_policy(llm: Any, spec: str) -> str:
     """Switch the policy of an engine built with specserve's scheduler; returns the canonical spec."""
     return llm.llm_engine.engine_core.call_utility(SET_POLICY_UTILITY, spec)
+
+
+def offload_draft(llm: Any) -> dict[str, Any]:
+    """Drop the engine's draft and grow its KV pool into the draft's bytes; returns the memory state."""
+    return llm.llm_engine.engine_core.call_utility(OFFLOAD_DRAFT_UTILITY)
+
+
+def reload_draft(llm: Any) -> dict[str, Any]:
+    """Start contracting the pool and reload the draft once the expanded blocks drain."""
+    return llm.llm_engine.engine_core.call_utility(RELOAD_DRAFT_UTILITY)
+
+
+def draft_memory(llm: Any) -> dict[str, Any]:
+    return llm.llm_engine.engine_core.call_utility(DRAFT_MEMORY_UTILITY)
 
 
 def read_telemetry(llm: Any, since_step: int = 0) -> EngineTelemetry:

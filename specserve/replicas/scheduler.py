@@ -28,8 +28,12 @@ from vllm.v1.engine.core import EngineCore
 from vllm.v1.outputs import ModelRunnerOutput
 
 from specserve.messages import EngineTelemetry
+from specserve.replicas.elastic_draft import ElasticDraft
 from specserve.replicas.engine_args import (
     ADDITIONAL_CONFIG_KEY,
+    DRAFT_MEMORY_UTILITY,
+    OFFLOAD_DRAFT_UTILITY,
+    RELOAD_DRAFT_UTILITY,
     SET_POLICY_UTILITY,
     STEP_LOG_FIELDS,
     STEP_LOG_UTILITY,
@@ -84,6 +88,8 @@ class AdaptiveKScheduler(Scheduler):
         # Telemetry's acceptance estimate is the same for every policy, so operators can compare them.
         self.acceptance = PositionAcceptance(max_k=max(self.num_spec_tokens, 1))
         self.k = 0
+        # Draft residency (elastic_draft.py): the draft may be offloaded and the KV pool grown into its bytes.
+        self.elastic = ElasticDraft(self) if self.num_spec_tokens > 0 else None
         self._step_ctx: StepContext | None = None
         self._step_started_s = 0.0
         logger.info(
@@ -101,7 +107,9 @@ class AdaptiveKScheduler(Scheduler):
         started = time.perf_counter()
         decision = self.policy.choose(ctx)
         self.counters.policy_s += time.perf_counter() - started
-        k = self._batch_k(decision)
+        k = self._batch_k(decision) if self.draft_resident else 0
+        if self.elastic is not None:
+            self.elastic.before_schedule()
         self._truncate_drafts(k, dict(decision.max_k_per_request))
         output = super().schedule(*args, **kwargs)
         if output.num_scheduled_tokens:
@@ -114,7 +122,7 @@ class AdaptiveKScheduler(Scheduler):
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput):
         ctx = self._step_ctx
-        skipped = step_skips_draft_pass(self.skips_k0_draft_pass, scheduler_output)
+        skipped = step_skips_draft_pass(self.skips_k0_draft_pass, scheduler_output, self.draft_resident)
         if ctx is not None and scheduler_output.num_scheduled_tokens:
             record = self._record(ctx, scheduler_output, model_runner_output, skipped)
             started = time.perf_counter()
@@ -155,7 +163,12 @@ class AdaptiveKScheduler(Scheduler):
             num_kv_blocks_free=pool.get_num_free_blocks(),
             num_kv_blocks_total=pool.num_gpu_blocks,
             request_ids=tuple(r.request_id for r in self.running),
+            draft_resident=self.draft_resident,
         )
+
+    @property
+    def draft_resident(self) -> bool:
+        return self.elastic is None or self.elastic.resident
 
     def _batch_k(self, decision: Decision) -> int:
         """The decision's k within the engine's buffers (vLLM drafts the same k for every request)."""
@@ -258,7 +271,7 @@ class AdaptiveKScheduler(Scheduler):
             num_waiting=len(self.waiting),
             num_kv_blocks_total=pool.num_gpu_blocks,
             num_kv_blocks_free=pool.get_num_free_blocks(),
-            draft_state="resident",
+            draft_state=self.elastic.state if self.elastic is not None else "none",
             num_steps=c.num_steps,
             num_emitted_tokens=c.num_emitted_tokens,
             num_steps_by_k=tuple(c.num_steps_by_k),
@@ -275,6 +288,7 @@ class AdaptiveKScheduler(Scheduler):
             num_requests_caught_up=c.num_requests_caught_up,
             num_catch_up_tokens=c.num_catch_up_tokens,
             policy_s=c.policy_s,
+            **(self.elastic.telemetry() if self.elastic is not None else {}),
         )
 
 
@@ -305,6 +319,44 @@ def _step_log(self: EngineCore, since_step: int = 0) -> list[dict[str, Any]]:
     ]
 
 
+def _elastic(core: EngineCore) -> ElasticDraft:
+    elastic = _scheduler(core).elastic
+    if elastic is None:
+        raise RuntimeError("this engine does not speculate: it has no draft to offload")
+    return elastic
+
+
+def _offload_draft(self: EngineCore) -> dict[str, Any]:
+    _elastic(self).offload(self)
+    return _elastic(self).describe()
+
+
+def _reload_draft(self: EngineCore) -> dict[str, Any]:
+    elastic = _elastic(self)
+    elastic.reload()
+    elastic.tick(self)  # an idle engine drains at once; a busy one finishes after a later step
+    return elastic.describe()
+
+
+def _draft_memory(self: EngineCore) -> dict[str, Any]:
+    return _elastic(self).describe()
+
+
+_original_post_step = EngineCore.post_step
+
+
+def _post_step(self: EngineCore, model_executed: bool) -> None:
+    _original_post_step(self, model_executed)
+    scheduler = self.scheduler
+    if isinstance(scheduler, AdaptiveKScheduler) and scheduler.elastic is not None:
+        scheduler.elastic.tick(self)
+
+
 setattr(EngineCore, SET_POLICY_UTILITY, _set_policy)
+setattr(EngineCore, OFFLOAD_DRAFT_UTILITY, _offload_draft)
+setattr(EngineCore, RELOAD_DRAFT_UTILITY, _reload_draft)
+setattr(EngineCore, DRAFT_MEMORY_UTILITY, _draft_memory)
+if getattr(_original_post_step, "__name__", "") != _post_step.__name__:  # once per process
+    EngineCore.post_step = _post_step
 setattr(EngineCore, TELEMETRY_UTILITY, _telemetry)
 setattr(EngineCore, STEP_LOG_UTILITY, _step_log)

@@ -25,15 +25,25 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 
-def skips_draft_pass(*, enabled: bool, k: int, num_new_requests: int, num_scheduled_tokens: Iterable[int]) -> bool:
+def skips_draft_pass(
+    *,
+    enabled: bool,
+    k: int,
+    num_new_requests: int,
+    num_scheduled_tokens: Iterable[int],
+    draft_resident: bool = True,
+) -> bool:
     """Whether a step runs without the draft's forward pass.
 
     ``k`` is the step's ``num_spec_tokens_to_schedule``, ``num_new_requests`` the requests that enter
     the batch this step (new or resumed after preemption), ``num_scheduled_tokens`` the tokens each
     scheduled request computes. Only pure decode steps at k = 0 skip: every request computes exactly
     one token and none is new, so a prefill (or a recompute) always reaches the draft. An empty step
-    runs no model at all and is not counted as skipped.
+    runs no model at all and is not counted as skipped. While the draft's weights are offloaded
+    (``draft_resident`` false) every step with tokens skips, prefills too: there is no draft to run.
     """
+    if not draft_resident:
+        return any(n > 0 for n in num_scheduled_tokens)
     if not enabled or k != 0 or num_new_requests != 0:
         return False
     seen = False

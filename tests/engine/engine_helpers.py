@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from specserve.messages import EngineTelemetry
 from specserve.replicas import offline
@@ -82,6 +83,7 @@ def running_engine(
     max_num_seqs: int = 8,
     skip_k0_draft_pass: bool = True,
     policy_modules: tuple[str, ...] = (),
+    **engine_kwargs: Any,
 ) -> Iterator[Engine]:
     kwargs = speculative_engine_kwargs(
         EngineSpec(
@@ -94,5 +96,6 @@ def running_engine(
             policy_modules=policy_modules,
         )
     )
+    kwargs.update(engine_kwargs)
     with offline.offline_llm(**kwargs) as llm:
         yield Engine(llm)

@@ -188,6 +188,8 @@ def test_metrics_url_serves_specserve_and_vllm_metrics(server, client):
         "ray_specserve_draft_tokens_total",
         "ray_specserve_steps_total",
         "ray_specserve_kv_blocks_total",
+        "ray_specserve_kv_blocks_baseline",
+        "ray_specserve_draft_state",
         "ray_vllm_spec_decode_num_drafts_total",
     ]
     while True:

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from telemetry_samples import engine_telemetry
@@ -107,6 +108,17 @@ def test_status_table_has_a_header_and_one_line_per_replica():
     assert rows[0].split() == ["r1", "0123456789ab", "fixed:k=2", "2", "0.80", "3", "1", "40/100", "resident"]
     assert len(rows) == 2 and rows[1].startswith("replica-2 ")
     assert header.index("NODE") == rows[0].index("0123") == rows[1].index("0123"), "columns line up"
+
+
+def test_status_shows_an_offloaded_draft_and_the_blocks_the_pool_grew_by():
+    engine = engine_telemetry(
+        num_kv_blocks_total=130, num_kv_blocks_free=20, num_kv_blocks_baseline=100, draft_state="offloaded"
+    )
+    _, row = status_table([ReplicaSnapshot(replica_id="r1", node_id="n", model_id="m", engine=engine)])
+    assert row.split()[-3:] == ["110/130", "(+30)", "offloaded"]
+    resident = replace(engine, num_kv_blocks_total=100, draft_state="resident")
+    _, row = status_table([ReplicaSnapshot(replica_id="r1", node_id="n", model_id="m", engine=resident)])
+    assert row.split()[-2:] == ["80/100", "resident"]
 
 
 def test_engine_environment_is_one_definition_with_the_differences_as_parameters(tmp_path):

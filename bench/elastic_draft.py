@@ -1,0 +1,139 @@
+"""Elastic draft memory on a real vLLM engine (CPU): one offload -> expand -> contract -> reload cycle while
+requests stream, against the same requests decoded without speculation.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/elastic_draft.py [--pair perf --size S --agreement 0.6 | --pair trained]
+        [--requests 16] [--max-tokens 160] [--blocks 40] [--out FILE]
+
+One engine (fixed k = 4, a KV pool of ``--blocks`` blocks so the requests press on it). The requests arrive
+two per step; once the slowest has 8 tokens the draft is offloaded and the pool grown by the draft's bytes;
+at half its tokens the draft is reloaded (the pool contracts as its grown blocks drain). Reported: outputs
+equal to plain decoding and none lost, the worker's resident memory freed by the drop against the draft's
+bytes, the pool's growth in bytes against the same, the contraction's wait, the reload's time, and how long
+after the reload the requests drafted again (catch-up), with vLLM's preemptions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from typing import Any
+
+from specserve.models.arguments import add_perf_options
+
+PROMPTS = [
+    "def fibonacci(n):\n    ",
+    "import os\nimport sys\n\n",
+    "class Parser:\n    def __init__(self",
+    "for line in open(path):\n",
+    "def main():\n    args = ",
+    "with open(filename) as f:\n",
+    "import json\n\ndef load(",
+    "while True:\n    line = ",
+]
+
+
+def stream(llm: Any, prompts: list[str], max_tokens: int, on_step: Any = None) -> dict[str, list[int]]:
+    """Two requests join per step; ``on_step(slowest_tokens, num_unfinished)`` runs after every step."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    waiting = list(enumerate(prompts))
+    tokens: dict[str, list[int]] = {}
+    while waiting or engine.has_unfinished_requests():
+        for i, prompt in waiting[:2]:
+            engine.add_request(str(i), prompt, params)
+        waiting = waiting[2:]
+        for out in engine.step():
+            tokens[out.request_id] = list(out.outputs[0].token_ids)
+        if on_step is not None:
+            slowest = min(len(tokens.get(str(i), [])) for i in range(len(prompts)))
+            on_step(slowest)
+    return tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pair", choices=("trained", "perf"), default="perf")
+    add_perf_options(parser, size="S", agreement=0.6)
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--blocks", type=int, default=40, help="the KV pool's baseline blocks (128 tokens each)")
+    parser.add_argument("--out", help="also write the JSON here")
+    args = parser.parse_args()
+
+    from specserve.models import cached_pair
+    from specserve.replicas import engine_env, offline
+    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+
+    options = {"size": args.size, "agreement": args.agreement} if args.pair == "perf" else {}
+    pair = cached_pair(args.pair, **options)
+    prompts = [PROMPTS[i % len(PROMPTS)] + "#" * (i // len(PROMPTS)) for i in range(args.requests)]
+    spec = EngineSpec(target=str(pair.target), draft=str(pair.draft), policy="fixed:k=4", max_k=4, max_num_seqs=16)
+    kwargs = {**speculative_engine_kwargs(spec), "num_gpu_blocks_override": args.blocks}
+    marks: dict[str, Any] = {}
+    with engine_env.applied(engine_env.engine_env(tempfile.mkdtemp(prefix="specserve-elastic-bench-"))):
+        with offline.offline_llm(**kwargs) as llm:
+            offline.set_policy(llm, "fixed:k=0")
+            print("plain decoding (k = 0, draft resident)...", file=sys.stderr)
+            reference = stream(llm, prompts, args.max_tokens)
+            offline.set_policy(llm, "fixed:k=4")
+            start = offline.read_telemetry(llm)
+
+            def on_step(slowest: int) -> None:
+                now = time.perf_counter()
+                if "offloaded" not in marks and slowest >= 8:
+                    marks["offloaded"] = offline.offload_draft(llm)
+                    print(f"offloaded: {marks['offloaded']}", file=sys.stderr)
+                elif "reload_asked_s" not in marks and slowest >= args.max_tokens // 2:
+                    marks["reload_asked_s"], marks["at_reload"] = now, offline.read_telemetry(llm)
+                    offline.reload_draft(llm)
+                elif "reload_asked_s" in marks and "resident_s" not in marks:
+                    if offline.draft_memory(llm)["state"] == "resident":
+                        marks["resident_s"], marks["at_resident"] = now, offline.read_telemetry(llm)
+                elif "resident_s" in marks and "drafting_s" not in marks:
+                    if sum(offline.read_telemetry(llm).num_drafted_per_pos) > sum(
+                        marks["at_resident"].num_drafted_per_pos
+                    ):
+                        marks["drafting_s"] = now
+
+            print("the cycle under load (fixed k = 4)...", file=sys.stderr)
+            tokens = stream(llm, prompts, args.max_tokens, on_step)
+            end, memory = offline.read_telemetry(llm), offline.draft_memory(llm)
+    offloaded = marks["offloaded"]
+    grown_blocks = offloaded["kv_blocks_total"] - offloaded["kv_blocks_baseline"]
+    bytes_per_block = offloaded["bytes_per_block"]
+    report = {
+        "what": "one offload -> expand -> contract -> reload cycle on a real vLLM engine while requests stream (CPU)",
+        "pair": {"kind": args.pair, **options},
+        "requests": args.requests,
+        "max_tokens": args.max_tokens,
+        "baseline_blocks": args.blocks,
+        "outputs_identical_to_plain_decoding": tokens == reference,
+        "requests_finished": sum(len(t) == args.max_tokens for t in tokens.values()),
+        "draft_bytes": offloaded["draft_bytes"],
+        "worker_rss_freed_bytes": offloaded["last_rss_freed_bytes"],
+        "rss_freed_over_draft_bytes": offloaded["last_rss_freed_bytes"] / offloaded["draft_bytes"],
+        "pool_grown_blocks": grown_blocks,
+        "pool_grown_bytes": grown_blocks * bytes_per_block,
+        "pool_grown_over_draft_bytes": grown_blocks * bytes_per_block / offloaded["draft_bytes"],
+        "offload_s": memory["offload_s"],
+        "contraction_wait_s": marks["resident_s"] - marks["reload_asked_s"] - memory["last_reload_s"],
+        "reload_s": memory["last_reload_s"],
+        "reload_to_drafting_s": marks.get("drafting_s", float("nan")) - marks["reload_asked_s"],
+        "worker_rss_restored_bytes": memory["last_rss_restored_bytes"],
+        "steps_at_k0_while_offloaded": marks["at_reload"].num_steps_by_k[0] - start.num_steps_by_k[0],
+        "requests_caught_up_after_reload": end.num_requests_caught_up - marks["at_resident"].num_requests_caught_up,
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""One engine's draft residency, carried out: offload the draft and grow the KV pool into its bytes; contract
+the pool and reload the draft (vLLM 0.32.0, EngineCore side).
+
+Lives in the EngineCore next to the scheduler. Every change runs between two steps (``tick`` from the
+EngineCore's ``post_step``, or an EngineCore utility call), so the worker (``draft_memory``, reached with
+``collective_rpc``) and the scheduler's block pool (``kv_pool``) change together and no step sees one
+without the other. While the draft is away the scheduler runs k = 0 and both processes skip every draft
+pass (``draft_sync.skips_draft_pass`` with ``draft_resident`` false); a reloaded draft has no KV, so every
+running request lags over its whole context and catches up as after a k = 0 stretch.
+
+States (the names the status table and the metrics show): ``resident``; ``offloaded`` (draft dropped, pool
+expanded by the draft-equivalent blocks); ``contracting`` (blocks of the expanded region withheld as they
+free up, until none is held; then the pool is cut and the draft reloaded, in one call). Offloading and
+reloading themselves complete inside one call here: on CPU the draft comes back from its checkpoint in well
+under a second for the bundled pairs, and this engine has no side stream to overlap it with.
+
+The draft's bytes are what its checkpoint's tensors take at the engine's dtype; the draft-equivalent blocks
+are those bytes over one block's bytes (every layer, target and draft), rounded up.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specserve.replicas import kv_pool
+
+logger = logging.getLogger(__name__)
+
+RESIDENT, OFFLOADED, CONTRACTING = "resident", "offloaded", "contracting"
+
+
+def checkpoint_bytes(model_dir: str, dtype: Any) -> int:
+    """Bytes of the checkpoint's tensors held at ``dtype`` (a torch dtype): the draft's weights in the engine."""
+    import torch
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors files in {model_dir}")
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    numel = 0
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                numel += math.prod(f.get_slice(name).get_shape())
+    return numel * itemsize
+
+
+@dataclass(slots=True)
+class MemoryCounters:
+    """Cumulative, for telemetry: transfers by direction with their seconds and the bytes they moved."""
+
+    num_offloads: int = 0
+    num_reloads: int = 0
+    num_reload_failures: int = 0
+    offload_s: float = 0.0
+    reload_s: float = 0.0
+    bytes_offloaded: int = 0
+    bytes_reloaded: int = 0
+    # Resident bytes of the worker before and after the latest drop and reload (the physically reclaimed memory).
+    last_rss_freed_bytes: int = 0
+    last_rss_restored_bytes: int = 0
+    last_reload_s: float = 0.0
+    history: list[tuple[float, str]] = field(default_factory=list)
+
+
+class ElasticDraft:
+    """Offload and reload of one engine's draft; see the module docstring."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.state = RESIDENT
+        self.baseline_blocks = kv_pool.pool_of(scheduler).num_gpu_blocks
+        self.expanded_blocks = self.baseline_blocks
+        spec = scheduler.vllm_config.speculative_config
+        self.draft_bytes = checkpoint_bytes(spec.draft_model_config.model, spec.draft_model_config.dtype)
+        self.bytes_per_block = 0  # the worker's, read at the first offload
+        self.counters = MemoryCounters()
+
+    @property
+    def resident(self) -> bool:
+        return self.state == RESIDENT
+
+    def offload(self, core: Any) -> dict[str, float]:
+        """Drop the draft and grow the pool by its bytes. Only from ``resident``."""
+        if self.state != RESIDENT:
+            raise RuntimeError(f"cannot offload the draft: it is {self.state}")
+        if not self.scheduler.skips_k0_draft_pass:
+            raise RuntimeError("offloading the draft needs skip_k0_draft_pass: the draft's KV must be able to lag")
+        started = time.perf_counter()
+        (layout,) = core.collective_rpc("specserve_kv_layout")[:1]
+        (dropped,) = core.collective_rpc("specserve_drop_draft")[:1]
+        self.state = OFFLOADED  # from here on no step may run the draft
+        self.scheduler.draft_kv.draft_upto.clear()
+        self.bytes_per_block = layout["bytes_per_block"]
+        extra = math.ceil(self.draft_bytes / self.bytes_per_block)
+        core.collective_rpc("specserve_resize_kv", args=(self.baseline_blocks + extra,))
+        kv_pool.grow(self.scheduler, self.baseline_blocks + extra)
+        self.expanded_blocks = self.baseline_blocks + extra
+        c = self.counters
+        c.num_offloads += 1
+        c.offload_s += time.perf_counter() - started
+        c.bytes_offloaded += self.draft_bytes
+        c.last_rss_freed_bytes = int(dropped["rss_before"] - dropped["rss_after"])
+        self._log("offloaded", f"{self.draft_bytes} draft bytes, pool {self.baseline_blocks} -> {self.expanded_blocks}")
+        return {"draft_bytes": self.draft_bytes, "extra_blocks": extra, "rss_freed_bytes": c.last_rss_freed_bytes}
+
+    def reload(self) -> None:
+        """Start bringing the draft back: contract the pool as its expanded blocks drain, then reload."""
+        if self.state != OFFLOADED:
+            raise RuntimeError(f"cannot reload the draft: it is {self.state}")
+        self.state = CONTRACTING
+        self._log("contracting", f"waiting for blocks >= {self.baseline_blocks} to drain")
+
+    def before_schedule(self) -> None:
+        """While contracting, keep the blocks that are about to go out of circulation."""
+        if self.state == CONTRACTING:
+            kv_pool.withhold_from(self.scheduler, self.baseline_blocks)
+
+    def tick(self, core: Any) -> None:
+        """After a step: finish a contraction whose blocks have drained."""
+        if self.state != CONTRACTING or kv_pool.withhold_from(self.scheduler, self.baseline_blocks):
+            return
+        started = time.perf_counter()
+        core.collective_rpc("specserve_resize_kv", args=(self.baseline_blocks,))
+        kv_pool.shrink(self.scheduler, self.baseline_blocks)
+        self.expanded_blocks = self.baseline_blocks
+        try:
+            (restored,) = core.collective_rpc("specserve_restore_draft")[:1]
+        except Exception as exc:  # the engine keeps serving at k = 0; the pool is grown again for it
+            self.counters.num_reload_failures += 1
+            logger.exception("specserve: reloading the draft failed; speculation stays off")
+            self._regrow(core)
+            self._log("offloaded", f"reload failed: {exc}")
+            return
+        self.scheduler.draft_kv.draft_upto.clear()
+        self.state = RESIDENT
+        c = self.counters
+        c.num_reloads += 1
+        c.last_reload_s = time.perf_counter() - started
+        c.reload_s += c.last_reload_s
+        c.bytes_reloaded += self.draft_bytes
+        c.last_rss_restored_bytes = int(restored["rss_after"] - restored["rss_before"])
+        self._log("resident", f"reloaded in {c.last_reload_s:.3f} s")
+
+    def _regrow(self, core: Any) -> None:
+        extra = math.ceil(self.draft_bytes / self.bytes_per_block)
+        core.collective_rpc("specserve_resize_kv", args=(self.baseline_blocks + extra,))
+        kv_pool.grow(self.scheduler, self.baseline_blocks + extra)
+        self.expanded_blocks = self.baseline_blocks + extra
+        self.state = OFFLOADED
+
+    def _log(self, state: str, reason: str) -> None:
+        self.counters.history.append((time.time(), f"{state}: {reason}"))
+        del self.counters.history[:-32]
+        logger.info("specserve: draft %s (%s)", state, reason)
+
+    def telemetry(self) -> dict[str, Any]:
+        """The ``EngineTelemetry`` fields this object owns (draft_state and the pool's size come from the caller)."""
+        c = self.counters
+        return {
+            "num_kv_blocks_baseline": self.baseline_blocks,
+            "draft_bytes": self.draft_bytes,
+            "num_offloads": c.num_offloads,
+            "num_reloads": c.num_reloads,
+            "num_reload_failures": c.num_reload_failures,
+            "offload_s": c.offload_s,
+            "reload_s": c.reload_s,
+            "bytes_offloaded": c.bytes_offloaded,
+            "bytes_reloaded": c.bytes_reloaded,
+        }
+
+    def describe(self) -> dict[str, Any]:
+        pool = kv_pool.pool_of(self.scheduler)
+        c = self.counters
+        return {
+            "state": self.state,
+            "draft_bytes": self.draft_bytes,
+            "bytes_per_block": self.bytes_per_block,
+            "kv_blocks_baseline": self.baseline_blocks,
+            "kv_blocks_total": pool.num_gpu_blocks,
+            "kv_blocks_free": pool.get_num_free_blocks(),
+            "num_offloads": c.num_offloads,
+            "num_reloads": c.num_reloads,
+            "num_reload_failures": c.num_reload_failures,
+            "offload_s": c.offload_s,
+            "reload_s": c.reload_s,
+            "last_reload_s": c.last_reload_s,
+            "bytes_offloaded": c.bytes_offloaded,
+            "bytes_reloaded": c.bytes_reloaded,
+            "last_rss_freed_bytes": c.last_rss_freed_bytes,
+            "last_rss_restored_bytes": c.last_rss_restored_bytes,
+        }

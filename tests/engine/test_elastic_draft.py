@@ -1,0 +1,140 @@
+"""Engine tier: offload the draft and grow the KV pool into its bytes, contract and reload, under load."""
+
+from __future__ import annotations
+
+import shutil
+from types import SimpleNamespace
+
+import pytest
+from engine_helpers import running_engine
+
+from specserve.replicas import offline
+
+PROMPTS = [
+    "def fibonacci(n):\n    ",
+    "import os\nimport sys\n\n",
+    "class Parser:\n    def __init__(self",
+    "for line in open(path):\n",
+    "def main():\n    args = ",
+    "with open(filename) as f:\n",
+    "import json\n\ndef load(",
+    "while True:\n    line = ",
+]
+MAX_TOKENS = 160
+# A pool too small for the eight requests at once (each needs two 128-token blocks by the end): vLLM preempts
+# under it, and the blocks the offload adds are taken as soon as they exist.
+BASELINE_BLOCKS = 12
+
+
+@pytest.fixture(scope="module")
+def draft_copy(trained_pair, tmp_path_factory):
+    """The trained pair with its draft in a folder this module may break and mend."""
+    folder = tmp_path_factory.mktemp("elastic") / "draft"
+    shutil.copytree(trained_pair.draft, folder)
+    return SimpleNamespace(target=trained_pair.target, draft=folder)
+
+
+@pytest.fixture(scope="module")
+def engine(draft_copy):
+    with running_engine(draft_copy, policy="fixed:k=4", num_gpu_blocks_override=BASELINE_BLOCKS) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def reference(engine):
+    engine.set_policy("fixed:k=0")
+    tokens = engine.generate(PROMPTS, max_tokens=MAX_TOKENS)
+    engine.set_policy("fixed:k=4")
+    return tokens
+
+
+def drive(engine, actions):
+    """Run every prompt at once; call ``actions[n](engine)`` once the slowest request has ``n`` tokens (and
+    after every step while it returns true, so a check can watch the steps that follow)."""
+    from vllm import SamplingParams
+
+    core = engine.llm.llm_engine
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    for i, prompt in enumerate(PROMPTS):
+        core.add_request(str(i), prompt, params)
+    tokens: dict[str, list[int]] = {}
+    pending = sorted(actions)
+    while core.has_unfinished_requests():
+        for out in core.step():
+            tokens[out.request_id] = list(out.outputs[0].token_ids)
+        slowest = min((len(tokens.get(str(i), [])) for i in range(len(PROMPTS))), default=0)
+        while pending and slowest >= pending[0]:
+            actions[pending.pop(0)](engine)
+    return [tokens[str(i)] for i in range(len(PROMPTS))]
+
+
+def test_an_offload_reload_cycle_under_load_keeps_greedy_output_and_grows_the_pool(engine, reference):
+    seen = {}
+
+    def offload(engine):
+        seen["before"] = engine.telemetry()
+        seen["offloaded"] = offline.offload_draft(engine.llm)
+        seen["worker_offloaded"] = engine.draft_pass_counts()
+
+    def watch(engine):
+        seen["during"] = engine.telemetry()
+
+    def reload(engine):
+        seen["reload_asked"] = engine.telemetry()
+        seen["worker_reload_asked"] = engine.draft_pass_counts()
+        seen["reloading"] = offline.reload_draft(engine.llm)
+
+    tokens = drive(engine, {8: offload, 60: watch, 96: reload})
+    assert tokens == reference, "offload, expansion, contraction or reload changed the greedy output"
+    end, memory = engine.telemetry(), offline.draft_memory(engine.llm)
+
+    offloaded, during = seen["offloaded"], seen["during"]
+    assert offloaded["state"] == "offloaded" and during.draft_state == "offloaded"
+    extra = offloaded["kv_blocks_total"] - offloaded["kv_blocks_baseline"]
+    assert extra > 0 and offloaded["kv_blocks_baseline"] == BASELINE_BLOCKS
+    assert during.num_kv_blocks_total == BASELINE_BLOCKS + extra
+    # The requests took blocks of the expanded region: more than the baseline pool could give.
+    assert during.num_kv_blocks_total - during.num_kv_blocks_free > BASELINE_BLOCKS - 1
+
+    # While the draft was away every step ran k = 0 and skipped the draft in both engine processes.
+    asked = seen["reload_asked"]
+    steps_away = asked.num_steps - seen["before"].num_steps
+    assert asked.num_steps_by_k[0] - seen["before"].num_steps_by_k[0] == steps_away > 0
+    skipped = asked.num_steps_draft_skipped - seen["before"].num_steps_draft_skipped
+    worker_skipped = seen["worker_reload_asked"]["skipped"] - seen["worker_offloaded"]["skipped"]
+    assert skipped == worker_skipped == steps_away
+
+    # Back to where it started: resident, the pool at its baseline, one transfer each way.
+    assert memory["state"] == end.draft_state == "resident"
+    assert memory["kv_blocks_total"] == end.num_kv_blocks_total == BASELINE_BLOCKS
+    assert (memory["num_offloads"], memory["num_reloads"]) == (1, 1)
+    assert memory["last_reload_s"] > 0
+    # The reloaded draft caught every request up over its whole context and drafted again, accepted.
+    assert end.num_requests_caught_up - asked.num_requests_caught_up >= 1
+    assert sum(end.num_accepted_per_pos) > sum(asked.num_accepted_per_pos)
+
+
+def test_offload_and_reload_refuse_the_wrong_state(engine):
+    with pytest.raises(Exception, match="cannot reload the draft: it is resident"):
+        offline.reload_draft(engine.llm)
+    offline.offload_draft(engine.llm)
+    try:
+        with pytest.raises(Exception, match="cannot offload the draft: it is offloaded"):
+            offline.offload_draft(engine.llm)
+    finally:
+        assert offline.reload_draft(engine.llm)["state"] == "resident"  # idle: drains at once
+
+
+def test_a_failed_reload_leaves_speculation_off_and_serving_unharmed(engine, reference, draft_copy, tmp_path):
+    offline.offload_draft(engine.llm)
+    hidden = tmp_path / "hidden"
+    shutil.move(draft_copy.draft, hidden)
+    try:
+        memory = offline.reload_draft(engine.llm)
+        assert memory["state"] == "offloaded" and memory["num_reload_failures"] >= 1
+        assert memory["kv_blocks_total"] > memory["kv_blocks_baseline"], "the pool grew back for the k = 0 engine"
+        assert engine.generate(PROMPTS, max_tokens=MAX_TOKENS) == reference
+    finally:
+        shutil.move(hidden, draft_copy.draft)
+    assert offline.reload_draft(engine.llm)["state"] == "resident"
+    assert engine.generate(PROMPTS, max_tokens=MAX_TOKENS) == reference

@@ -78,7 +78,11 @@ class ElasticDraft:
         self.baseline_blocks = kv_pool.pool_of(scheduler).num_gpu_blocks
         self.expanded_blocks = self.baseline_blocks
         spec = scheduler.vllm_config.speculative_config
-        self.draft_bytes = checkpoint_bytes(spec.draft_model_config.model, spec.draft_model_config.dtype)
+        try:
+            self.draft_bytes = checkpoint_bytes(spec.draft_model_config.model, spec.draft_model_config.dtype)
+        except (OSError, ValueError) as exc:  # a hub id, or another format: serving goes on, offload is refused
+            logger.warning("specserve: the draft's size is unknown (%s); it will not be offloaded", exc)
+            self.draft_bytes = 0
         self.bytes_per_block = 0  # the worker's, read at the first offload
         self.counters = MemoryCounters()
 
@@ -90,6 +94,8 @@ class ElasticDraft:
         """Drop the draft and grow the pool by its bytes. Only from ``resident``."""
         if self.state != RESIDENT:
             raise RuntimeError(f"cannot offload the draft: it is {self.state}")
+        if not self.draft_bytes:
+            raise RuntimeError("cannot offload the draft: its size is unknown (no local .safetensors checkpoint)")
         if not self.scheduler.skips_k0_draft_pass:
             raise RuntimeError("offloading the draft needs skip_k0_draft_pass: the draft's KV must be able to lag")
         started = time.perf_counter()

@@ -88,6 +88,9 @@ def drop_draft(runner: Any) -> dict[str, float]:
         for parameter in module.parameters(recurse=False):
             parameter.data = torch.empty(0, dtype=parameter.dtype)
     drafter.model = None
+    gc.collect()
+    if torch.cuda.is_available():  # hand the freed blocks back from PyTorch's caching allocator (unverified on GPU)
+        torch.cuda.empty_cache()
     return {"rss_before": before, "rss_after": rss_bytes()}
 
 

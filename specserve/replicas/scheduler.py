@@ -328,18 +328,25 @@ def _elastic(core: EngineCore) -> ElasticDraft:
 
 def _offload_draft(self: EngineCore) -> dict[str, Any]:
     _elastic(self).offload(self)
-    return _elastic(self).describe()
+    return _draft_memory(self)
 
 
 def _reload_draft(self: EngineCore) -> dict[str, Any]:
     elastic = _elastic(self)
     elastic.reload()
     elastic.tick(self)  # an idle engine drains at once; a busy one finishes after a later step
-    return elastic.describe()
+    return _draft_memory(self)
 
 
 def _draft_memory(self: EngineCore) -> dict[str, Any]:
-    return _elastic(self).describe()
+    """The draft's memory state, with the step counts of the same moment (the engine steps on its own)."""
+    counters = _scheduler(self).counters
+    return {
+        **_elastic(self).describe(),
+        "num_steps": counters.num_steps,
+        "num_steps_k0": counters.num_steps_by_k[0],
+        "num_steps_draft_skipped": counters.num_steps_draft_skipped,
+    }
 
 
 _original_post_step = EngineCore.post_step

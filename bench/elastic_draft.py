@@ -9,7 +9,8 @@ two per step; once the slowest has 8 tokens the draft is offloaded and the pool 
 at half its tokens the draft is reloaded (the pool contracts as its grown blocks drain). Reported: outputs
 equal to plain decoding and none lost, the worker's resident memory freed by the drop against the draft's
 bytes, the pool's growth in bytes against the same, the contraction's wait, the reload's time, and how long
-after the reload the requests drafted again (catch-up), with vLLM's preemptions.
+after the reload the requests drafted again (catch-up). The EngineCore steps on its own, so the times
+between marks are read from this process and include up to a few steps of slack.
 """
 
 from __future__ import annotations
@@ -126,7 +127,9 @@ def main() -> None:
         "reload_to_drafting_s": marks.get("drafting_s", float("nan")) - marks["reload_asked_s"],
         "worker_rss_restored_bytes": memory["last_rss_restored_bytes"],
         "steps_at_k0_while_offloaded": marks["at_reload"].num_steps_by_k[0] - start.num_steps_by_k[0],
-        "requests_caught_up_after_reload": end.num_requests_caught_up - marks["at_resident"].num_requests_caught_up,
+        # Nothing catches up while the draft is away (every pass is skipped), so these are the reload's.
+        "requests_caught_up_after_reload": end.num_requests_caught_up - marks["at_reload"].num_requests_caught_up,
+        "catch_up_tokens_after_reload": end.num_catch_up_tokens - marks["at_reload"].num_catch_up_tokens,
     }
     text = json.dumps(report, indent=2)
     print(text)

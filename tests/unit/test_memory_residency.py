@@ -230,3 +230,16 @@ def test_no_thrashing_when_load_sits_between_the_two_thresholds() -> None:
     machine = ResidencyMachine(CAPACITY, PARAMS)
     for i in range(500):
         assert step(machine, i * 0.01, free=band - CAPACITY.num_draft_blocks) == []
+
+
+def test_a_revoked_grant_stops_a_contraction_that_was_waiting_for_the_drain() -> None:
+    machine = offloaded(ResidencyMachine(CAPACITY, PARAMS, self_grant=False))
+    many = machine.max_migrate_blocks + 1
+    for t in (1.0, 1.1, 1.2):
+        step(machine, t, free=CALM, live=many)
+    machine.grant_reload()
+    assert step(machine, 1.3, free=CALM, live=many) == []  # granted, draining
+    machine.revoke_reload()
+    # Past the drain timeout, but without a grant the machine only keeps wanting.
+    assert step(machine, 1.3 + PARAMS.drain_timeout_s + 1, free=CALM, live=many) == []
+    assert machine.reload_wanted and not machine.reload_granted and machine.state is DraftState.OFFLOADED

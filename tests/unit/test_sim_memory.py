@@ -202,6 +202,24 @@ def test_the_planner_caps_concurrent_reloads_per_node() -> None:
     assert len(reload_spans(planned)) == len(reload_spans(local))
 
 
+def most_away_at_once(result: SimResult) -> int:
+    """The most replicas whose draft was not resident at the same time."""
+    assert result.memory is not None
+    away: set[int] = set()
+    most = 0
+    for change in result.memory.changes:  # in time order
+        (away.discard if change.state is DraftState.RESIDENT else away.add)(change.replica)
+        most = max(most, len(away))
+    return most
+
+
+def test_the_planner_keeps_the_floor_of_resident_drafts() -> None:
+    common = {"num_replicas": 4, "peak_qps": 80.0, "replicas_per_node": 4, "coordination": "planner"}
+    assert most_away_at_once(run(scenario(**common))[0]) > 1
+    floored, _ = run(scenario(**common, min_resident=3))
+    assert most_away_at_once(floored) == 1
+
+
 def test_without_offload_the_draft_stays_and_the_pool_keeps_its_size() -> None:
     scen = scenario()
     scen = scen.model_copy(update={"memory": scen.memory.model_copy(update={"offload": False})})

@@ -196,7 +196,8 @@ class MemoryConfig(_Closed):
         0.30, ge=0, le=1, description="contract once this share of the extra region is live"
     )
     drain_timeout_s: float = Field(5.0, ge=0, description="then contract whatever is live")
-    # Nightjar App. C, Table 14, burst-spike trace on the 7B/4090 setting: expand 88.95 ms, contract 306.00 ms.
+    # Nightjar App. C, Table 14, burst-spike trace (the appendix does not name the model): expand 88.95 ms, contract
+    # 306.00 ms.
     expand_s: float = Field(0.089, ge=0, description="evicting the draft and growing the pool, device-local")
     contract_s: float = Field(0.306, ge=0, description="migrating live blocks and shrinking the pool, device-local")
     max_reload_s: float = Field(0.1, gt=0, description="planner: a reload at its share of the link finishes within it")

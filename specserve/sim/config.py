@@ -179,6 +179,32 @@ class SloConfig(_Closed):
     )
 
 
+class MemoryConfig(_Closed):
+    """Draft offload and reload (Nightjar §6; specserve.memory). Off by default: every replica keeps its draft."""
+
+    offload: bool = Field(False, description="offload the draft under KV pressure and reload it when load drops")
+    coordination: Literal["local", "planner"] = Field(
+        "local",
+        description="'local': each replica reloads on its own trigger; 'planner': the cluster planner grants reloads, "
+        "at most a node's transfer slots at a time, by expected gain (specserve.memory.cluster_plan)",
+    )
+    replicas_per_node: int = Field(1, gt=0, description="replicas sharing one node's host-to-device link")
+    low_free_ratio: float = Field(0.10, gt=0, lt=1, description="eta: offload below this share of free blocks")
+    window_steps: int = Field(3, ge=1, description="W: steps a trigger must hold")
+    reload_buffer_ratio: float = Field(0.20, ge=0, lt=1, description="reload's safety buffer, share of the pool")
+    max_migrate_ratio: float = Field(
+        0.30, ge=0, le=1, description="contract once this share of the extra region is live"
+    )
+    drain_timeout_s: float = Field(5.0, ge=0, description="then contract whatever is live")
+    # Nightjar App. C, Table 14, burst-spike trace (the appendix does not name the model): expand 88.95 ms, contract
+    # 306.00 ms.
+    expand_s: float = Field(0.089, ge=0, description="evicting the draft and growing the pool, device-local")
+    contract_s: float = Field(0.306, ge=0, description="migrating live blocks and shrinking the pool, device-local")
+    max_reload_s: float = Field(0.1, gt=0, description="planner: a reload at its share of the link finishes within it")
+    max_concurrent_transfers: int | None = Field(None, ge=1, description="planner: fixed reload slots per node")
+    min_resident: int = Field(0, ge=0, description="planner: replicas that keep their draft resident")
+
+
 class Scenario(_Closed):
     name: str
     description: str = ""
@@ -191,6 +217,7 @@ class Scenario(_Closed):
     workload: WorkloadConfig
     acceptance: AcceptanceConfig
     slo: SloConfig | None = None
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
 
     @model_validator(mode="after")
     def _regimes_sorted(self) -> Scenario:

@@ -2,8 +2,9 @@
 
 The order is defined here and nowhere else. At equal times a step that ends goes first (its tokens
 and freed KV blocks are visible to everything after it), then arrivals (so a request arriving at the
-instant a step ends joins the next step), then step starts. ``seq`` is a per-run counter: ties in time
-and phase resolve by insertion order, so a run is deterministic without comparing payloads.
+instant a step ends joins the next step), then step starts, then the draft memory's wake-ups (a transfer or a
+pool change finishing; draft_memory.py), which only scenarios with draft offload have. ``seq`` is a per-run
+counter: ties in time and phase resolve by insertion order, so a run is deterministic without comparing payloads.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ class Phase(IntEnum):
     STEP_END = 0
     ARRIVAL = 1
     STEP_START = 2
+    MEMORY = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +27,8 @@ class Event:
     phase: Phase
     # Insertion counter; unique per run, so two events never compare equal.
     seq: int
-    # Replica a step event belongs to; arrivals leave it 0 (the router picks a replica on arrival).
+    # Replica a step event belongs to; arrivals and memory wake-ups leave it 0 (the router picks a replica on
+    # arrival; draft_memory.py knows what is due).
     replica: int = 0
     # Index of the request in the run's workload, for arrivals.
     request: int = 0

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from specserve.sim.batch import RequestTable
+from specserve.sim.draft_memory import DraftMemorySim
 from specserve.sim.drafting import Drafter
 from specserve.sim.events import EventQueue, Phase
 from specserve.sim.latency import StepTimer
@@ -60,6 +61,8 @@ class SimResult:
     end_s: float
     wall_s: float
     trace: list[TraceEntry] = field(default_factory=list)
+    # Draft offload and reload, when the scenario enables it (memory.offload).
+    memory: DraftMemorySim | None = None
 
 
 def _without_truth(factory: PolicyFactory) -> Callable[[EngineTraits, Truth], Policy]:
@@ -125,23 +128,31 @@ class Simulator:
                 self.on_step,
             )
             replicas.append(truth.replica)
+        memory = DraftMemorySim(scenario.memory, self.resolved, replicas) if scenario.memory.offload else None
         trace: list[TraceEntry] = []
-        end_s = self._loop(workload, replicas, trace)
+        end_s = self._loop(workload, replicas, trace, memory)
         spec = self.policy_spec or replicas[0].policy.spec
-        return SimResult(
-            self.resolved, spec, self.seed, workload, table, replicas, end_s, time.perf_counter() - started, trace
-        )
+        wall_s = time.perf_counter() - started
+        return SimResult(self.resolved, spec, self.seed, workload, table, replicas, end_s, wall_s, trace, memory)
 
-    def _loop(self, workload: Workload, replicas: list[Replica], trace: list[TraceEntry]) -> float:
+    def _loop(
+        self, workload: Workload, replicas: list[Replica], trace: list[TraceEntry], memory: DraftMemorySim | None
+    ) -> float:
         queue = EventQueue()
         busy = [False] * len(replicas)
         arrivals = workload.arrival_s.tolist()
         if arrivals:
             queue.push(arrivals[0], Phase.ARRIVAL, request=0)
-        now_s = 0.0
+        now_s = end_s = 0.0
         while len(queue):
             event = queue.pop()
             now_s = event.time_s
+            if event.phase is Phase.MEMORY:
+                # A transfer finishing after the last step does not lengthen the run.
+                for wake_s in memory.on_wake(now_s) if memory is not None else ():
+                    queue.push(wake_s, Phase.MEMORY)
+                continue
+            end_s = now_s
             if len(trace) < self.max_trace_events:
                 trace.append(TraceEntry(now_s, event.phase.name, event.replica, event.request))
             if event.phase is Phase.ARRIVAL:
@@ -163,8 +174,11 @@ class Simulator:
                     queue.push(now_s + duration_s, Phase.STEP_END, replica=replica.index)
             else:
                 replicas[event.replica].end_step(now_s)
+                if memory is not None:
+                    for wake_s in memory.after_step(replicas[event.replica], now_s):
+                        queue.push(wake_s, Phase.MEMORY)
                 queue.push(now_s, Phase.STEP_START, replica=event.replica)
-        return now_s
+        return end_s
 
     def _check_fits(self, workload: Workload) -> None:
         # A request longer than the whole KV cache would preempt itself forever; vLLM refuses such a

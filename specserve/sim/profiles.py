@@ -29,6 +29,9 @@ class HardwareProfile(_Closed):
     peak_tflops: float = Field(gt=0, description="dense FP16/BF16 tensor peak, 1e12 FLOP/s")
     interconnect_gb_s: float = Field(gt=0, description="per-GPU all-reduce bus bandwidth, 1e9 bytes/s")
     allreduce_latency_s: float = Field(ge=0, description="fixed cost of one all-reduce call")
+    host_to_device_gb_s: float = Field(
+        gt=0, description="one pinned host-to-device copy (a draft reload), 1e9 bytes/s; shared by a node's copies"
+    )
 
 
 class ModelProfile(_Closed):

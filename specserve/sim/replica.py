@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specserve.memory import ResidencyMachine
 from specserve.sim.batch import RequestTable, RunningBatch
 from specserve.sim.config import EngineConfig
 from specserve.sim.drafting import Drafter, Drafts, StopHook
@@ -85,6 +86,12 @@ class Replica:
         self.series_running: list[int] = []
         self.num_drafted = 0
         self.num_accepted = 0
+        # The draft's residency when the scenario offloads (draft_memory.py drives it); None: always resident.
+        self.memory: ResidencyMachine | None = None
+
+    @property
+    def draft_resident(self) -> bool:
+        return self.memory is None or self.memory.draft_resident
 
     @property
     def num_outstanding(self) -> int:
@@ -101,6 +108,8 @@ class Replica:
             return None  # an idle engine runs no step, so its policy is not asked
         ctx = self._context(now_s)
         decision = self.policy.choose(ctx)
+        if not ctx.draft_resident and decision.k:
+            decision = Decision(k=0)  # no draft on the device: speculation is off whatever the policy says
         k = decision.k
         if not 0 <= k <= self.cfg.max_k:
             raise ValueError(f"policy {self.policy.spec!r} chose k={k} outside 0..{self.cfg.max_k}")
@@ -152,6 +161,20 @@ class Replica:
             )
             self.on_step(pending.record, stats)
 
+    # -- the draft's memory (draft_memory.py) ------------------------------------------------------------
+
+    def resize_pool(self, num_blocks: int) -> None:
+        """Grow (or, negative, shrink) the KV pool by free blocks: the draft's region after an offload."""
+        self.num_kv_blocks_total += num_blocks
+        self.num_kv_blocks_free += num_blocks
+        if self.num_kv_blocks_free < 0:
+            raise RuntimeError(f"replica {self.index}: shrank the KV pool by {-num_blocks} with too few free blocks")
+
+    def draft_reloaded(self) -> None:
+        """A reloaded draft has no KV: every running request lags by its whole context (catch-up pays it)."""
+        b = self.batch
+        b.draft_lag = np.maximum(b.draft_lag, b.num_computed + 1)
+
     # -- pieces --------------------------------------------------------------------------------------
 
     def _context(self, now_s: float) -> StepContext:
@@ -171,6 +194,7 @@ class Replica:
             num_kv_blocks_free=self.num_kv_blocks_free,
             num_kv_blocks_total=self.num_kv_blocks_total,
             request_ids=tuple(table.request_ids[b.ids]),
+            draft_resident=self.draft_resident,
             slo_tpot_s=self.slo_tpot_s,
         )
 
@@ -260,7 +284,7 @@ class Replica:
                 grant = self._verify_only_drafted(grant, rows, drafts.drafted)
         scheduled = grant.tokens > 0
         new_tokens = grant.tokens - grant.drafts
-        skipped = skips_draft_pass(
+        skipped = not self.draft_resident or skips_draft_pass(
             enabled=not self.cfg.k0_runs_draft_pass,
             k=k,
             num_new_requests=int((scheduled & (b.num_computed == 0)).sum()),

@@ -72,6 +72,8 @@ class ResolvedScenario:
     num_kv_blocks: int
     # Blocks the draft's weights would free if offloaded (Nightjar's N_draft, §6, Table 4).
     num_draft_weight_blocks: int
+    # Bytes of one KV block on the GPU holding the draft (target's share under TP plus the draft's).
+    kv_block_bytes: int
     timer: StepTimer
 
 
@@ -96,6 +98,7 @@ def resolve(scenario: Scenario) -> ResolvedScenario:
         tp=tp,
         num_kv_blocks=num_blocks,
         num_draft_weight_blocks=math.ceil(draft.weight_bytes / block_bytes),
+        kv_block_bytes=math.ceil(block_bytes),
         timer=_timer(scenario, hardware, pair, target, draft, tp),
     )
 

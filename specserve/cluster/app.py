@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specserve.cluster.config import ServeConfig
-from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+from specserve.replicas.engine_args import DraftOffload, EngineSpec, speculative_engine_kwargs
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,11 @@ def llm_config(resolved: ResolvedServe) -> Any:
             enforce_eager=not resolved.on_gpu,
             skip_k0_draft_pass=config.skip_k0_draft_pass,
             policy_modules=config.policy_modules,
+            draft_offload=(
+                DraftOffload(config.offload_low_free_ratio, config.offload_window_steps)
+                if config.draft_offload
+                else None
+            ),
         )
     )
     kwargs.pop("model")  # Ray Serve LLM takes the model from model_loading_config

@@ -37,6 +37,17 @@ class ServeConfig(BaseModel):
         description="Skip the draft's forward pass on k = 0 decode steps and catch its KV up when k > 0 "
         "resumes; false: vLLM's own behaviour (the draft runs every step).",
     )
+    draft_offload: bool = Field(
+        False,
+        description="Elastic draft memory (Nightjar's triggers): offload the draft and grow the KV cache into its "
+        "bytes while k stays 0 and free KV blocks stay low; reload it when the queue is empty and memory is free.",
+    )
+    offload_low_free_ratio: float = Field(
+        0.10, gt=0, lt=1, description="With draft_offload: offload when free KV blocks stay below this share."
+    )
+    offload_window_steps: int = Field(
+        3, ge=1, description="With draft_offload: steps a trigger must hold before the draft moves."
+    )
     k_max: int = Field(4, ge=1, le=16, description="Largest speculation length k; sizes vLLM's buffers.")
     replicas: int = Field(1, ge=1, description="Ray Serve replicas, each one engine of `tp` devices.")
     tp: int = Field(1, ge=1, description="Tensor-parallel size of each engine.")
@@ -73,6 +84,12 @@ class ServeConfig(BaseModel):
             make_policy(self.policy, EngineTraits(max_k=16))
         except ValueError as exc:  # names the bad name/key/value
             raise ValueError(f"policy: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _offload_needs_skipping(self) -> ServeConfig:
+        if self.draft_offload and not self.skip_k0_draft_pass:
+            raise ValueError("draft_offload needs skip_k0_draft_pass: an offloaded draft's KV must be able to lag")
         return self
 
     @model_validator(mode="after")

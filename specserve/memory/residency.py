@@ -172,8 +172,8 @@ class ResidencyMachine:
         if not self.offload_granted:
             self.reason = "offload wanted, waiting for a grant"
             return []
-        self._enter(DraftState.OFFLOADING)
         why = f"k = 0 and free blocks < {self.low_free_blocks} for {self._streak} steps"
+        self._enter(DraftState.OFFLOADING)
         self.reason = f"offloading: {why}"
         return [StartOffload(why)]
 
@@ -200,8 +200,8 @@ class ResidencyMachine:
         if layout is None:
             raise ValueError("contraction needs the allocator's BlockLayout")
         plan = plan_migration(self.capacity.num_base_blocks, layout.live_extra_blocks(), layout.free_base_blocks(live))
-        self._enter(DraftState.CONTRACTING)
         why = f"queue empty, free >= {self.reload_free_blocks} for {self._streak} steps; moving {plan.num_moved} blocks"
+        self._enter(DraftState.CONTRACTING)
         self.reason = f"contracting: {why}"
         return [StartContraction(plan, why)]
 

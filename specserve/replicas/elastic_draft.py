@@ -27,6 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specserve.memory import (
+    DraftState,
+    KvCapacity,
+    MemoryStep,
+    ResidencyMachine,
+    ResidencyParams,
+    StartContraction,
+    StartOffload,
+)
 from specserve.replicas import kv_pool
 
 logger = logging.getLogger(__name__)
@@ -72,8 +81,12 @@ class MemoryCounters:
 class ElasticDraft:
     """Offload and reload of one engine's draft; see the module docstring."""
 
-    def __init__(self, scheduler: Any) -> None:
+    def __init__(self, scheduler: Any, auto: ResidencyParams | None = None) -> None:
         self.scheduler = scheduler
+        # With ``auto``, Nightjar's triggers (specserve.memory.ResidencyMachine) decide when to offload and reload;
+        # built at the first step, once the worker has told the block's bytes.
+        self.auto = auto
+        self.machine: ResidencyMachine | None = None
         self.state = RESIDENT
         self.baseline_blocks = kv_pool.pool_of(scheduler).num_gpu_blocks
         self.expanded_blocks = self.baseline_blocks
@@ -90,7 +103,7 @@ class ElasticDraft:
     def resident(self) -> bool:
         return self.state == RESIDENT
 
-    def offload(self, core: Any) -> dict[str, float]:
+    def offload(self, core: Any, reason: str = "asked by an operator") -> dict[str, float]:
         """Drop the draft and grow the pool by its bytes. Only from ``resident``."""
         if self.state != RESIDENT:
             raise RuntimeError(f"cannot offload the draft: it is {self.state}")
@@ -104,7 +117,7 @@ class ElasticDraft:
         self.state = OFFLOADED  # from here on no step may run the draft
         self.scheduler.draft_kv.draft_upto.clear()
         self.bytes_per_block = layout["bytes_per_block"]
-        extra = math.ceil(self.draft_bytes / self.bytes_per_block)
+        extra = self.capacity().num_draft_blocks
         core.collective_rpc("specserve_resize_kv", args=(self.baseline_blocks + extra,))
         kv_pool.grow(self.scheduler, self.baseline_blocks + extra)
         self.expanded_blocks = self.baseline_blocks + extra
@@ -113,25 +126,75 @@ class ElasticDraft:
         c.offload_s += time.perf_counter() - started
         c.bytes_offloaded += self.draft_bytes
         c.last_rss_freed_bytes = int(dropped["rss_before"] - dropped["rss_after"])
-        self._log("offloaded", f"{self.draft_bytes} draft bytes, pool {self.baseline_blocks} -> {self.expanded_blocks}")
+        self._log(
+            "offloaded",
+            f"{reason}; {self.draft_bytes} draft bytes, pool {self.baseline_blocks} -> {self.expanded_blocks}",
+        )
         return {"draft_bytes": self.draft_bytes, "extra_blocks": extra, "rss_freed_bytes": c.last_rss_freed_bytes}
 
-    def reload(self) -> None:
+    def reload(self, reason: str = "asked by an operator") -> None:
         """Start bringing the draft back: contract the pool as its expanded blocks drain, then reload."""
         if self.state != OFFLOADED:
             raise RuntimeError(f"cannot reload the draft: it is {self.state}")
         self.state = CONTRACTING
-        self._log("contracting", f"waiting for blocks >= {self.baseline_blocks} to drain")
+        self._log("contracting", f"{reason}; waiting for blocks >= {self.baseline_blocks} to drain")
+
+    def capacity(self) -> KvCapacity:
+        return KvCapacity(self.baseline_blocks, self.draft_bytes, self.bytes_per_block)
 
     def before_schedule(self) -> None:
-        """While contracting, keep the blocks that are about to go out of circulation."""
-        if self.state == CONTRACTING:
+        """While contracting, or while the triggers wait for the grown blocks to drain before a reload, keep
+        the blocks that are about to go out of circulation."""
+        draining = self.machine is not None and self.machine.reload_granted
+        if self.state == CONTRACTING or (self.state == OFFLOADED and draining):
             kv_pool.withhold_from(self.scheduler, self.baseline_blocks)
 
     def tick(self, core: Any) -> None:
-        """After a step: finish a contraction whose blocks have drained."""
+        """After a step: let the triggers act (``auto``), and finish a contraction whose blocks have drained."""
+        if self.auto is not None and self.draft_bytes:
+            self._follow_triggers(core)
         if self.state != CONTRACTING or kv_pool.withhold_from(self.scheduler, self.baseline_blocks):
             return
+        self._reload_now(core)
+
+    def _follow_triggers(self, core: Any) -> None:
+        if self.machine is None:
+            self.bytes_per_block = core.collective_rpc("specserve_kv_layout")[0]["bytes_per_block"]
+            self.machine = ResidencyMachine(self.capacity(), self.auto)
+        machine, scheduler = self.machine, self.scheduler
+        if machine.state in (DraftState.RESIDENT, DraftState.OFFLOADED) and machine.state.value != self.state:
+            return  # an operator's offload or reload is under way; the triggers wait for it to end
+        pool = kv_pool.pool_of(scheduler)
+        step = MemoryStep(
+            now_s=time.monotonic(),
+            k=scheduler.k,
+            num_waiting=len(scheduler.waiting),
+            num_kv_blocks_free=pool.get_num_free_blocks(),
+            num_live_extra_blocks=sum(block.ref_cnt > 0 for block in pool.blocks[self.baseline_blocks :]),
+        )
+        for action in machine.step(step, layout=self):
+            if isinstance(action, StartOffload):
+                try:
+                    self.offload(core, reason=action.reason)
+                except Exception:
+                    logger.exception("specserve: offloading the draft failed; it stays resident")
+                    machine.offload_done(time.monotonic(), ok=False)
+                else:
+                    machine.offload_done(time.monotonic())  # its ExpandPool is done: offload() grew the pool
+            elif isinstance(action, StartContraction):
+                self.reload(reason=action.reason)  # drained: the tick below finishes it in this call
+                machine.contraction_done(time.monotonic())
+
+    # BlockLayout, for the triggers' migration plan. The engine does not migrate blocks: the triggers wait until
+    # the grown region has drained (``auto`` sets max_migrate_ratio to 0), so the plan moves nothing.
+    def live_extra_blocks(self) -> list[int]:
+        pool = kv_pool.pool_of(self.scheduler)
+        return [b.block_id for b in pool.blocks[self.baseline_blocks :] if b.ref_cnt > 0]
+
+    def free_base_blocks(self, count: int) -> list[int]:
+        return []
+
+    def _reload_now(self, core: Any) -> None:
         started = time.perf_counter()
         core.collective_rpc("specserve_resize_kv", args=(self.baseline_blocks,))
         kv_pool.shrink(self.scheduler, self.baseline_blocks)
@@ -143,6 +206,8 @@ class ElasticDraft:
             logger.exception("specserve: reloading the draft failed; speculation stays off")
             self._regrow(core)
             self._log("offloaded", f"reload failed: {exc}")
+            if self.machine is not None and self.machine.state is DraftState.RELOADING:
+                self.machine.reload_done(time.monotonic(), ok=False)
             return
         self.scheduler.draft_kv.draft_upto.clear()
         self.state = RESIDENT
@@ -153,9 +218,11 @@ class ElasticDraft:
         c.bytes_reloaded += self.draft_bytes
         c.last_rss_restored_bytes = int(restored["rss_after"] - restored["rss_before"])
         self._log("resident", f"reloaded in {c.last_reload_s:.3f} s")
+        if self.machine is not None and self.machine.state is DraftState.RELOADING:
+            self.machine.reload_done(time.monotonic())
 
     def _regrow(self, core: Any) -> None:
-        extra = math.ceil(self.draft_bytes / self.bytes_per_block)
+        extra = self.capacity().num_draft_blocks
         core.collective_rpc("specserve_resize_kv", args=(self.baseline_blocks + extra,))
         kv_pool.grow(self.scheduler, self.baseline_blocks + extra)
         self.expanded_blocks = self.baseline_blocks + extra
@@ -201,4 +268,6 @@ class ElasticDraft:
             "bytes_reloaded": c.bytes_reloaded,
             "last_rss_freed_bytes": c.last_rss_freed_bytes,
             "last_rss_restored_bytes": c.last_rss_restored_bytes,
+            # The latest transitions, oldest first, each "state: reason".
+            "events": [event for _, event in c.history],
         }

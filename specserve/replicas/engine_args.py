@@ -37,6 +37,14 @@ STEP_LOG_FIELDS = (
 
 
 @dataclass(frozen=True, slots=True)
+class DraftOffload:
+    """Nightjar's offload triggers as the user set them (the rest: ``specserve.memory.ResidencyParams``)."""
+
+    low_free_ratio: float = 0.10
+    window_steps: int = 3
+
+
+@dataclass(frozen=True, slots=True)
 class EngineControlConfig:
     """What the EngineCore-side scheduler needs to know at start."""
 
@@ -47,12 +55,16 @@ class EngineControlConfig:
     skip_k0_draft_pass: bool = True
     # Modules the scheduler imports before building the policy: where user policies register themselves.
     policy_modules: tuple[str, ...] = ()
+    # Elastic draft memory under Nightjar's triggers (elastic_draft.py); None: offload only when asked.
+    draft_offload: DraftOffload | None = None
 
     def to_additional_config(self) -> dict[str, Any]:
+        offload = self.draft_offload
         return {
             "policy": self.policy,
             "skip_k0_draft_pass": self.skip_k0_draft_pass,
             "policy_modules": list(self.policy_modules),
+            "draft_offload": None if offload is None else [offload.low_free_ratio, offload.window_steps],
         }
 
     @classmethod
@@ -66,6 +78,7 @@ class EngineControlConfig:
             policy=str(data["policy"]),
             skip_k0_draft_pass=bool(data.get("skip_k0_draft_pass", True)),
             policy_modules=tuple(data.get("policy_modules", ())),
+            draft_offload=DraftOffload(*data["draft_offload"]) if data.get("draft_offload") else None,
         )
 
 
@@ -88,6 +101,8 @@ class EngineSpec:
     skip_k0_draft_pass: bool = True
     # See EngineControlConfig.policy_modules.
     policy_modules: tuple[str, ...] = ()
+    # See EngineControlConfig.draft_offload.
+    draft_offload: DraftOffload | None = None
     extra: tuple[tuple[str, Any], ...] = ()
 
 
@@ -109,7 +124,7 @@ def speculative_engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
         worker_extension_cls=WORKER_EXTENSION_CLS,
         additional_config={
             ADDITIONAL_CONFIG_KEY: EngineControlConfig(
-                spec.policy, spec.skip_k0_draft_pass, spec.policy_modules
+                spec.policy, spec.skip_k0_draft_pass, spec.policy_modules, spec.draft_offload
             ).to_additional_config()
         },
         speculative_config={

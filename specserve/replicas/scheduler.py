@@ -18,6 +18,7 @@ the drafts of requests whose draft KV has a hole (the lag rule; see ``speculatio
 from __future__ import annotations
 
 import importlib
+import math
 import time
 from typing import Any
 
@@ -27,6 +28,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.outputs import ModelRunnerOutput
 
+from specserve.memory import ResidencyParams
 from specserve.messages import EngineTelemetry
 from specserve.replicas.elastic_draft import ElasticDraft
 from specserve.replicas.engine_args import (
@@ -89,7 +91,7 @@ class AdaptiveKScheduler(Scheduler):
         self.acceptance = PositionAcceptance(max_k=max(self.num_spec_tokens, 1))
         self.k = 0
         # Draft residency (elastic_draft.py): the draft may be offloaded and the KV pool grown into its bytes.
-        self.elastic = ElasticDraft(self) if self.num_spec_tokens > 0 else None
+        self.elastic = ElasticDraft(self, _residency_params(control)) if self.num_spec_tokens > 0 else None
         self._step_ctx: StepContext | None = None
         self._step_started_s = 0.0
         logger.info(
@@ -290,6 +292,20 @@ class AdaptiveKScheduler(Scheduler):
             policy_s=c.policy_s,
             **(self.elastic.telemetry() if self.elastic is not None else {}),
         )
+
+
+def _residency_params(control: EngineControlConfig) -> ResidencyParams | None:
+    """Nightjar's triggers as configured, or None (offload only when asked). This engine does not migrate
+    blocks, so the triggers wait for the grown region to drain, however long that takes."""
+    offload = control.draft_offload
+    if offload is None:
+        return None
+    return ResidencyParams(
+        low_free_ratio=offload.low_free_ratio,
+        window_steps=offload.window_steps,
+        max_migrate_ratio=0.0,
+        drain_timeout_s=math.inf,
+    )
 
 
 # EngineCore utility methods. They run between two steps in the engine's busy loop, so they are

@@ -8,7 +8,7 @@ from typing import Any
 
 from specserve.messages import EngineTelemetry
 from specserve.replicas import offline
-from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+from specserve.replicas.engine_args import DraftOffload, EngineSpec, speculative_engine_kwargs
 
 PROMPTS = [
     "def fibonacci(n):\n    ",
@@ -83,6 +83,7 @@ def running_engine(
     max_num_seqs: int = 8,
     skip_k0_draft_pass: bool = True,
     policy_modules: tuple[str, ...] = (),
+    draft_offload: DraftOffload | None = None,
     **engine_kwargs: Any,
 ) -> Iterator[Engine]:
     kwargs = speculative_engine_kwargs(
@@ -94,6 +95,7 @@ def running_engine(
             max_num_seqs=max_num_seqs,
             skip_k0_draft_pass=skip_k0_draft_pass,
             policy_modules=policy_modules,
+            draft_offload=draft_offload,
         )
     )
     kwargs.update(engine_kwargs)

@@ -9,6 +9,7 @@ import pytest
 from engine_helpers import running_engine
 
 from specserve.replicas import offline
+from specserve.replicas.engine_args import DraftOffload
 
 PROMPTS = [
     "def fibonacci(n):\n    ",
@@ -155,3 +156,29 @@ def test_a_failed_reload_leaves_speculation_off_and_serving_unharmed(engine, ref
         shutil.move(hidden, draft_copy.draft)
     assert offline.reload_draft(engine.llm)["state"] == "resident"
     assert engine.generate(PROMPTS + LATER, max_tokens=MAX_TOKENS) == reference
+
+
+@pytest.fixture(scope="module")
+def triggered(draft_copy):
+    """An engine whose draft moves by itself, under Nightjar's triggers (default eta and W)."""
+    with running_engine(
+        draft_copy, policy="fixed:k=0", num_gpu_blocks_override=BASELINE_BLOCKS, draft_offload=DraftOffload()
+    ) as engine:
+        yield engine
+
+
+def test_the_triggers_offload_under_a_burst_at_k0_and_reload_once_it_is_over(triggered, reference):
+    before = offline.draft_memory(triggered.llm)
+    assert triggered.generate(PROMPTS, max_tokens=MAX_TOKENS) == reference[: len(PROMPTS)]
+    after = offline.draft_memory(triggered.llm)
+    # Past 128 tokens the eight requests need more blocks than the pool has: free blocks stayed below 10 % for
+    # three steps at k = 0, so the draft went, once (no thrashing while the pressure lasted); as the requests
+    # finished, the queue emptied and free blocks covered the draft plus a buffer for three steps, so it came
+    # back after the grown blocks drained.
+    events = after["events"][len(before["events"]) :]
+    assert [event.split(":")[0] for event in events] == ["offloaded", "contracting", "resident"]
+    assert "k = 0 and free blocks < 2 for 3 steps" in events[0]
+    assert after["kv_blocks_total"] == BASELINE_BLOCKS
+    # Later requests, fewer than the pool holds, decode as before with the draft back, which stays.
+    assert triggered.generate(LATER, max_tokens=MAX_TOKENS) == reference[len(PROMPTS) :]
+    assert offline.draft_memory(triggered.llm)["events"] == after["events"]

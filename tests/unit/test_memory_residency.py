@@ -58,6 +58,7 @@ def test_offload_fires_only_after_w_consecutive_steps_at_k0_under_pressure() -> 
     assert step(machine, 0.0) == [] and step(machine, 0.1) == []
     actions = step(machine, 0.2)
     assert [type(a) for a in actions] == [StartOffload]
+    assert "for 3 steps" in actions[0].reason, "the reason counts the window that fired it"
     assert machine.state is DraftState.OFFLOADING and not machine.draft_resident
 
 

@@ -131,3 +131,24 @@ def test_both_engine_sides_read_one_switch_from_the_engine_config():
     assert not step_skips_draft_pass(True, output(0, new=["c"]))
     assert not step_skips_draft_pass(True, output(0, resumed=["a"]))
     assert not step_skips_draft_pass(True, output(0, tokens={"a": 1, "b": 5}))
+
+
+def test_while_the_draft_is_offloaded_every_step_with_tokens_skips_its_pass_prefills_too():
+    prefill = dict(enabled=True, k=0, num_new_requests=2, num_scheduled_tokens=[30, 12])
+    assert not skips_draft_pass(**prefill)
+    assert skips_draft_pass(**prefill, draft_resident=False)
+    assert skips_draft_pass(enabled=True, k=0, num_new_requests=0, num_scheduled_tokens=[1, 1], draft_resident=False)
+    assert not skips_draft_pass(enabled=True, k=0, num_new_requests=0, num_scheduled_tokens=[], draft_resident=False)
+
+
+def test_the_offload_triggers_reach_the_engine_through_its_config():
+    from specserve.replicas.engine_args import DraftOffload, EngineControlConfig, EngineSpec, speculative_engine_kwargs
+
+    def control(offload):
+        kwargs = speculative_engine_kwargs(
+            EngineSpec(target="t", draft="d", policy="adaptive", max_k=4, draft_offload=offload)
+        )
+        return EngineControlConfig.from_additional_config(kwargs["additional_config"]["specserve"])
+
+    assert control(None).draft_offload is None
+    assert control(DraftOffload(0.2, 5)).draft_offload == DraftOffload(0.2, 5)

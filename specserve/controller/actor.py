@@ -1,13 +1,26 @@
-"""The cluster controller: one named, detached Ray actor per cluster."""
+"""The cluster controller: one named, detached Ray actor per cluster.
+
+What must outlive the actor (the cluster-wide policy) is kept in Ray's internal key-value store, which lives
+in the GCS: a restarted controller (``max_restarts=-1``) reads it back, and replicas, which keep serving on
+their own rules while it is gone, get it again at their next push.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import ray
+from ray.experimental import internal_kv
+from ray.util import metrics
 
 from specserve.controller.state import ControllerState
+from specserve.memory import MemoryDirective
 from specserve.messages import CONTROLLER_NAME, CONTROLLER_NAMESPACE, PolicyDirective, ReplicaSnapshot
+
+logger = logging.getLogger(__name__)
+# Internal KV keys (namespace CONTROLLER_NAMESPACE) of what survives a controller restart.
+CLUSTER_POLICY_KEY = b"cluster_policy"
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)
@@ -20,9 +33,27 @@ class ClusterController:
 
     def __init__(self, stale_after_s: float = 10.0) -> None:
         self._state = ControllerState(clock=time.monotonic, stale_after_s=stale_after_s)
+        saved = internal_kv._internal_kv_get(CLUSTER_POLICY_KEY, namespace=CONTROLLER_NAMESPACE)
+        if saved:
+            self._state.restore(saved.decode())
+            logger.info("specserve controller: restored cluster policy %s", saved.decode())
+        self._decisions = metrics.Counter(
+            "specserve_controller_memory_decisions_total",
+            description="Draft transfer decisions of the cluster planner, by kind (grant_reload, queue_reload, ...).",
+            tag_keys=("kind",),
+        )
 
-    def push(self, snapshot: ReplicaSnapshot) -> list[PolicyDirective]:
-        return self._state.push(snapshot)
+    def push(self, snapshot: ReplicaSnapshot) -> list[PolicyDirective | MemoryDirective]:
+        directives = self._state.push(snapshot)
+        for d in directives:
+            if isinstance(d, MemoryDirective):
+                self._decisions.inc(1, tags={"kind": d.kind})
+                logger.info("specserve controller: %s %s (%s)", d.kind, d.replica_id, d.reason)
+        return directives
+
+    def memory_decisions(self) -> list[tuple[float, str, str, str]]:
+        """The latest memory decisions, oldest first: (monotonic time, replica, kind, reason)."""
+        return list(self._state.decisions)
 
     def unregister(self, replica: str) -> None:
         self._state.unregister(replica)
@@ -31,7 +62,10 @@ class ClusterController:
         return self._state.replicas()
 
     def set_policy(self, policy: str, replica: str | None = None) -> list[str]:
-        return self._state.set_policy(policy, replica)
+        targets = self._state.set_policy(policy, replica)
+        if replica is None:
+            internal_kv._internal_kv_put(CLUSTER_POLICY_KEY, policy.encode(), namespace=CONTROLLER_NAMESPACE)
+        return targets
 
 
 def get_or_create_controller() -> ray.actor.ActorHandle:

@@ -1,42 +1,107 @@
 """The controller's bookkeeping, free of Ray so it can be tested with a fake clock.
 
-It keeps the latest snapshot per replica, forgets replicas that stop reporting, and queues
-directives (policy changes) that each replica collects with its next telemetry push.
+It keeps the latest snapshot per replica, forgets replicas that stop reporting, queues directives
+(policy changes) that each replica collects with its next telemetry push, and plans draft transfers
+across replicas (``specserve.memory.plan_cluster``): at each push the pushing replica learns whether
+its wanted reload or offload is granted, queued or refused.
+
+Grants outlive the round that gave them: a replica reports its grant only at its next push, so until
+then the controller counts it as granted itself, or two replicas pushing one after the other could
+both take a node's last transfer slot.
 """
 
 from __future__ import annotations
 
+from collections import Counter, deque
 from collections.abc import Callable
 
+from specserve.memory import ClusterMemoryParams, DraftState, MemoryDirective, ReplicaMemory, plan_cluster
 from specserve.messages import PolicyDirective, ReplicaSnapshot
+
+# Host-to-device bandwidth assumed for a node that reports none: PCIe 4.0 x16, about 25 GB/s in practice.
+DEFAULT_HOST_TO_DEVICE_BYTES_PER_S = 25e9
+# Memory decisions kept for `status --json` and logs.
+MAX_DECISIONS = 64
 
 
 class ControllerState:
-    def __init__(self, clock: Callable[[], float], stale_after_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        stale_after_s: float = 10.0,
+        memory: ClusterMemoryParams | None = None,
+        node_bandwidth_bytes_per_s: dict[str, float] | None = None,
+    ) -> None:
         self._clock = clock
         self._stale_after_s = stale_after_s
+        self._memory = memory or ClusterMemoryParams()
+        self._bandwidth = node_bandwidth_bytes_per_s or {}
+        # Grants handed out that the replica has not reported back yet: replica -> kind.
+        self._grants: dict[str, str] = {}
+        # The latest memory decisions, oldest first: (time, replica, kind, reason); counts by kind, cumulative.
+        self.decisions: deque[tuple[float, str, str, str]] = deque(maxlen=MAX_DECISIONS)
+        self.decision_counts: Counter[str] = Counter()
         self._snapshots: dict[str, ReplicaSnapshot] = {}
         self._last_seen_s: dict[str, float] = {}
         self._pending: dict[str, list[PolicyDirective]] = {}
         # A cluster-wide policy also reaches replicas that register after it was set.
         self._cluster_policy: PolicyDirective | None = None
 
-    def push(self, snapshot: ReplicaSnapshot) -> list[PolicyDirective]:
-        """Record a replica's snapshot; return the directives waiting for it."""
+    def push(self, snapshot: ReplicaSnapshot) -> list[PolicyDirective | MemoryDirective]:
+        """Record a replica's snapshot; return the directives waiting for it and its memory directive, if any."""
         replica = snapshot.replica_id
         is_new = replica not in self._snapshots
         self._snapshots[replica] = snapshot
         self._last_seen_s[replica] = self._clock()
-        pending = self._pending.pop(replica, [])
+        pending: list[PolicyDirective | MemoryDirective] = list(self._pending.pop(replica, []))
         if is_new and self._cluster_policy is not None and not pending:
             pending = [self._cluster_policy]
-        return pending
+        return pending + self._plan_memory(replica)
+
+    def _plan_memory(self, replica: str) -> list[MemoryDirective]:
+        """Plan every live replica's transfers; hand out the pushing replica's part."""
+        memories = [self._memory_of(s) for s in self.replicas()]
+        bandwidth = {m.node_id: self._bandwidth.get(m.node_id, DEFAULT_HOST_TO_DEVICE_BYTES_PER_S) for m in memories}
+        mine = [d for d in plan_cluster(memories, bandwidth, self._memory) if d.replica_id == replica]
+        for directive in mine:
+            if directive.kind.startswith("grant_"):
+                self._grants[replica] = directive.kind
+            self.decisions.append((self._clock(), replica, directive.kind, directive.reason))
+            self.decision_counts[directive.kind] += 1
+        return mine
+
+    def _memory_of(self, snapshot: ReplicaSnapshot) -> ReplicaMemory:
+        e, replica = snapshot.engine, snapshot.replica_id
+        granted = self._grants.get(replica)
+        # A grant the replica has taken up, or whose want has gone, is no longer the controller's to remember.
+        taken_up = {
+            "grant_reload": e.reload_granted or not e.reload_wanted,
+            "grant_offload": e.offload_granted or not e.offload_wanted,
+        }
+        if granted is not None and taken_up[granted]:
+            del self._grants[replica]
+            granted = None
+        states = {s.value: s for s in DraftState}
+        return ReplicaMemory(
+            replica_id=replica,
+            node_id=snapshot.node_id,
+            deployment=snapshot.model_id,
+            state=states.get(e.draft_state, DraftState.RESIDENT),
+            offload_wanted=e.offload_wanted,
+            offload_granted=e.offload_granted or granted == "grant_offload",
+            reload_wanted=e.reload_wanted,
+            reload_granted=e.reload_granted or granted == "grant_reload",
+            # Requests that would speculate again: the simulator's stand-in for the gain too.
+            expected_gain=float(e.num_running),
+            draft_bytes=e.draft_bytes,
+        )
 
     def unregister(self, replica: str) -> None:
         """A replica shutting down says goodbye, so status need not wait for it to go stale."""
         self._snapshots.pop(replica, None)
         self._last_seen_s.pop(replica, None)
         self._pending.pop(replica, None)
+        self._grants.pop(replica, None)
 
     def replicas(self) -> list[ReplicaSnapshot]:
         """Live replicas, ordered by id; replicas silent for ``stale_after_s`` are dropped."""
@@ -45,7 +110,17 @@ class ControllerState:
             if now - seen > self._stale_after_s:
                 del self._last_seen_s[replica], self._snapshots[replica]
                 self._pending.pop(replica, None)
+                self._grants.pop(replica, None)
         return [self._snapshots[r] for r in sorted(self._snapshots)]
+
+    @property
+    def cluster_policy(self) -> str | None:
+        """The policy set for every replica, if any: what a restarted controller must remember."""
+        return self._cluster_policy.policy if self._cluster_policy is not None else None
+
+    def restore(self, cluster_policy: str | None) -> None:
+        """After a restart: new and re-registering replicas get the cluster policy again."""
+        self._cluster_policy = PolicyDirective(cluster_policy) if cluster_policy else None
 
     def set_policy(self, policy: str, replica: str | None = None) -> list[str]:
         """Queue a policy change for one replica or all; returns the replica ids it went to."""

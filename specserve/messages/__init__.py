@@ -97,6 +97,14 @@ class EngineTelemetry:
     reload_s: float = 0.0
     bytes_offloaded: int = 0
     bytes_reloaded: int = 0
+    # Nightjar's triggers (``draft_offload``): what the engine wants and has been granted, why it is where it is,
+    # and whether a controller grants (true) or the engine grants itself (false: no controller, local rules).
+    offload_wanted: bool = False
+    offload_granted: bool = False
+    reload_wanted: bool = False
+    reload_granted: bool = False
+    memory_reason: str = ""
+    memory_coordinated: bool = False
 
     @property
     def acceptance(self) -> float | None:

@@ -87,6 +87,8 @@ class ElasticDraft:
         # built at the first step, once the worker has told the block's bytes.
         self.auto = auto
         self.machine: ResidencyMachine | None = None
+        # A controller grants transfers (``coordinate``); without one the engine grants itself.
+        self.coordinated = False
         self.state = RESIDENT
         self.baseline_blocks = kv_pool.pool_of(scheduler).num_gpu_blocks
         self.expanded_blocks = self.baseline_blocks
@@ -160,7 +162,7 @@ class ElasticDraft:
     def _follow_triggers(self, core: Any) -> None:
         if self.machine is None:
             self.bytes_per_block = core.collective_rpc("specserve_kv_layout")[0]["bytes_per_block"]
-            self.machine = ResidencyMachine(self.capacity(), self.auto)
+            self.machine = ResidencyMachine(self.capacity(), self.auto, self_grant=not self.coordinated)
         machine, scheduler = self.machine, self.scheduler
         if machine.state in (DraftState.RESIDENT, DraftState.OFFLOADED) and machine.state.value != self.state:
             return  # an operator's offload or reload is under way; the triggers wait for it to end
@@ -233,10 +235,33 @@ class ElasticDraft:
         del self.counters.history[:-32]
         logger.info("specserve: draft %s (%s)", state, reason)
 
+    def coordinate(self, coordinated: bool) -> None:
+        """From now on a controller grants transfers (true), or the engine grants itself (false)."""
+        self.coordinated = coordinated
+        if self.machine is not None:
+            self.machine.self_grant = not coordinated
+
+    def apply_directive(self, kind: str) -> None:
+        """A controller's ``MemoryDirective`` kind; a queued reload or refused offload only leaves it waiting."""
+        if kind not in ("grant_reload", "queue_reload", "grant_offload", "refuse_offload"):
+            raise ValueError(f"unknown memory directive {kind!r}")
+        if self.machine is None:
+            return
+        if kind == "grant_reload":
+            self.machine.grant_reload()
+        elif kind == "grant_offload":
+            self.machine.grant_offload()
+
     def telemetry(self) -> dict[str, Any]:
         """The ``EngineTelemetry`` fields this object owns (draft_state and the pool's size come from the caller)."""
-        c = self.counters
+        c, m = self.counters, self.machine
         return {
+            "offload_wanted": bool(m and m.offload_wanted),
+            "offload_granted": bool(m and m.offload_granted),
+            "reload_wanted": bool(m and m.reload_wanted),
+            "reload_granted": bool(m and m.reload_granted),
+            "memory_reason": m.reason if m is not None else ("" if self.auto is None else "waiting for the first step"),
+            "memory_coordinated": self.coordinated,
             "num_kv_blocks_baseline": self.baseline_blocks,
             "draft_bytes": self.draft_bytes,
             "num_offloads": c.num_offloads,

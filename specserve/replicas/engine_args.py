@@ -23,6 +23,9 @@ STEP_LOG_UTILITY = "specserve_step_log"
 OFFLOAD_DRAFT_UTILITY = "specserve_offload_draft"
 RELOAD_DRAFT_UTILITY = "specserve_reload_draft"
 DRAFT_MEMORY_UTILITY = "specserve_draft_memory"
+# A controller's memory directive (grant_reload, ...), and whether a controller grants at all.
+MEMORY_DIRECTIVE_UTILITY = "specserve_memory_directive"
+MEMORY_COORDINATED_UTILITY = "specserve_memory_coordinated"
 # What one entry of the step log holds (``StepRecord`` fields).
 STEP_LOG_FIELDS = (
     "now_s",

@@ -22,6 +22,8 @@ from specserve.messages import EngineTelemetry
 from specserve.replicas import engine_env
 from specserve.replicas.engine_args import (
     DRAFT_MEMORY_UTILITY,
+    MEMORY_COORDINATED_UTILITY,
+    MEMORY_DIRECTIVE_UTILITY,
     OFFLOAD_DRAFT_UTILITY,
     RELOAD_DRAFT_UTILITY,
     SET_POLICY_UTILITY,
@@ -68,6 +70,16 @@ def reload_draft(llm: Any) -> dict[str, Any]:
 
 def draft_memory(llm: Any) -> dict[str, Any]:
     return llm.llm_engine.engine_core.call_utility(DRAFT_MEMORY_UTILITY)
+
+
+def memory_directive(llm: Any, kind: str) -> None:
+    """Apply a controller's memory directive kind (``grant_reload``, ``grant_offload``, ...)."""
+    llm.llm_engine.engine_core.call_utility(MEMORY_DIRECTIVE_UTILITY, kind)
+
+
+def memory_coordinated(llm: Any, coordinated: bool) -> None:
+    """Whether a controller grants the engine's draft transfers (true) or the engine itself (false)."""
+    llm.llm_engine.engine_core.call_utility(MEMORY_COORDINATED_UTILITY, coordinated)
 
 
 def read_telemetry(llm: Any, since_step: int = 0) -> EngineTelemetry:

@@ -34,6 +34,8 @@ from specserve.replicas.elastic_draft import ElasticDraft
 from specserve.replicas.engine_args import (
     ADDITIONAL_CONFIG_KEY,
     DRAFT_MEMORY_UTILITY,
+    MEMORY_COORDINATED_UTILITY,
+    MEMORY_DIRECTIVE_UTILITY,
     OFFLOAD_DRAFT_UTILITY,
     RELOAD_DRAFT_UTILITY,
     SET_POLICY_UTILITY,
@@ -354,6 +356,14 @@ def _reload_draft(self: EngineCore) -> dict[str, Any]:
     return _draft_memory(self)
 
 
+def _memory_directive(self: EngineCore, kind: str) -> None:
+    _elastic(self).apply_directive(kind)
+
+
+def _memory_coordinated(self: EngineCore, coordinated: bool) -> None:
+    _elastic(self).coordinate(coordinated)
+
+
 def _draft_memory(self: EngineCore) -> dict[str, Any]:
     """The draft's memory state, with the step counts of the same moment (the engine steps on its own)."""
     counters = _scheduler(self).counters
@@ -379,6 +389,8 @@ setattr(EngineCore, SET_POLICY_UTILITY, _set_policy)
 setattr(EngineCore, OFFLOAD_DRAFT_UTILITY, _offload_draft)
 setattr(EngineCore, RELOAD_DRAFT_UTILITY, _reload_draft)
 setattr(EngineCore, DRAFT_MEMORY_UTILITY, _draft_memory)
+setattr(EngineCore, MEMORY_DIRECTIVE_UTILITY, _memory_directive)
+setattr(EngineCore, MEMORY_COORDINATED_UTILITY, _memory_coordinated)
 if getattr(_original_post_step, "__name__", "") != _post_step.__name__:  # once per process
     EngineCore.post_step = _post_step
 setattr(EngineCore, TELEMETRY_UTILITY, _telemetry)

@@ -21,9 +21,15 @@ import ray
 from ray import serve
 from ray.serve.llm.deployment import LLMServer
 
+from specserve.memory import MemoryDirective
 from specserve.messages import CONTROLLER_NAME, CONTROLLER_NAMESPACE, EngineTelemetry, ReplicaSnapshot
 from specserve.replicas.engine import SpecVLLMEngine
-from specserve.replicas.engine_args import SET_POLICY_UTILITY, TELEMETRY_UTILITY
+from specserve.replicas.engine_args import (
+    MEMORY_COORDINATED_UTILITY,
+    MEMORY_DIRECTIVE_UTILITY,
+    SET_POLICY_UTILITY,
+    TELEMETRY_UTILITY,
+)
 from specserve.replicas.metrics import ReplicaMetrics
 
 logger = logging.getLogger("ray.serve")
@@ -31,6 +37,8 @@ logger = logging.getLogger("ray.serve")
 TELEMETRY_INTERVAL_S = 1.0
 # A controller that does not answer in time is skipped this round; the replica keeps serving.
 CONTROLLER_TIMEOUT_S = 2.0
+# Rounds without a controller after which the engine grants its own draft transfers (local rules).
+LOCAL_RULES_AFTER_ROUNDS = 3
 
 
 class SpecLLMServer(LLMServer):
@@ -62,6 +70,7 @@ class SpecLLMServer(LLMServer):
 
     async def _telemetry_loop(self) -> None:
         controller = None
+        missed = 0
         while True:
             started = time.monotonic()
             try:
@@ -70,6 +79,11 @@ class SpecLLMServer(LLMServer):
                 controller = controller or _find_controller()
                 if controller is not None:
                     controller = await self._exchange(controller, snapshot)
+                missed = 0 if controller is not None else missed + 1
+                # The controller grants draft transfers while it answers; without it the engine grants its own.
+                coordinated = missed < LOCAL_RULES_AFTER_ROUNDS and controller is not None
+                if snapshot.engine.draft_bytes and coordinated != snapshot.engine.memory_coordinated:
+                    await self._engine_core().call_utility_async(MEMORY_COORDINATED_UTILITY, coordinated)
             except asyncio.CancelledError:
                 raise
             except Exception:  # keep serving: telemetry must never take the replica down
@@ -84,8 +98,12 @@ class SpecLLMServer(LLMServer):
             return None
         for directive in directives:
             try:
-                spec = await self.specserve_set_policy(directive.policy)
-                logger.info("specserve: controller set policy %s", spec)
+                if isinstance(directive, MemoryDirective):
+                    await self._engine_core().call_utility_async(MEMORY_DIRECTIVE_UTILITY, directive.kind)
+                    logger.info("specserve: controller %s (%s)", directive.kind, directive.reason)
+                else:
+                    spec = await self.specserve_set_policy(directive.policy)
+                    logger.info("specserve: controller set policy %s", spec)
             except Exception:
                 logger.exception("specserve: controller directive %s failed", directive)
         return controller

@@ -182,3 +182,30 @@ def test_the_triggers_offload_under_a_burst_at_k0_and_reload_once_it_is_over(tri
     # Later requests, fewer than the pool holds, decode as before with the draft back, which stays.
     assert triggered.generate(LATER, max_tokens=MAX_TOKENS) == reference[len(PROMPTS) :]
     assert offline.draft_memory(triggered.llm)["events"] == after["events"]
+
+
+def test_under_a_controller_the_triggers_wait_for_its_grant(triggered, reference):
+    offline.memory_coordinated(triggered.llm, True)
+    seen = {}
+
+    def watch():
+        now = triggered.telemetry()
+        if now.offload_wanted and not now.offload_granted and "wanted" not in seen:
+            seen["wanted"] = now  # the triggers fired; nobody has granted
+            seen["waited"] = triggered.telemetry()
+            offline.memory_directive(triggered.llm, "grant_offload")
+        if now.reload_wanted and not now.reload_granted and "reload_wanted" not in seen:
+            seen["reload_wanted"] = now
+            offline.memory_directive(triggered.llm, "grant_reload")
+
+    try:
+        before = offline.draft_memory(triggered.llm)
+        assert drive(triggered, {}, every_step=watch) == reference[: len(PROMPTS)]
+        after = offline.draft_memory(triggered.llm)
+    finally:
+        offline.memory_coordinated(triggered.llm, False)
+    assert seen["wanted"].memory_coordinated and seen["wanted"].draft_state == "resident"
+    assert seen["waited"].draft_state == "resident", "a wanted offload without a grant does not happen"
+    assert "waiting for a grant" in seen["wanted"].memory_reason
+    assert after["num_offloads"] == before["num_offloads"] + 1
+    assert after["num_reloads"] == before["num_reloads"] + 1

@@ -7,6 +7,7 @@ import pytest
 from telemetry_samples import engine_telemetry
 
 from specserve.controller.state import ControllerState
+from specserve.memory import ClusterMemoryParams, MemoryDirective
 from specserve.messages import EngineTelemetry, PolicyDirective, ReplicaSnapshot
 from specserve.replicas.telemetry import MAX_RECENT_DURATIONS, StepCounters
 from specserve.speculation import StepRecord
@@ -122,3 +123,53 @@ def test_a_reader_far_behind_gets_the_latest_durations_only():
     durations = counters.durations_since(0)
     assert len(durations) == MAX_RECENT_DURATIONS
     assert durations[-1] == counters.num_steps - 1
+
+
+def memory_snapshot(replica: str, node: str = "n1", **engine: object) -> ReplicaSnapshot:
+    fields = dict(draft_state="offloaded", reload_wanted=True, draft_bytes=10**9, num_running=4)
+    fields.update(engine)
+    return ReplicaSnapshot(replica_id=replica, node_id=node, model_id="m", engine=engine_telemetry(**fields))
+
+
+def kinds(directives) -> list[str]:
+    return [d.kind for d in directives if isinstance(d, MemoryDirective)]
+
+
+def test_reloads_on_one_node_take_turns_and_a_grant_holds_its_slot_until_the_replica_reports_it():
+    state = ControllerState(Clock(), memory=ClusterMemoryParams(max_concurrent_transfers=1))
+    assert kinds(state.push(memory_snapshot("a"))) == ["grant_reload"]
+    # b pushes before a has reported its grant: the slot is a's all the same.
+    assert kinds(state.push(memory_snapshot("b"))) == ["queue_reload"]
+    assert kinds(state.push(memory_snapshot("c", node="n2"))) == ["grant_reload"], "another node, another link"
+    state.push(memory_snapshot("a", draft_state="contracting", reload_wanted=False))
+    assert kinds(state.push(memory_snapshot("b"))) == ["queue_reload"], "a's transfer is in flight"
+    state.push(memory_snapshot("a", draft_state="resident", reload_wanted=False))
+    assert kinds(state.push(memory_snapshot("b"))) == ["grant_reload"]
+    assert state.decision_counts == {"grant_reload": 3, "queue_reload": 2}
+    assert [d[2] for d in state.decisions][:2] == ["grant_reload", "queue_reload"]
+    assert all(reason for *_, reason in state.decisions), "every decision says why"
+
+
+def test_offloads_keep_the_deployments_floor_of_resident_drafts():
+    state = ControllerState(Clock(), memory=ClusterMemoryParams(min_resident_per_deployment=1))
+    resident = dict(draft_state="resident", reload_wanted=False)
+    assert kinds(state.push(memory_snapshot("a", **resident, offload_wanted=True))) == ["refuse_offload"], "alone"
+    state.push(memory_snapshot("b", **resident))
+    assert kinds(state.push(memory_snapshot("a", **resident, offload_wanted=True))) == ["grant_offload"]
+    # a's grant counts before a reports it: b's draft is now the deployment's last resident one.
+    assert kinds(state.push(memory_snapshot("b", **resident, offload_wanted=True))) == ["refuse_offload"]
+
+
+def test_replicas_that_want_nothing_get_no_memory_directive():
+    state = ControllerState(Clock())
+    assert kinds(state.push(memory_snapshot("a", draft_state="resident", reload_wanted=False))) == []
+
+
+def test_a_restarted_controller_hands_the_cluster_policy_to_every_replica_again():
+    before = ControllerState(Clock())
+    before.push(snapshot("a"))
+    before.set_policy("fixed:k=2")
+    after = ControllerState(Clock())
+    after.restore(before.cluster_policy)
+    assert after.push(snapshot("a")) == [PolicyDirective("fixed:k=2")]
+    assert after.push(snapshot("a")) == []

@@ -44,9 +44,10 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "messages": (*FRAMEWORKS, *all_ours_but("messages", "speculation")),
     "sim": (*FRAMEWORKS, *all_ours_but("sim", "speculation", "memory")),
     "experiments": (*FRAMEWORKS, *all_ours_but("experiments", "sim", "speculation", "memory")),
-    # vLLM's private hooks live in replicas/ only; replicas and the controller talk through messages.
+    # vLLM's private hooks live in replicas/ only; replicas and the controller talk through messages. The
+    # controller plans draft transfers with the pure planner the simulator runs too.
     "replicas": ours("controller", "cluster", "sim", "experiments", "models"),
-    "controller": ("vllm", "torch", *all_ours_but("controller", "messages")),
+    "controller": ("vllm", "torch", *all_ours_but("controller", "messages", "memory")),
     "models": ("vllm", "ray", *ours("controller", "cluster", "sim", "experiments", "speculation")),
     "cluster": ("vllm",),
     # The load generator talks HTTP to any endpoint: of vLLM only its benchmark helpers (checked below),

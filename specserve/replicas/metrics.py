@@ -140,11 +140,11 @@ class ReplicaMetrics:
 
     def _update_memory(self, now: EngineTelemetry, before: EngineTelemetry | None) -> None:
         self._kv_baseline.set(now.num_kv_blocks_baseline or now.num_kv_blocks_total)
-        if now.draft_state != self._last_draft_state:
-            if self._last_draft_state is not None:
-                self._draft_state.set(0, tags={"state": self._last_draft_state})
-            self._draft_state.set(1, tags={"state": now.draft_state})
-            self._last_draft_state = now.draft_state
+        # Set every round, not only on a change: Ray stops exporting a gauge series that is not recorded again.
+        if self._last_draft_state not in (None, now.draft_state):
+            self._draft_state.set(0, tags={"state": self._last_draft_state})
+        self._draft_state.set(1, tags={"state": now.draft_state})
+        self._last_draft_state = now.draft_state
         for direction, count, seconds, moved in (
             ("offload", "num_offloads", "offload_s", "bytes_offloaded"),
             ("reload", "num_reloads", "reload_s", "bytes_reloaded"),

@@ -22,7 +22,9 @@ def server(tmp_path_factory, trained_pair):
     state_dir = tmp_path_factory.mktemp("state")
     env = dict(os.environ, SPECSERVE_STATE_DIR=str(state_dir))
     env.pop("RAY_ADDRESS", None)
-    args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--k-max", "4"]
+    config = tmp_path_factory.mktemp("config") / "serve.yaml"
+    config.write_text("draft_offload: true\n")  # the triggers never fire on this idle pool; the grants flow
+    args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--k-max", "4", "--config", str(config)]
     process = ServeProcess(args, env, tmp_path_factory.mktemp("logs") / "serve.log")
     try:
         process.endpoint = process.start()
@@ -154,6 +156,15 @@ def test_status_shows_the_replica_with_k_and_acceptance(server, client):
     assert header.split()[:5] == ["REPLICA", "NODE", "POLICY", "K", "ACCEPT"]
     assert [row.split()[0] for row in rows] == [replica["replica_id"]]
     assert replica["replica_id"] not in table.stderr and "ACCEPT" not in table.stderr
+
+
+def test_the_controller_grants_the_replicas_draft_transfers(server, client):
+    client.completions.create(model=MODEL, prompt="import os\n", max_tokens=8, temperature=0)
+    replica = wait_for_replica(server, until=lambda r: r["engine"]["memory_coordinated"])
+    engine = replica["engine"]
+    assert engine["draft_state"] == "resident" and engine["draft_bytes"] > 0
+    assert engine["memory_reason"] == "draft resident"
+    assert engine["num_kv_blocks_baseline"] == engine["num_kv_blocks_total"]
 
 
 def test_policy_set_reaches_the_replica(server):

@@ -88,8 +88,12 @@ def serve_forever(config: ServeConfig) -> int:
         # serve.run blocks until every replica's engine is up (tens of seconds); a thread keeps
         # Ctrl-C answered meanwhile.
         deployer = threading.Thread(target=_deploy, args=(app, failure, stop), daemon=True)
-        deployer.start()
         endpoint = f"http://{_client_host(config.host)}:{config.port}/v1"
+        # Recorded before the endpoint answers, so that a script which waits for the endpoint and then runs
+        # `specserve status` or `policy set` finds the cluster.
+        _write_state(ray.get_runtime_context().gcs_address, endpoint)
+        cleanup.callback(state_file().unlink, missing_ok=True)
+        deployer.start()
         if not _wait_ready(endpoint, deployer, config.engine_start_timeout_s, stop):
             if failure:
                 log(f"specserve: deployment failed: {failure[0]}")
@@ -98,8 +102,6 @@ def serve_forever(config: ServeConfig) -> int:
                 return 130
             log(f"specserve: endpoint {endpoint} did not answer within {config.engine_start_timeout_s:.0f} s")
             return 1
-        _write_state(ray.get_runtime_context().gcs_address, endpoint)
-        cleanup.callback(state_file().unlink, missing_ok=True)
         log(f"specserve: ready in {time.monotonic() - started:.1f} s")
         log(f"endpoint: {endpoint}")
         if not joined:

@@ -21,16 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-PROMPTS = [
-    "def fibonacci(n):\n    ",
-    "import os\nimport sys\n\n",
-    "class Parser:\n    def __init__(self",
-    "for line in open(path):\n",
-    "def main():\n    args = ",
-    "with open(filename) as f:\n",
-    "import json\n\ndef load(",
-    "while True:\n    line = ",
-]
+from specserve.models.prompts import OPENINGS
+
+PROMPTS = list(OPENINGS)
 BATCHES = (1, 4, 8)
 LAGS = (4, 16, 64)
 AFTER_STEPS = 8

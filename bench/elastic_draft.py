@@ -23,17 +23,9 @@ import time
 from typing import Any
 
 from specserve.models.arguments import add_perf_options
+from specserve.models.prompts import OPENINGS
 
-PROMPTS = [
-    "def fibonacci(n):\n    ",
-    "import os\nimport sys\n\n",
-    "class Parser:\n    def __init__(self",
-    "for line in open(path):\n",
-    "def main():\n    args = ",
-    "with open(filename) as f:\n",
-    "import json\n\ndef load(",
-    "while True:\n    line = ",
-]
+PROMPTS = list(OPENINGS)
 
 
 def stream(llm: Any, prompts: list[str], max_tokens: int, on_step: Any = None) -> dict[str, list[int]]:

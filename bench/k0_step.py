@@ -24,17 +24,9 @@ from typing import Any
 
 from specserve.bench.stats import spread
 from specserve.models.arguments import add_perf_options
+from specserve.models.prompts import OPENINGS
 
-PROMPTS = [
-    "def fibonacci(n):\n    ",
-    "import os\nimport sys\n\n",
-    "class Parser:\n    def __init__(self",
-    "for line in open(path):\n",
-    "def main():\n    args = ",
-    "with open(filename) as f:\n",
-    "import json\n\ndef load(",
-    "while True:\n    line = ",
-]
+PROMPTS = list(OPENINGS)
 BATCHES = (1, 4, 8)
 SHORT, LONG = 16, 80
 ENGINES = ("skip", "no_skip", "no_spec")

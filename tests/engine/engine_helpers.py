@@ -7,15 +7,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from specserve.messages import EngineTelemetry
+from specserve.models.prompts import OPENINGS
 from specserve.replicas import offline
 from specserve.replicas.engine_args import DraftOffload, EngineSpec, speculative_engine_kwargs
 
-PROMPTS = [
-    "def fibonacci(n):\n    ",
-    "import os\nimport sys\n\n",
-    "class Parser:\n    def __init__(self",
-    "for line in open(path):\n",
-]
+PROMPTS = list(OPENINGS[:4])
 
 
 class Engine:

@@ -8,19 +8,11 @@ from types import SimpleNamespace
 import pytest
 from engine_helpers import running_engine
 
+from specserve.models.prompts import OPENINGS
 from specserve.replicas import offline
 from specserve.replicas.engine_args import DraftOffload
 
-PROMPTS = [
-    "def fibonacci(n):\n    ",
-    "import os\nimport sys\n\n",
-    "class Parser:\n    def __init__(self",
-    "for line in open(path):\n",
-    "def main():\n    args = ",
-    "with open(filename) as f:\n",
-    "import json\n\ndef load(",
-    "while True:\n    line = ",
-]
+PROMPTS = list(OPENINGS)
 # Requests that arrive while the pool contracts, and decode on after the draft is back.
 LATER = ["def parse(text):\n    ", "import re\n\n", "class Node:\n    def ", "if __name__ == "]
 MAX_TOKENS = 160

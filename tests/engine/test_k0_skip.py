@@ -7,12 +7,9 @@ import statistics
 import pytest
 from engine_helpers import PROMPTS, running_engine
 
-LATER = [
-    "def main():\n    args = ",
-    "with open(filename) as f:\n",
-    "import json\n\ndef load(",
-    "while True:\n    line = ",
-]
+from specserve.models.prompts import OPENINGS
+
+LATER = list(OPENINGS[4:])
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,10 @@ from specserve.messages import PolicyDirective, ReplicaSnapshot
 
 # Host-to-device bandwidth assumed for a node that reports none: PCIe 4.0 x16, about 25 GB/s in practice.
 DEFAULT_HOST_TO_DEVICE_BYTES_PER_S = 25e9
-# Memory decisions kept for `status --json` and logs.
+# Memory decisions kept for `ClusterController.memory_decisions` (the log has them all).
 MAX_DECISIONS = 64
+# A replica's reported draft_state ("none" without speculation counts as resident: it has nothing to move).
+_DRAFT_STATES = {state.value: state for state in DraftState}
 
 
 class ControllerState:
@@ -81,12 +83,11 @@ class ControllerState:
         if granted is not None and taken_up[granted]:
             del self._grants[replica]
             granted = None
-        states = {s.value: s for s in DraftState}
         return ReplicaMemory(
             replica_id=replica,
             node_id=snapshot.node_id,
             deployment=snapshot.model_id,
-            state=states.get(e.draft_state, DraftState.RESIDENT),
+            state=_DRAFT_STATES.get(e.draft_state, DraftState.RESIDENT),
             offload_wanted=e.offload_wanted,
             offload_granted=e.offload_granted or granted == "grant_offload",
             reload_wanted=e.reload_wanted,

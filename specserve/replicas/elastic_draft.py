@@ -23,9 +23,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from specserve.memory import (
     DraftState,
@@ -36,6 +36,7 @@ from specserve.memory import (
     StartContraction,
     StartOffload,
 )
+from specserve.memory.cluster_plan import DirectiveKind
 from specserve.replicas import kv_pool
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,18 @@ def checkpoint_bytes(model_dir: str, dtype: Any) -> int:
             for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
                 numel += math.prod(f.get_slice(name).get_shape())
     return numel * itemsize
+
+
+# The counters that ``EngineTelemetry`` carries under the same names.
+TELEMETRY_COUNTERS = (
+    "num_offloads",
+    "num_reloads",
+    "num_reload_failures",
+    "offload_s",
+    "reload_s",
+    "bytes_offloaded",
+    "bytes_reloaded",
+)
 
 
 @dataclass(slots=True)
@@ -91,7 +104,6 @@ class ElasticDraft:
         self.coordinated = False
         self.state = RESIDENT
         self.baseline_blocks = kv_pool.pool_of(scheduler).num_gpu_blocks
-        self.expanded_blocks = self.baseline_blocks
         spec = scheduler.vllm_config.speculative_config
         try:
             self.draft_bytes = checkpoint_bytes(spec.draft_model_config.model, spec.draft_model_config.dtype)
@@ -105,7 +117,7 @@ class ElasticDraft:
     def resident(self) -> bool:
         return self.state == RESIDENT
 
-    def offload(self, core: Any, reason: str = "asked by an operator") -> dict[str, float]:
+    def offload(self, core: Any, reason: str = "asked by an operator") -> None:
         """Drop the draft and grow the pool by its bytes. Only from ``resident``."""
         if self.state != RESIDENT:
             raise RuntimeError(f"cannot offload the draft: it is {self.state}")
@@ -119,20 +131,13 @@ class ElasticDraft:
         self.state = OFFLOADED  # from here on no step may run the draft
         self.scheduler.draft_kv.draft_upto.clear()
         self.bytes_per_block = layout["bytes_per_block"]
-        extra = self.capacity().num_draft_blocks
-        core.collective_rpc("specserve_resize_kv", args=(self.baseline_blocks + extra,))
-        kv_pool.grow(self.scheduler, self.baseline_blocks + extra)
-        self.expanded_blocks = self.baseline_blocks + extra
+        total = self._grow(core)
         c = self.counters
         c.num_offloads += 1
         c.offload_s += time.perf_counter() - started
         c.bytes_offloaded += self.draft_bytes
         c.last_rss_freed_bytes = int(dropped["rss_before"] - dropped["rss_after"])
-        self._log(
-            "offloaded",
-            f"{reason}; {self.draft_bytes} draft bytes, pool {self.baseline_blocks} -> {self.expanded_blocks}",
-        )
-        return {"draft_bytes": self.draft_bytes, "extra_blocks": extra, "rss_freed_bytes": c.last_rss_freed_bytes}
+        self._log("offloaded", f"{reason}; {self.draft_bytes} draft bytes, pool {self.baseline_blocks} -> {total}")
 
     def reload(self, reason: str = "asked by an operator") -> None:
         """Start bringing the draft back: contract the pool as its expanded blocks drain, then reload."""
@@ -200,13 +205,13 @@ class ElasticDraft:
         started = time.perf_counter()
         core.collective_rpc("specserve_resize_kv", args=(self.baseline_blocks,))
         kv_pool.shrink(self.scheduler, self.baseline_blocks)
-        self.expanded_blocks = self.baseline_blocks
         try:
             (restored,) = core.collective_rpc("specserve_restore_draft")[:1]
         except Exception as exc:  # the engine keeps serving at k = 0; the pool is grown again for it
             self.counters.num_reload_failures += 1
             logger.exception("specserve: reloading the draft failed; speculation stays off")
-            self._regrow(core)
+            self._grow(core)
+            self.state = OFFLOADED
             self._log("offloaded", f"reload failed: {exc}")
             if self.machine is not None and self.machine.state is DraftState.RELOADING:
                 self.machine.reload_done(time.monotonic(), ok=False)
@@ -223,12 +228,12 @@ class ElasticDraft:
         if self.machine is not None and self.machine.state is DraftState.RELOADING:
             self.machine.reload_done(time.monotonic())
 
-    def _regrow(self, core: Any) -> None:
-        extra = self.capacity().num_draft_blocks
-        core.collective_rpc("specserve_resize_kv", args=(self.baseline_blocks + extra,))
-        kv_pool.grow(self.scheduler, self.baseline_blocks + extra)
-        self.expanded_blocks = self.baseline_blocks + extra
-        self.state = OFFLOADED
+    def _grow(self, core: Any) -> int:
+        """Lend the draft's bytes to the KV cache: the worker's tensors first, then the scheduler's pool."""
+        total = self.capacity().num_expanded_blocks
+        core.collective_rpc("specserve_resize_kv", args=(total,))
+        kv_pool.grow(self.scheduler, total)
+        return total
 
     def _log(self, state: str, reason: str) -> None:
         self.counters.history.append((time.time(), f"{state}: {reason}"))
@@ -243,7 +248,7 @@ class ElasticDraft:
 
     def apply_directive(self, kind: str) -> None:
         """A controller's ``MemoryDirective`` kind; a queued reload or refused offload only leaves it waiting."""
-        if kind not in ("grant_reload", "queue_reload", "grant_offload", "refuse_offload"):
+        if kind not in get_args(DirectiveKind):
             raise ValueError(f"unknown memory directive {kind!r}")
         if self.machine is None:
             return
@@ -264,13 +269,7 @@ class ElasticDraft:
             "memory_coordinated": self.coordinated,
             "num_kv_blocks_baseline": self.baseline_blocks,
             "draft_bytes": self.draft_bytes,
-            "num_offloads": c.num_offloads,
-            "num_reloads": c.num_reloads,
-            "num_reload_failures": c.num_reload_failures,
-            "offload_s": c.offload_s,
-            "reload_s": c.reload_s,
-            "bytes_offloaded": c.bytes_offloaded,
-            "bytes_reloaded": c.bytes_reloaded,
+            **{name: getattr(c, name) for name in TELEMETRY_COUNTERS},
         }
 
     def describe(self) -> dict[str, Any]:
@@ -283,16 +282,7 @@ class ElasticDraft:
             "kv_blocks_baseline": self.baseline_blocks,
             "kv_blocks_total": pool.num_gpu_blocks,
             "kv_blocks_free": pool.get_num_free_blocks(),
-            "num_offloads": c.num_offloads,
-            "num_reloads": c.num_reloads,
-            "num_reload_failures": c.num_reload_failures,
-            "offload_s": c.offload_s,
-            "reload_s": c.reload_s,
-            "last_reload_s": c.last_reload_s,
-            "bytes_offloaded": c.bytes_offloaded,
-            "bytes_reloaded": c.bytes_reloaded,
-            "last_rss_freed_bytes": c.last_rss_freed_bytes,
-            "last_rss_restored_bytes": c.last_rss_restored_bytes,
+            **{f.name: getattr(c, f.name) for f in fields(c) if f.name != "history"},
             # The latest transitions, oldest first, each "state: reason".
             "events": [event for _, event in c.history],
         }

@@ -6,10 +6,12 @@ requests stream, against the same requests decoded without speculation.
 
 One engine (fixed k = 4, a KV pool of ``--blocks`` blocks so the requests press on it). The requests arrive
 two per step; once the slowest has 8 tokens the draft is offloaded and the pool grown by the draft's bytes;
-at half its tokens the draft is reloaded (the pool contracts as its grown blocks drain). Reported: outputs
-equal to plain decoding and none lost, the worker's resident memory freed by the drop against the draft's
-bytes, the pool's growth in bytes against the same, the contraction's wait, the reload's time, and how long
-after the reload the requests drafted again (catch-up). The EngineCore steps on its own, so the times
+at half its tokens the draft is reloaded (the grown region's live blocks migrate below it, the pool is cut, and
+the draft is rebuilt on a worker thread while steps go on). Reported: outputs equal to plain decoding and none
+lost, the worker's resident memory freed by the drop against the draft's bytes, the pool's growth in bytes
+against the same, the blocks migrated, the reload's time, the steps that ran meanwhile and the longest gap
+between two steps then (against the run's median gap), and how long after the reload the requests drafted
+again (catch-up). The EngineCore steps on its own, so the times
 between marks are read from this process and include up to a few steps of slack.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -46,6 +49,21 @@ def stream(llm: Any, prompts: list[str], max_tokens: int, on_step: Any = None) -
             slowest = min(len(tokens.get(str(i), [])) for i in range(len(prompts)))
             on_step(slowest)
     return tokens
+
+
+def step_gaps(steps: list[dict[str, Any]], last_step: int, reload_step: int, resident_step: int) -> dict[str, Any]:
+    """Steps that ran while the draft was rebuilt, and the longest wall-clock gap between the starts of two
+    consecutive steps then, against the median gap over the run: a reload that blocked the engine would show as
+    one gap as long as the reload. ``steps`` ends with step ``last_step``."""
+    first_step = last_step - len(steps) + 1
+    starts = [step["now_s"] for step in steps]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    window = gaps[max(reload_step - first_step, 0) : max(resident_step + 1 - first_step, 0)]
+    return {
+        "steps_while_reloading": resident_step - reload_step,
+        "longest_step_gap_while_reloading_s": max(window, default=float("nan")),
+        "median_step_gap_s": statistics.median(gaps),
+    }
 
 
 def main() -> None:
@@ -96,6 +114,7 @@ def main() -> None:
             print("the cycle under load (fixed k = 4)...", file=sys.stderr)
             tokens = stream(llm, prompts, args.max_tokens, on_step)
             end, memory = offline.read_telemetry(llm), offline.draft_memory(llm)
+            steps = offline.read_step_log(llm, since_step=start.num_steps)
     offloaded = marks["offloaded"]
     grown_blocks = offloaded["kv_blocks_total"] - offloaded["kv_blocks_baseline"]
     bytes_per_block = offloaded["bytes_per_block"]
@@ -115,7 +134,10 @@ def main() -> None:
         "pool_grown_over_draft_bytes": grown_blocks * bytes_per_block / offloaded["draft_bytes"],
         "offload_s": memory["offload_s"],
         "contraction_wait_s": marks["resident_s"] - marks["reload_asked_s"] - memory["last_reload_s"],
+        "blocks_migrated": memory["blocks_migrated"],
+        "migrate_s": memory["migrate_s"],
         "reload_s": memory["last_reload_s"],
+        **step_gaps(steps, end.num_steps, marks["at_reload"].num_steps, marks["at_resident"].num_steps),
         "reload_to_drafting_s": marks.get("drafting_s", float("nan")) - marks["reload_asked_s"],
         "worker_rss_restored_bytes": memory["last_rss_restored_bytes"],
         "steps_at_k0_while_offloaded": marks["at_reload"].num_steps_by_k[0] - start.num_steps_by_k[0],

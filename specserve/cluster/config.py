@@ -48,6 +48,18 @@ class ServeConfig(BaseModel):
     offload_window_steps: int = Field(
         3, ge=1, description="With draft_offload: steps a trigger must hold before the draft moves."
     )
+    min_resident_drafts: int = Field(
+        0,
+        ge=0,
+        description="With draft_offload: replicas whose draft the controller keeps resident (an offload that "
+        "would leave fewer is refused), so some always speculate.",
+    )
+    max_concurrent_reloads: int | None = Field(
+        None,
+        ge=1,
+        description="With draft_offload: draft reloads the controller lets run at once per node; default: as many "
+        "as finish within 0.1 s at their share of the node's host-to-device bandwidth.",
+    )
     k_max: int = Field(4, ge=1, le=16, description="Largest speculation length k; sizes vLLM's buffers.")
     replicas: int = Field(1, ge=1, description="Ray Serve replicas, each one engine of `tp` devices.")
     tp: int = Field(1, ge=1, description="Tensor-parallel size of each engine.")
@@ -90,6 +102,11 @@ class ServeConfig(BaseModel):
     def _offload_needs_skipping(self) -> ServeConfig:
         if self.draft_offload and not self.skip_k0_draft_pass:
             raise ValueError("draft_offload needs skip_k0_draft_pass: an offloaded draft's KV must be able to lag")
+        if self.min_resident_drafts > self.replicas:
+            raise ValueError(
+                f"min_resident_drafts={self.min_resident_drafts} is more than replicas={self.replicas}: "
+                "no deployment could keep that many drafts resident"
+            )
         return self
 
     @model_validator(mode="after")

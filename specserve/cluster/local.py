@@ -60,6 +60,7 @@ def serve_forever(config: ServeConfig) -> int:
     from ray import serve
 
     from specserve.controller.actor import get_or_create_controller
+    from specserve.memory import ClusterMemoryParams
 
     _require_free_ports(config)
     stop = threading.Event()
@@ -75,7 +76,12 @@ def serve_forever(config: ServeConfig) -> int:
         joined = _start_ray(config, resolved)
         cleanup.callback(ray.shutdown)
         _on_stop_signals(stop)  # again: the Ray driver installs its own SIGTERM handler
-        get_or_create_controller()
+        get_or_create_controller(
+            ClusterMemoryParams(
+                max_concurrent_transfers=config.max_concurrent_reloads,
+                min_resident_per_deployment=config.min_resident_drafts,
+            )
+        )
         serve.start(http_options={"host": config.host, "port": config.port})
         cleanup.callback(_shutdown_serve, joined)
         if stop.is_set():

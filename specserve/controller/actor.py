@@ -15,7 +15,7 @@ from ray.experimental import internal_kv
 from ray.util import metrics
 
 from specserve.controller.state import ControllerState
-from specserve.memory import MemoryDirective
+from specserve.memory import ClusterMemoryParams, MemoryDirective
 from specserve.messages import CONTROLLER_NAME, CONTROLLER_NAMESPACE, PolicyDirective, ReplicaSnapshot
 
 logger = logging.getLogger(__name__)
@@ -31,8 +31,9 @@ class ClusterController:
     If the actor restarts, its state is empty until replicas push again (about a second).
     """
 
-    def __init__(self, stale_after_s: float = 10.0) -> None:
-        self._state = ControllerState(clock=time.monotonic, stale_after_s=stale_after_s)
+    def __init__(self, stale_after_s: float = 10.0, memory: ClusterMemoryParams | None = None) -> None:
+        # A restarted actor gets the same arguments again (Ray keeps them): the floor and the transfer cap survive.
+        self._state = ControllerState(clock=time.monotonic, stale_after_s=stale_after_s, memory=memory)
         saved = internal_kv._internal_kv_get(CLUSTER_POLICY_KEY, namespace=CONTROLLER_NAMESPACE)
         if saved:
             self._state.restore(saved.decode())
@@ -68,11 +69,13 @@ class ClusterController:
         return targets
 
 
-def get_or_create_controller() -> ray.actor.ActorHandle:
+def get_or_create_controller(memory: ClusterMemoryParams | None = None) -> ray.actor.ActorHandle:
+    """The cluster's controller; ``memory`` applies only when this call creates it (a joined cluster keeps the
+    parameters its controller was started with)."""
     # ray.remote turned the class into an actor class with .options; the checker sees the plain class.
     return ClusterController.options(  # type: ignore[attr-defined]
         name=CONTROLLER_NAME, namespace=CONTROLLER_NAMESPACE, lifetime="detached", get_if_exists=True
-    ).remote()
+    ).remote(memory=memory)
 
 
 def get_controller() -> ray.actor.ActorHandle | None:

@@ -199,7 +199,11 @@ class ResidencyMachine:
             return []
         if layout is None:
             raise ValueError("contraction needs the allocator's BlockLayout")
-        plan = plan_migration(self.capacity.num_base_blocks, layout.live_extra_blocks(), layout.free_base_blocks(live))
+        free = layout.free_base_blocks(live)
+        if len(free) < live:  # too few free blocks below the region to take the live ones yet
+            self.reason = f"draining: {live} live blocks in the extra region, {len(free)} free below it"
+            return []
+        plan = plan_migration(self.capacity.num_base_blocks, layout.live_extra_blocks(), free)
         why = f"queue empty, free >= {self.reload_free_blocks} for {self._streak} steps; moving {plan.num_moved} blocks"
         self._enter(DraftState.CONTRACTING)
         self.reason = f"contracting: {why}"

@@ -46,7 +46,8 @@ class EngineTelemetry:
     num_kv_blocks_total: int
     num_kv_blocks_free: int
     # Where the draft model's weights are: "resident", "offloaded" (the KV pool grown into their bytes),
-    # "contracting" (the grown blocks draining before the draft reloads), or "none" without speculation.
+    # "contracting" (the grown blocks draining or migrating before the draft reloads), "reloading" (the pool
+    # back at its baseline, the draft being rebuilt while steps go on at k = 0), or "none" without speculation.
     # The status DRAFT column and the specserve_draft_state metric read it.
     draft_state: str
     # Steps run so far. Also the reader's cursor for ``step_durations_s`` (see there).
@@ -97,6 +98,9 @@ class EngineTelemetry:
     reload_s: float = 0.0
     bytes_offloaded: int = 0
     bytes_reloaded: int = 0
+    # Contractions' block migrations: live blocks moved out of the grown region, and the seconds they took.
+    blocks_migrated: int = 0
+    migrate_s: float = 0.0
     # Nightjar's triggers (``draft_offload``): what the engine wants and has been granted, why it is where it is,
     # and whether a controller grants (true) or the engine grants itself (false: no controller, local rules).
     offload_wanted: bool = False

@@ -8,17 +8,23 @@ pass sees a half-changed model or cache.
   and leaves an empty ``nn.Parameter`` behind, so freeing the parameters alone frees almost nothing: the
   closures go too. The draft's attention layers stay registered (their KV views stay bound), so the KV cache
   can be resized while the draft is away and the restored layers get the views the resize made.
-- **Restore.** The draft is rebuilt from its checkpoint by the proposer's own ``_get_model`` (the bytes come
-  from the model files: the host copy lives outside the engine's memory, in the page cache). The new
-  attention layers take the old ones' KV views and the attributes vLLM set on them after construction.
+- **Restore.** The draft is rebuilt from its checkpoint by vLLM's own loader (the bytes come from the model
+  files: the host copy lives outside the engine's memory, in the page cache), on a thread of its own while
+  steps go on (``DraftLoader``); between two steps the new attention layers take the old ones' names, KV views
+  and the attributes vLLM set on them after construction.
+- **Migrate.** Live blocks of a region about to be cut are copied, page by page in every layer, to free blocks
+  below it, and every request's block ids (``runner.requests`` and the input batch's block tables) follow.
 - **Resize.** The KV cache is one backing buffer, each layer a constant-stride region of ``num_blocks``
   pages (layout LBHNC): growing or shrinking reallocates it and copies the pages that stay, then rebinds
   every layer, target and draft. Shrinking keeps blocks ``[0, num_blocks)``; the scheduler has emptied the rest.
 
 Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
 
-- ``GPUModelRunner.drafter`` (``DraftModelProposer``): ``.model``, ``._get_model()`` (``v1/spec_decode/
-  draft_model.py:103``), ``._draft_attn_layer_names``.
+- ``GPUModelRunner.drafter`` (``DraftModelProposer``): ``.model``, ``._create_draft_vllm_config()``
+  (``v1/spec_decode/draft_model.py:80``; ``_get_model`` at 103 is what ``DraftLoader._build`` repeats with a
+  private layer registry); ``model_executor/model_loader.get_model``; ``compilation.backends.set_model_tag``.
+- ``GPUModelRunner.requests[*].block_ids`` and ``.input_batch.block_table.block_tables[*].block_table.np``
+  (``v1/worker/block_table.py``), ``.input_batch.num_reqs``: the block ids a step reads.
 - ``model_executor/layers/utils.py:555`` ``dispatch_cpu_unquantized_gemm``: the ``cpu_linear`` attribute it sets.
 - ``GPUModelRunner.compilation_config.static_forward_context`` (layer name -> attention layer),
   ``.kv_cache_config`` (``KVCacheConfig``: ``num_blocks``, ``kv_cache_tensors`` with ``size``, ``offset``,
@@ -36,10 +42,12 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+import threading
 import time
-from copy import deepcopy
+from copy import copy, deepcopy
 from typing import Any
 
+import numpy as np
 import torch
 
 _DRAFT_PREFIX = "draft_model."
@@ -93,34 +101,113 @@ def drop_draft(runner: Any) -> dict[str, float]:
     return {"rss_before": before, "rss_after": rss_bytes()}
 
 
-def restore_draft(runner: Any) -> dict[str, float]:
-    """Rebuild the draft from its checkpoint and give its attention layers their KV views back."""
-    from vllm.config import set_current_vllm_config
+class DraftLoader:
+    """One rebuild of the draft from its checkpoint, on a thread of its own so that steps go on meanwhile.
 
-    drafter = runner.drafter
-    if drafter.model is not None:
+    The draft is built against a shallow copy of its vLLM config whose ``static_forward_context`` is a new
+    dict: its attention layers register there instead of beside the live ones (``Attention.__init__`` refuses
+    a name already registered, and the old layers must keep their KV views until the swap). ``adopt`` swaps
+    the built draft in, between two steps.
+    """
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.model: Any = None
+        self.layers: dict[str, Any] = {}
+        self.error: BaseException | None = None
+        self.rss_before = rss_bytes()
+        self.started = time.perf_counter()
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._build, name="specserve-draft-reload", daemon=True)
+        self._thread.start()
+
+    @property
+    def state(self) -> str:
+        if self._thread.is_alive():
+            return "loading"
+        return "failed" if self.error is not None else "ready"
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def _build(self) -> None:
+        from vllm.compilation.backends import set_model_tag
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader import get_model
+
+        try:
+            config = copy(self.runner.drafter._create_draft_vllm_config())
+            config.compilation_config = copy(config.compilation_config)
+            config.compilation_config.static_forward_context = {}
+            with set_current_vllm_config(config), set_model_tag("draft_model"):
+                self.model = get_model(vllm_config=config, prefix="draft_model")
+            self.layers = dict(config.compilation_config.static_forward_context)
+        except BaseException as exc:  # reported by ``adopt`` on the engine's thread
+            self.error = exc
+        self.seconds = time.perf_counter() - self.started
+
+    def adopt(self) -> dict[str, float]:
+        """Swap the built draft in: its attention layers take the old ones' names, KV views and the attributes
+        vLLM set on them after construction. Raises the build's error, leaving the old layers in place."""
+        self.wait()
+        if self.error is not None:
+            raise RuntimeError(f"rebuilding the draft failed: {self.error}") from self.error
+        runner = self.runner
+        forward_context = runner.compilation_config.static_forward_context
+        old_layers: dict[str, Any] = getattr(runner, _SAVED_LAYERS_ATTR)
+        if set(self.layers) != set(old_layers):
+            raise RuntimeError(f"the rebuilt draft has layers {sorted(self.layers)}, not {sorted(old_layers)}")
+        for name, old in old_layers.items():
+            new = forward_context[name] = self.layers[name]
+            new.bind_kv_cache(old.kv_cache)
+            fresh = vars(new)
+            for attribute, value in vars(old).items():
+                if attribute not in fresh and not isinstance(value, torch.nn.Module | torch.nn.Parameter):
+                    setattr(new, attribute, value)
+            new.is_draft_layer = old.is_draft_layer
+        runner.drafter.model = self.model
+        setattr(runner, _SAVED_LAYERS_ATTR, {})
+        return {"rss_before": self.rss_before, "rss_after": rss_bytes(), "seconds": self.seconds}
+
+
+def begin_restore(runner: Any) -> DraftLoader:
+    if runner.drafter.model is not None:
         raise RuntimeError("the draft is already resident")
-    before, started = rss_bytes(), time.perf_counter()
-    forward_context = runner.compilation_config.static_forward_context
-    old_layers: dict[str, Any] = getattr(runner, _SAVED_LAYERS_ATTR)
-    for name in old_layers:  # Attention.__init__ refuses a name that is already registered
-        del forward_context[name]
-    try:
-        with set_current_vllm_config(runner.vllm_config):
-            drafter.model = drafter._get_model()
-    except BaseException:
-        forward_context.update(old_layers)  # the old layers keep serving the k = 0 steps
-        raise
-    for name, old in old_layers.items():
-        new = forward_context[name]
-        new.bind_kv_cache(old.kv_cache)
-        fresh = vars(new)
-        for attribute, value in vars(old).items():
-            if attribute not in fresh and not isinstance(value, torch.nn.Module | torch.nn.Parameter):
-                setattr(new, attribute, value)
-        new.is_draft_layer = old.is_draft_layer
-    setattr(runner, _SAVED_LAYERS_ATTR, {})
-    return {"rss_before": before, "rss_after": rss_bytes(), "seconds": time.perf_counter() - started}
+    return DraftLoader(runner)
+
+
+def restore_draft(runner: Any) -> dict[str, float]:
+    """Rebuild the draft and swap it in at once (the engine waits for it)."""
+    return begin_restore(runner).adopt()
+
+
+def migrate_blocks(runner: Any, moves: list[tuple[int, int]]) -> dict[str, float]:
+    """Copy each ``(source, destination)`` block's pages in every layer's KV, then point every request's block
+    ids at the destinations (the scheduler swapped the same blocks in its books, ``kv_pool.migrate``)."""
+    started = time.perf_counter()
+    sources = torch.tensor([source for source, _ in moves], dtype=torch.long)
+    destinations = torch.tensor([destination for _, destination in moves], dtype=torch.long)
+    forward_context = {**runner.compilation_config.static_forward_context, **getattr(runner, _SAVED_LAYERS_ATTR, {})}
+    caches = {}  # layers that share a cache share its pages: copy them once
+    for group in runner.kv_cache_config.kv_cache_groups:
+        for name in group.layer_names:
+            kv = forward_context[name].kv_cache
+            if kv.shape[0] != runner.kv_cache_config.num_blocks:  # checked for every layer before any copy
+                raise RuntimeError(f"layer {name} binds kernel blocks of another size; cannot migrate its blocks")
+            caches[kv.data_ptr()] = kv
+    for kv in caches.values():
+        kv[destinations] = kv[sources]
+    remap = dict(moves)
+    for request in runner.requests.values():
+        for ids in request.block_ids:
+            ids[:] = [remap.get(block, block) for block in ids]
+    lookup = np.arange(runner.kv_cache_config.num_blocks, dtype=np.int32)
+    lookup[sources.numpy()] = destinations.numpy()
+    batch = runner.input_batch
+    for table in batch.block_table.block_tables:
+        rows = table.block_table.np[: batch.num_reqs]
+        rows[:] = lookup[rows]
+    return {"seconds": time.perf_counter() - started}
 
 
 def resize_kv(runner: Any, num_blocks: int) -> dict[str, float]:

@@ -63,6 +63,8 @@ _counts = {"skipped": 0, "ran": 0, "caught_up": 0, "catch_up_tokens": 0}
 _propose_times: deque[tuple[int, int, float]] = deque(maxlen=4096)
 _ENABLED_ATTR = "_specserve_skips_k0_draft_pass"
 _TRACKER_ATTR = "_specserve_draft_kv"
+# The draft rebuild under way (draft_memory.DraftLoader), if any.
+_LOADER_ATTR = "_specserve_draft_loader"
 _STEP_ATTR = "_specserve_scheduler_output"
 
 
@@ -227,6 +229,28 @@ class DraftSkipWorkerExtension:
 
     def specserve_restore_draft(self) -> dict[str, float]:
         return draft_memory.restore_draft(self.model_runner)  # type: ignore[attr-defined]
+
+    def specserve_begin_reload(self) -> None:
+        """Start rebuilding the draft in the background; ``specserve_reload_state`` tells when it is built."""
+        runner = self.model_runner  # type: ignore[attr-defined]
+        setattr(runner, _LOADER_ATTR, draft_memory.begin_restore(runner))
+
+    def specserve_reload_state(self) -> str:
+        """``loading``, ``ready`` or ``failed``: the background rebuild's progress (``idle`` when none runs)."""
+        loader = getattr(self.model_runner, _LOADER_ATTR, None)  # type: ignore[attr-defined]
+        return loader.state if loader is not None else "idle"
+
+    def specserve_finish_reload(self) -> dict[str, float]:
+        """Swap the rebuilt draft in (waiting for the build if it is still running); raises if it failed."""
+        runner = self.model_runner  # type: ignore[attr-defined]
+        loader = getattr(runner, _LOADER_ATTR, None)
+        if loader is None:
+            raise RuntimeError("no draft reload is under way")
+        setattr(runner, _LOADER_ATTR, None)
+        return loader.adopt()
+
+    def specserve_migrate_blocks(self, moves: list[tuple[int, int]]) -> dict[str, float]:
+        return draft_memory.migrate_blocks(self.model_runner, moves)  # type: ignore[attr-defined]
 
     def specserve_resize_kv(self, num_blocks: int) -> dict[str, float]:
         return draft_memory.resize_kv(self.model_runner, num_blocks)  # type: ignore[attr-defined]

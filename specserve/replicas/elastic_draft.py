@@ -9,10 +9,10 @@ pass (``draft_sync.skips_draft_pass`` with ``draft_resident`` false); a reloaded
 running request lags over its whole context and catches up as after a k = 0 stretch.
 
 States (the names the status table and the metrics show): ``resident``; ``offloaded`` (draft dropped, pool
-expanded by the draft-equivalent blocks); ``contracting`` (blocks of the expanded region withheld as they
-free up, until none is held; then the pool is cut and the draft reloaded, in one call). Offloading and
-reloading themselves complete inside one call here: on CPU the draft comes back from its checkpoint in well
-under a second for the bundled pairs, and this engine has no side stream to overlap it with.
+expanded by the draft-equivalent blocks); ``contracting`` (the grown region taken out of circulation: its free
+blocks withheld, its live ones migrated to free blocks below it, Nightjar §6.4; it lasts past one call only while
+too few free blocks are left below to take them); ``reloading`` (the pool cut back to its baseline, the draft
+rebuilt on a worker thread while steps go on at k = 0, swapped in between two steps once built).
 
 The draft's bytes are what its checkpoint's tensors take at the engine's dtype; the draft-equivalent blocks
 are those bytes over one block's bytes (every layer, target and draft), rounded up.
@@ -31,17 +31,19 @@ from specserve.memory import (
     DraftState,
     KvCapacity,
     MemoryStep,
+    MigrationPlan,
     ResidencyMachine,
     ResidencyParams,
     StartContraction,
     StartOffload,
+    plan_migration,
 )
 from specserve.memory.cluster_plan import DirectiveKind
 from specserve.replicas import kv_pool
 
 logger = logging.getLogger(__name__)
 
-RESIDENT, OFFLOADED, CONTRACTING = "resident", "offloaded", "contracting"
+RESIDENT, OFFLOADED, CONTRACTING, RELOADING = "resident", "offloaded", "contracting", "reloading"
 
 
 def checkpoint_bytes(model_dir: str, dtype: Any) -> int:
@@ -70,6 +72,8 @@ TELEMETRY_COUNTERS = (
     "reload_s",
     "bytes_offloaded",
     "bytes_reloaded",
+    "blocks_migrated",
+    "migrate_s",
 )
 
 
@@ -84,6 +88,8 @@ class MemoryCounters:
     reload_s: float = 0.0
     bytes_offloaded: int = 0
     bytes_reloaded: int = 0
+    blocks_migrated: int = 0
+    migrate_s: float = 0.0
     # Resident bytes of the worker before and after the latest drop and reload (the physically reclaimed memory).
     last_rss_freed_bytes: int = 0
     last_rss_restored_bytes: int = 0
@@ -112,6 +118,9 @@ class ElasticDraft:
             self.draft_bytes = 0
         self.bytes_per_block = 0  # the worker's, read at the first offload
         self.counters = MemoryCounters()
+        self._reload_started = 0.0
+        # Why a contraction has not finished yet (empty when none waits).
+        self.waiting = ""
 
     @property
     def resident(self) -> bool:
@@ -139,12 +148,14 @@ class ElasticDraft:
         c.last_rss_freed_bytes = int(dropped["rss_before"] - dropped["rss_after"])
         self._log("offloaded", f"{reason}; {self.draft_bytes} draft bytes, pool {self.baseline_blocks} -> {total}")
 
-    def reload(self, reason: str = "asked by an operator") -> None:
-        """Start bringing the draft back: contract the pool as its expanded blocks drain, then reload."""
+    def reload(self, core: Any, reason: str = "asked by an operator") -> None:
+        """Bring the draft back: contract the pool (migrating what is live in the grown region), then rebuild
+        the draft in the background."""
         if self.state != OFFLOADED:
             raise RuntimeError(f"cannot reload the draft: it is {self.state}")
         self.state = CONTRACTING
-        self._log("contracting", f"{reason}; waiting for blocks >= {self.baseline_blocks} to drain")
+        self._log("contracting", f"{reason}; moving blocks >= {self.baseline_blocks} below it")
+        self._contract(core)
 
     def capacity(self) -> KvCapacity:
         return KvCapacity(self.baseline_blocks, self.draft_bytes, self.bytes_per_block)
@@ -157,12 +168,34 @@ class ElasticDraft:
             kv_pool.withhold_from(self.scheduler, self.baseline_blocks)
 
     def tick(self, core: Any) -> None:
-        """After a step: let the triggers act (``auto``), and finish a contraction whose blocks have drained."""
+        """After a step: let the triggers act (``auto``), go on with a contraction, adopt a rebuilt draft."""
         if self.auto is not None and self.draft_bytes:
             self._follow_triggers(core)
-        if self.state != CONTRACTING or kv_pool.withhold_from(self.scheduler, self.baseline_blocks):
+        if self.state == CONTRACTING:
+            self._contract(core)
+        self.poll_reload(core)
+
+    def poll_reload(self, core: Any) -> None:
+        """Swap a rebuilt draft in once every worker has built it. Between two steps, or from a utility call on
+        an idle engine (no step runs then to do it)."""
+        if self.state != RELOADING or "loading" in core.collective_rpc("specserve_reload_state"):
             return
-        self._reload_now(core)
+        try:
+            (restored,) = core.collective_rpc("specserve_finish_reload")[:1]
+        except Exception as exc:
+            self._reload_failed(core, exc)
+            return
+        self.scheduler.draft_kv.draft_upto.clear()  # the new draft has no KV: every request catches up
+        self.state = RESIDENT
+        c = self.counters
+        c.num_reloads += 1
+        c.last_reload_s = time.perf_counter() - self._reload_started
+        c.reload_s += c.last_reload_s
+        c.bytes_reloaded += self.draft_bytes
+        c.last_rss_restored_bytes = int(restored["rss_after"] - restored["rss_before"])
+        self._log("resident", f"reloaded in {c.last_reload_s:.3f} s, built in {restored['seconds']:.3f} s meanwhile")
+        if self.machine is not None and self.machine.state is DraftState.RELOADING:
+            self.machine.reload_done(time.monotonic())
 
     def _follow_triggers(self, core: Any) -> None:
         if self.machine is None:
@@ -177,7 +210,7 @@ class ElasticDraft:
             k=scheduler.k,
             num_waiting=len(scheduler.waiting),
             num_kv_blocks_free=pool.get_num_free_blocks(),
-            num_live_extra_blocks=sum(block.ref_cnt > 0 for block in pool.blocks[self.baseline_blocks :]),
+            num_live_extra_blocks=len(self.live_extra_blocks()),
         )
         for action in machine.step(step, layout=self):
             if isinstance(action, StartOffload):
@@ -189,44 +222,60 @@ class ElasticDraft:
                 else:
                     machine.offload_done(time.monotonic())  # its ExpandPool is done: offload() grew the pool
             elif isinstance(action, StartContraction):
-                self.reload(reason=action.reason)  # drained: the tick below finishes it in this call
+                self.state = CONTRACTING
+                self._log("contracting", action.reason)
+                self._contract(core, action.plan)  # the plan is fresh: nothing ran since the machine read it
                 machine.contraction_done(time.monotonic())
 
-    # BlockLayout, for the triggers' migration plan. The engine does not migrate blocks: the triggers wait until
-    # the grown region has drained (``auto`` sets max_migrate_ratio to 0), so the plan moves nothing.
+    # BlockLayout, for the triggers' migration plan.
     def live_extra_blocks(self) -> list[int]:
-        pool = kv_pool.pool_of(self.scheduler)
-        return [b.block_id for b in pool.blocks[self.baseline_blocks :] if b.ref_cnt > 0]
+        return kv_pool.live_blocks_from(self.scheduler, self.baseline_blocks)
 
     def free_base_blocks(self, count: int) -> list[int]:
-        return []
+        return kv_pool.free_blocks_below(self.scheduler, self.baseline_blocks, count)
 
-    def _reload_now(self, core: Any) -> None:
-        started = time.perf_counter()
+    def _contract(self, core: Any, plan: MigrationPlan | None = None) -> None:
+        """Take the grown region out of circulation, migrate its live blocks, cut the pool, start the reload.
+        Without a plan, one is made now; with too few free blocks below the region, wait for a later step."""
+        kv_pool.withhold_from(self.scheduler, self.baseline_blocks)
+        if plan is None:
+            live = self.live_extra_blocks()
+            try:
+                plan = plan_migration(self.baseline_blocks, live, self.free_base_blocks(len(live)))
+            except ValueError:
+                self.waiting = f"{len(live)} live blocks in the grown region, too few free below it"
+                return
+        self.waiting = ""
+        if plan.moves:
+            started = time.perf_counter()
+            moves = [(move.source, move.destination) for move in plan.moves]
+            try:
+                kv_pool.migrate(self.scheduler, moves)
+            except RuntimeError as exc:  # refused before any change: try again after a later step
+                self.waiting = str(exc)
+                return
+            core.collective_rpc("specserve_migrate_blocks", args=(moves,))
+            self.counters.blocks_migrated += len(moves)
+            self.counters.migrate_s += time.perf_counter() - started
+        self._reload_started = time.perf_counter()
         core.collective_rpc("specserve_resize_kv", args=(self.baseline_blocks,))
         kv_pool.shrink(self.scheduler, self.baseline_blocks)
+        self.state = RELOADING
+        self._log("reloading", f"pool back at {self.baseline_blocks} blocks ({plan.num_moved} migrated)")
         try:
-            (restored,) = core.collective_rpc("specserve_restore_draft")[:1]
-        except Exception as exc:  # the engine keeps serving at k = 0; the pool is grown again for it
-            self.counters.num_reload_failures += 1
-            logger.exception("specserve: reloading the draft failed; speculation stays off")
-            self._grow(core)
-            self.state = OFFLOADED
-            self._log("offloaded", f"reload failed: {exc}")
-            if self.machine is not None and self.machine.state is DraftState.RELOADING:
-                self.machine.reload_done(time.monotonic(), ok=False)
-            return
-        self.scheduler.draft_kv.draft_upto.clear()
-        self.state = RESIDENT
-        c = self.counters
-        c.num_reloads += 1
-        c.last_reload_s = time.perf_counter() - started
-        c.reload_s += c.last_reload_s
-        c.bytes_reloaded += self.draft_bytes
-        c.last_rss_restored_bytes = int(restored["rss_after"] - restored["rss_before"])
-        self._log("resident", f"reloaded in {c.last_reload_s:.3f} s")
+            core.collective_rpc("specserve_begin_reload")
+        except Exception as exc:
+            self._reload_failed(core, exc)
+
+    def _reload_failed(self, core: Any, exc: Exception) -> None:
+        """The engine keeps serving at k = 0; the pool is grown again for it."""
+        self.counters.num_reload_failures += 1
+        logger.error("specserve: reloading the draft failed (%s); speculation stays off", exc)
+        self._grow(core)
+        self.state = OFFLOADED
+        self._log("offloaded", f"reload failed: {exc}")
         if self.machine is not None and self.machine.state is DraftState.RELOADING:
-            self.machine.reload_done(time.monotonic())
+            self.machine.reload_done(time.monotonic(), ok=False)
 
     def _grow(self, core: Any) -> int:
         """Lend the draft's bytes to the KV cache: the worker's tensors first, then the scheduler's pool."""
@@ -282,6 +331,8 @@ class ElasticDraft:
             "kv_blocks_baseline": self.baseline_blocks,
             "kv_blocks_total": pool.num_gpu_blocks,
             "kv_blocks_free": pool.get_num_free_blocks(),
+            "kv_blocks_live_extra": len(self.live_extra_blocks()),
+            "waiting": self.waiting,
             **{f.name: getattr(c, f.name) for f in fields(c) if f.name != "history"},
             # The latest transitions, oldest first, each "state: reason".
             "events": [event for _, event in c.history],

@@ -64,8 +64,20 @@ def offload_draft(llm: Any) -> dict[str, Any]:
 
 
 def reload_draft(llm: Any) -> dict[str, Any]:
-    """Start contracting the pool and reload the draft once the expanded blocks drain."""
+    """Contract the pool (migrating its grown region's live blocks, or waiting for free blocks to take them),
+    then start rebuilding the draft in the background; returns the memory state."""
     return llm.llm_engine.engine_core.call_utility(RELOAD_DRAFT_UTILITY)
+
+
+def wait_for_draft(llm: Any, states: tuple[str, ...], timeout_s: float = 120.0) -> dict[str, Any]:
+    """Poll the memory state until the draft is in one of ``states`` (an idle engine adopts a rebuilt draft on
+    the poll itself); raises TimeoutError with the last state."""
+    deadline = time.monotonic() + timeout_s
+    while (memory := draft_memory(llm))["state"] not in states:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the draft is still {memory['state']} after {timeout_s:g} s: {memory}")
+        time.sleep(0.05)
+    return memory
 
 
 def draft_memory(llm: Any) -> dict[str, Any]:

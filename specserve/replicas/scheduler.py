@@ -18,7 +18,6 @@ the drafts of requests whose draft KV has a hole (the lag rule; see ``speculatio
 from __future__ import annotations
 
 import importlib
-import math
 import time
 from typing import Any
 
@@ -297,17 +296,12 @@ class AdaptiveKScheduler(Scheduler):
 
 
 def _residency_params(control: EngineControlConfig) -> ResidencyParams | None:
-    """Nightjar's triggers as configured, or None (offload only when asked). This engine does not migrate
-    blocks, so the triggers wait for the grown region to drain, however long that takes."""
+    """Nightjar's triggers as configured (drain-aware contraction with the default migration bounds), or None
+    (offload only when asked)."""
     offload = control.draft_offload
     if offload is None:
         return None
-    return ResidencyParams(
-        low_free_ratio=offload.low_free_ratio,
-        window_steps=offload.window_steps,
-        max_migrate_ratio=0.0,
-        drain_timeout_s=math.inf,
-    )
+    return ResidencyParams(low_free_ratio=offload.low_free_ratio, window_steps=offload.window_steps)
 
 
 # EngineCore utility methods. They run between two steps in the engine's busy loop, so they are
@@ -326,7 +320,10 @@ def _set_policy(self: EngineCore, spec: str) -> str:
 
 
 def _telemetry(self: EngineCore, since_step: int = 0) -> dict[str, Any]:
-    return _scheduler(self).telemetry(since_step).to_dict()
+    scheduler = _scheduler(self)
+    if scheduler.elastic is not None:
+        scheduler.elastic.poll_reload(self)  # an idle engine runs no step to adopt a rebuilt draft
+    return scheduler.telemetry(since_step).to_dict()
 
 
 def _step_log(self: EngineCore, since_step: int = 0) -> list[dict[str, Any]]:
@@ -350,9 +347,7 @@ def _offload_draft(self: EngineCore) -> dict[str, Any]:
 
 
 def _reload_draft(self: EngineCore) -> dict[str, Any]:
-    elastic = _elastic(self)
-    elastic.reload()
-    elastic.tick(self)  # an idle engine drains at once; a busy one finishes after a later step
+    _elastic(self).reload(self)
     return _draft_memory(self)
 
 
@@ -366,9 +361,10 @@ def _memory_coordinated(self: EngineCore, coordinated: bool) -> None:
 
 def _draft_memory(self: EngineCore) -> dict[str, Any]:
     """The draft's memory state, with the step counts of the same moment (the engine steps on its own)."""
-    counters = _scheduler(self).counters
+    counters, elastic = _scheduler(self).counters, _elastic(self)
+    elastic.poll_reload(self)
     return {
-        **_elastic(self).describe(),
+        **elastic.describe(),
         "num_steps": counters.num_steps,
         "num_steps_k0": counters.num_steps_by_k[0],
         "num_steps_draft_skipped": counters.num_steps_draft_skipped,

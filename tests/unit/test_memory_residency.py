@@ -26,14 +26,15 @@ CALM = 600  # free blocks in the expanded pool with room for the draft and the b
 class Layout:
     """A fake allocator: live extra blocks from 1000 up, free preserved blocks from 0 up."""
 
-    def __init__(self, num_live_extra: int = 0) -> None:
+    def __init__(self, num_live_extra: int = 0, num_free_base: int | None = None) -> None:
+        self.num_free_base = num_free_base
         self.num_live_extra = num_live_extra
 
     def live_extra_blocks(self) -> Sequence[int]:
         return range(1000, 1000 + self.num_live_extra)
 
     def free_base_blocks(self, count: int) -> Sequence[int]:
-        return range(count)
+        return range(count if self.num_free_base is None else min(count, self.num_free_base))
 
 
 def step(machine: ResidencyMachine, t: float, k: int = 0, free: int = PRESSED, waiting: int = 0, live: int = 0):
@@ -125,6 +126,17 @@ def test_contraction_stops_waiting_for_the_drain_after_the_timeout() -> None:
     assert step(machine, 1 + PARAMS.drain_timeout_s - 0.1, free=CALM, live=many) == []
     actions = step(machine, 1 + PARAMS.drain_timeout_s + 0.1, free=CALM, live=many)
     assert isinstance(actions[0], StartContraction) and actions[0].plan.num_moved == many
+
+
+def test_contraction_waits_while_too_few_free_blocks_below_the_region_can_take_the_live_ones() -> None:
+    machine = offloaded()
+    live = machine.max_migrate_blocks
+    for i in range(3):
+        actions = machine.step(MemoryStep(1 + i * 0.01, 0, 0, CALM, live), Layout(live, num_free_base=live - 1))
+        assert actions == []
+    assert machine.state is DraftState.OFFLOADED and f"{live - 1} free below it" in machine.reason
+    actions = machine.step(MemoryStep(1.1, 0, 0, CALM, live), Layout(live, num_free_base=live))
+    assert isinstance(actions[0], StartContraction) and actions[0].plan.num_moved == live
 
 
 def reloading(machine: ResidencyMachine, t: float) -> None:

@@ -64,10 +64,10 @@ class ReplicaMetrics:
         for pos, alpha in enumerate(now.acceptance_ema_per_pos):
             if now.num_reached_per_pos[pos] > 0:  # before any verdict the EMA is only its prior
                 self._acceptance.set(alpha, tags={catalog.POSITION: str(pos)})
-        before, pos = self._last, catalog.POSITION
-        _add_deltas(self._drafted, pos, now.num_drafted_per_pos, before.num_drafted_per_pos if before else ())
-        _add_deltas(self._reached, pos, now.num_reached_per_pos, before.num_reached_per_pos if before else ())
-        _add_deltas(self._accepted, pos, now.num_accepted_per_pos, before.num_accepted_per_pos if before else ())
+        before, position = self._last, catalog.POSITION
+        _add_deltas(self._drafted, position, now.num_drafted_per_pos, before.num_drafted_per_pos if before else ())
+        _add_deltas(self._reached, position, now.num_reached_per_pos, before.num_reached_per_pos if before else ())
+        _add_deltas(self._accepted, position, now.num_accepted_per_pos, before.num_accepted_per_pos if before else ())
         _add_deltas(self._steps, catalog.K, now.num_steps_by_k, before.num_steps_by_k if before else ())
         emitted = now.num_emitted_tokens - (before.num_emitted_tokens if before else 0)
         if emitted > 0:

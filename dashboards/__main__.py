@@ -43,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
 
     values = dict(_variable(text, parser) for text in args.var)
     end_s = args.end if args.end is not None else time.time()
-    for path in render_all(args.prometheus, args.out, (end_s - args.since, end_s), values, args.rate_interval):
-        print(path)
+    rendered = render_all(args.prometheus, args.out, (end_s - args.since, end_s), values, args.rate_interval)
+    for panel in rendered:
+        print(f"{panel.path}  ({panel.num_series} series)")
     return 0
 
 

@@ -31,7 +31,7 @@ class PanelQueries:
 
     @property
     def slug(self) -> str:
-        return re.sub(r"[^a-z0-9]+", "-", self.title.lower()).strip("-")
+        return re.sub(r"[^a-z0-9]+", "-", self.title.lower().replace("'", "")).strip("-")
 
 
 def panels_of(board: model.Dashboard) -> list[PanelQueries]:

@@ -38,6 +38,13 @@ class Series:
     values: list[float]
 
 
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    path: Path
+    # Series drawn; 0 shows as "No data", as in Grafana.
+    num_series: int
+
+
 class Prometheus:
     def __init__(self, url: str, timeout_s: float = 30.0) -> None:
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
@@ -61,22 +68,28 @@ def fetch(
     values: Mapping[str, str],
     rate_interval: str,
 ) -> list[Series]:
-    """Every series of every query of ``panel``, NaN points (0/0 in a ratio) dropped."""
+    """Every series of every query of ``panel`` that has a value in the window. Missing samples and NaN (0/0 in a
+    ratio) break the line, as in Grafana."""
     start_s, end_s = window
     step_s = max(1.0, (end_s - start_s) / MAX_POINTS)
     found = []
     for expr, template in panel.targets:
         for result in prometheus.query_range(resolve(expr, values, rate_interval), start_s, end_s, step_s):
-            points = [(float(t), float(v)) for t, v in result["values"] if math.isfinite(float(v))]
-            if points:
-                found.append(
-                    Series(
-                        legend(template, result["metric"]),
-                        [datetime.fromtimestamp(t) for t, _ in points],
-                        [v for _, v in points],
-                    )
-                )
+            points = _with_gaps([(float(t), float(v)) for t, v in result["values"]], step_s)
+            if any(math.isfinite(v) for _, v in points):
+                times = [datetime.fromtimestamp(t) for t, _ in points]
+                found.append(Series(legend(template, result["metric"]), times, [v for _, v in points]))
     return found
+
+
+def _with_gaps(points: list[tuple[float, float]], step_s: float) -> list[tuple[float, float]]:
+    """A NaN point after each sample that the next one does not follow by a step: matplotlib breaks lines there."""
+    out: list[tuple[float, float]] = []
+    for (t, v), (t_next, _) in zip(points, [*points[1:], (math.inf, 0.0)], strict=True):
+        out.append((t, v))
+        if t_next - t > 1.5 * step_s and t_next != math.inf:
+            out.append((t + step_s, math.nan))
+    return out
 
 
 def draw(panel: PanelQueries, series: list[Series], path: Path) -> None:
@@ -108,8 +121,12 @@ def draw(panel: PanelQueries, series: list[Series], path: Path) -> None:
 def _stack(axes: plt.Axes, series: list[Series]) -> None:
     """Shares on a common time grid: a missing point counts as 0, as Grafana stacks it."""
     times = sorted({t for s in series for t in s.times})
-    columns = [[dict(zip(s.times, s.values, strict=True)).get(t, 0.0) for t in times] for s in series]
+    columns = [[_zero_if_nan(dict(zip(s.times, s.values, strict=True)).get(t, 0.0)) for t in times] for s in series]
     axes.stackplot(times, columns, labels=[s.label for s in series], alpha=0.7)
+
+
+def _zero_if_nan(value: float) -> float:
+    return value if math.isfinite(value) else 0.0
 
 
 def _apply_unit(axes: plt.Axes, unit: str) -> None:
@@ -131,14 +148,15 @@ def render_all(
     window: tuple[float, float],
     values: Mapping[str, str] | None = None,
     rate_interval: str = "1m",
-) -> list[Path]:
-    """One PNG per panel, ``<dashboard uid>--<panel title>.png``; returns the paths written."""
+) -> list[Rendered]:
+    """One PNG per panel, ``<dashboard uid>--<panel title>.png``, over ``window`` (Unix seconds)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     prometheus = Prometheus(prometheus_url)
-    written = []
+    rendered = []
     for board in all_dashboards():
         for panel in panels_of(board):
             path = out_dir / f"{panel.dashboard_uid}--{panel.slug}.png"
-            draw(panel, fetch(prometheus, panel, window, values or {}, rate_interval), path)
-            written.append(path)
-    return written
+            series = fetch(prometheus, panel, window, values or {}, rate_interval)
+            draw(panel, series, path)
+            rendered.append(Rendered(path, len(series)))
+    return rendered

@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.specserve-installed
 EXTRA  := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 PYTEST_ARGS ?=
 
-.PHONY: install serve test test-slow lint format bench-serve bench-sim clean
+.PHONY: install serve test test-slow lint format dashboards bench-serve bench-sim clean
 
 install: $(STAMP)
 
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml scripts/install.sh
 serve: $(STAMP)
 	$(BIN)/specserve serve $(SERVE_ARGS)
 
-# ruff (lint and format) over the whole tree, mypy over the package; CI runs it before the tests.
+# ruff (lint and format) over the whole tree, mypy over the package and dashboards/; CI runs it before the tests.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -34,6 +34,10 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m slow $(PYTEST_ARGS)
+
+# Grafana dashboards as code: regenerate the committed JSON (dashboards/json/); a test fails on drift.
+dashboards: $(STAMP)
+	$(BIN)/python -m dashboards generate
 
 # Benchmarks print numbers (JSON); they are not tests.
 bench-serve: $(STAMP)

@@ -14,6 +14,7 @@ import ray
 from ray.experimental import internal_kv
 from ray.util import metrics
 
+from specserve import metrics_catalog
 from specserve.controller.state import ControllerState
 from specserve.memory import ClusterMemoryParams, MemoryDirective
 from specserve.messages import CONTROLLER_NAME, CONTROLLER_NAMESPACE, PolicyDirective, ReplicaSnapshot
@@ -38,17 +39,14 @@ class ClusterController:
         if saved:
             self._state.restore(saved.decode())
             logger.info("specserve controller: restored cluster policy %s", saved.decode())
-        self._decisions = metrics.Counter(
-            "specserve_controller_memory_decisions_total",
-            description="Draft transfer decisions of the cluster planner, by kind (grant_reload, queue_reload, ...).",
-            tag_keys=("kind",),
-        )
+        decisions = metrics_catalog.CONTROLLER_MEMORY_DECISIONS
+        self._decisions = metrics.Counter(decisions.name, description=decisions.description, tag_keys=decisions.labels)
 
     def push(self, snapshot: ReplicaSnapshot) -> list[PolicyDirective | MemoryDirective]:
         directives = self._state.push(snapshot)
         for d in directives:
             if isinstance(d, MemoryDirective):
-                self._decisions.inc(1, tags={"kind": d.kind})
+                self._decisions.inc(1, tags={metrics_catalog.KIND: d.kind})
                 logger.info("specserve controller: %s %s (%s)", d.kind, d.replica_id, d.reason)
         return directives
 

@@ -7,7 +7,9 @@ its wanted reload or offload is granted, queued or refused.
 
 Grants outlive the round that gave them: a replica reports its grant only at its next push, so until
 then the controller counts it as granted itself, or two replicas pushing one after the other could
-both take a node's last transfer slot.
+both take a node's last transfer slot. That next push ends the memory: a replica reads its snapshot
+after applying the directives of its previous push, so the snapshot says whether the grant took. One
+that did not (the trigger let go between the snapshot and the grant, then held again) is planned anew.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class ControllerState:
         """Record a replica's snapshot; return the directives waiting for it and its memory directive, if any."""
         replica = snapshot.replica_id
         is_new = replica not in self._snapshots
+        self._grants.pop(replica, None)  # this snapshot shows whether the last grant took
         self._snapshots[replica] = snapshot
         self._last_seen_s[replica] = self._clock()
         pending: list[PolicyDirective | MemoryDirective] = list(self._pending.pop(replica, []))
@@ -74,15 +77,8 @@ class ControllerState:
 
     def _memory_of(self, snapshot: ReplicaSnapshot) -> ReplicaMemory:
         e, replica = snapshot.engine, snapshot.replica_id
+        # A grant handed out since this snapshot was read (cleared again by the replica's next push).
         granted = self._grants.get(replica)
-        # A grant the replica has taken up, or whose want has gone, is no longer the controller's to remember.
-        taken_up = {
-            "grant_reload": e.reload_granted or not e.reload_wanted,
-            "grant_offload": e.offload_granted or not e.offload_wanted,
-        }
-        if granted is not None and taken_up[granted]:
-            del self._grants[replica]
-            granted = None
         return ReplicaMemory(
             replica_id=replica,
             node_id=snapshot.node_id,

@@ -1,28 +1,12 @@
-"""Every specserve replica metric, defined once, exported through ``ray.util.metrics``.
-
-Ray prefixes exported names with ``ray_``, so ``specserve_speculation_k`` is scraped as
-``ray_specserve_speculation_k`` from Ray's metrics export port. Counters carry numerators and
-denominators; take ratios in PromQL, for example
-
-    conditional acceptance at position p:
-        rate(ray_specserve_accepted_tokens_total{position="p"}[1m])
-      / rate(ray_specserve_reached_draft_tokens_total{position="p"}[1m])
-    share of steps at each k:
-        rate(ray_specserve_steps_total[1m])
-      / ignoring(k) group_left sum without(k) (rate(ray_specserve_steps_total[1m]))
-    the policy's share of engine time:
-        rate(ray_specserve_policy_seconds_total[1m]) / rate(ray_specserve_step_duration_seconds_sum[1m])
-"""
+"""The replica's metrics, exported through ``ray.util.metrics``; names, kinds, labels and the PromQL for their
+ratios are in ``specserve.metrics_catalog``."""
 
 from __future__ import annotations
 
 from ray.util import metrics
 
+from specserve import metrics_catalog as catalog
 from specserve.messages import EngineTelemetry
-
-_TAGS = ("model", "replica")
-# Step times on CPU are milliseconds to a few hundred ms; on GPU tens of ms.
-_STEP_BOUNDARIES_S = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
 
 
 class ReplicaMetrics:
@@ -33,70 +17,28 @@ class ReplicaMetrics:
     """
 
     def __init__(self, model: str, replica: str) -> None:
-        tags = {"model": model, "replica": replica}
-        self._k = _gauge("specserve_speculation_k", "Speculation length k chosen for the latest step.", tags)
-        self._max_k = _gauge("specserve_speculation_max_k", "Largest k the engine was started with.", tags)
-        self._policy = metrics.Gauge(
-            "specserve_policy_info",
-            description="1 for the policy currently running (label: policy).",
-            tag_keys=(*_TAGS, "policy"),
-        )
-        self._policy.set_default_tags(tags)
-        self._acceptance = _gauge(
-            "specserve_acceptance_ema",
-            "EMA of the conditional acceptance rate per draft position (0-1).",
-            tags,
-            extra=("position",),
-        )
-        self._drafted = _counter(
-            "specserve_draft_tokens_total", "Draft tokens verified, by position.", tags, "position"
-        )
-        self._reached = _counter(
-            "specserve_reached_draft_tokens_total",
-            "Draft tokens verified whose whole prefix was accepted, by position (acceptance denominator).",
-            tags,
-            "position",
-        )
-        self._accepted = _counter(
-            "specserve_accepted_tokens_total", "Draft tokens accepted, by position.", tags, "position"
-        )
-        self._steps = _counter("specserve_steps_total", "Engine steps, by the k chosen.", tags, "k")
-        self._emitted = _counter("specserve_emitted_tokens_total", "Output tokens produced by engine steps.", tags)
-        self._policy_time = _counter(
-            "specserve_policy_seconds_total", "Seconds spent in the policy's choose and observe.", tags
-        )
-        self._step_time = metrics.Histogram(
-            "specserve_step_duration_seconds",
-            description="Wall time of one engine step.",
-            boundaries=_STEP_BOUNDARIES_S,
-            tag_keys=_TAGS,
-        )
-        self._step_time.set_default_tags(tags)
-        self._kv_total = _gauge("specserve_kv_blocks_total", "KV cache blocks in the target's pool.", tags)
-        self._kv_free = _gauge("specserve_kv_blocks_free", "Free KV cache blocks in the target's pool.", tags)
-        self._kv_baseline = _gauge(
-            "specserve_kv_blocks_baseline", "KV cache blocks in the pool while the draft is resident.", tags
-        )
-        self._draft_state = metrics.Gauge(
-            "specserve_draft_state",
-            description="1 for the draft's current residency (label state: resident, offloaded, contracting).",
-            tag_keys=(*_TAGS, "state"),
-        )
-        self._draft_state.set_default_tags(tags)
-        self._transfers = _counter(
-            "specserve_draft_transfers_total", "Draft offloads and reloads, by direction.", tags, "direction"
-        )
-        self._transfer_s = _counter(
-            "specserve_draft_transfer_seconds_total", "Seconds spent moving the draft, by direction.", tags, "direction"
-        )
-        self._transfer_bytes = _counter(
-            "specserve_draft_transfer_bytes_total", "Draft bytes moved, by direction.", tags, "direction"
-        )
-        self._reload_failures = _counter(
-            "specserve_draft_reload_failures_total", "Draft reloads that failed (speculation stayed off).", tags
-        )
-        self._running = _gauge("specserve_num_requests_running", "Requests in the decode batch.", tags)
-        self._waiting = _gauge("specserve_num_requests_waiting", "Requests queued for admission.", tags)
+        tags = {catalog.MODEL: model, catalog.REPLICA: replica}
+        self._k = _gauge(catalog.SPECULATION_K, tags)
+        self._max_k = _gauge(catalog.SPECULATION_MAX_K, tags)
+        self._policy = _gauge(catalog.POLICY_INFO, tags)
+        self._acceptance = _gauge(catalog.ACCEPTANCE_EMA, tags)
+        self._drafted = _counter(catalog.DRAFT_TOKENS, tags)
+        self._reached = _counter(catalog.REACHED_DRAFT_TOKENS, tags)
+        self._accepted = _counter(catalog.ACCEPTED_TOKENS, tags)
+        self._steps = _counter(catalog.STEPS, tags)
+        self._emitted = _counter(catalog.EMITTED_TOKENS, tags)
+        self._policy_time = _counter(catalog.POLICY_SECONDS, tags)
+        self._step_time = _histogram(catalog.STEP_DURATION, tags)
+        self._kv_total = _gauge(catalog.KV_BLOCKS_TOTAL, tags)
+        self._kv_free = _gauge(catalog.KV_BLOCKS_FREE, tags)
+        self._kv_baseline = _gauge(catalog.KV_BLOCKS_BASELINE, tags)
+        self._draft_state = _gauge(catalog.DRAFT_STATE, tags)
+        self._transfers = _counter(catalog.DRAFT_TRANSFERS, tags)
+        self._transfer_s = _counter(catalog.DRAFT_TRANSFER_SECONDS, tags)
+        self._transfer_bytes = _counter(catalog.DRAFT_TRANSFER_BYTES, tags)
+        self._reload_failures = _counter(catalog.DRAFT_RELOAD_FAILURES, tags)
+        self._running = _gauge(catalog.NUM_REQUESTS_RUNNING, tags)
+        self._waiting = _gauge(catalog.NUM_REQUESTS_WAITING, tags)
         self._last: EngineTelemetry | None = None
         self._last_policy: str | None = None
         self._last_draft_state: str | None = None
@@ -116,17 +58,17 @@ class ReplicaMetrics:
         self._waiting.set(now.num_waiting)
         if now.policy != self._last_policy:
             if self._last_policy is not None:
-                self._policy.set(0, tags={"policy": self._last_policy})
-            self._policy.set(1, tags={"policy": now.policy})
+                self._policy.set(0, tags={catalog.POLICY: self._last_policy})
+            self._policy.set(1, tags={catalog.POLICY: now.policy})
             self._last_policy = now.policy
         for pos, alpha in enumerate(now.acceptance_ema_per_pos):
             if now.num_reached_per_pos[pos] > 0:  # before any verdict the EMA is only its prior
-                self._acceptance.set(alpha, tags={"position": str(pos)})
-        before = self._last
-        _add_deltas(self._drafted, "position", now.num_drafted_per_pos, before.num_drafted_per_pos if before else ())
-        _add_deltas(self._reached, "position", now.num_reached_per_pos, before.num_reached_per_pos if before else ())
-        _add_deltas(self._accepted, "position", now.num_accepted_per_pos, before.num_accepted_per_pos if before else ())
-        _add_deltas(self._steps, "k", now.num_steps_by_k, before.num_steps_by_k if before else ())
+                self._acceptance.set(alpha, tags={catalog.POSITION: str(pos)})
+        before, position = self._last, catalog.POSITION
+        _add_deltas(self._drafted, position, now.num_drafted_per_pos, before.num_drafted_per_pos if before else ())
+        _add_deltas(self._reached, position, now.num_reached_per_pos, before.num_reached_per_pos if before else ())
+        _add_deltas(self._accepted, position, now.num_accepted_per_pos, before.num_accepted_per_pos if before else ())
+        _add_deltas(self._steps, catalog.K, now.num_steps_by_k, before.num_steps_by_k if before else ())
         emitted = now.num_emitted_tokens - (before.num_emitted_tokens if before else 0)
         if emitted > 0:
             self._emitted.inc(emitted)
@@ -142,8 +84,8 @@ class ReplicaMetrics:
         self._kv_baseline.set(now.num_kv_blocks_baseline or now.num_kv_blocks_total)
         # Set every round, not only on a change: Ray stops exporting a gauge series that is not recorded again.
         if self._last_draft_state not in (None, now.draft_state):
-            self._draft_state.set(0, tags={"state": self._last_draft_state})
-        self._draft_state.set(1, tags={"state": now.draft_state})
+            self._draft_state.set(0, tags={catalog.STATE: self._last_draft_state})
+        self._draft_state.set(1, tags={catalog.STATE: now.draft_state})
         self._last_draft_state = now.draft_state
         for direction, count, seconds, moved in (
             ("offload", "num_offloads", "offload_s", "bytes_offloaded"),
@@ -156,22 +98,30 @@ class ReplicaMetrics:
             ):
                 delta = getattr(now, field) - (getattr(before, field) if before else 0)
                 if delta > 0:
-                    counter.inc(delta, tags={"direction": direction})
+                    counter.inc(delta, tags={catalog.DIRECTION: direction})
         failures = now.num_reload_failures - (before.num_reload_failures if before else 0)
         if failures > 0:
             self._reload_failures.inc(failures)
 
 
-def _gauge(name: str, description: str, tags: dict[str, str], extra: tuple[str, ...] = ()) -> metrics.Gauge:
-    gauge = metrics.Gauge(name, description=description, tag_keys=(*_TAGS, *extra))
+def _gauge(metric: catalog.Metric, tags: dict[str, str]) -> metrics.Gauge:
+    gauge = metrics.Gauge(metric.name, description=metric.description, tag_keys=metric.labels)
     gauge.set_default_tags(tags)
     return gauge
 
 
-def _counter(name: str, description: str, tags: dict[str, str], extra: str | None = None) -> metrics.Counter:
-    counter = metrics.Counter(name, description=description, tag_keys=(*_TAGS, *((extra,) if extra else ())))
+def _counter(metric: catalog.Metric, tags: dict[str, str]) -> metrics.Counter:
+    counter = metrics.Counter(metric.name, description=metric.description, tag_keys=metric.labels)
     counter.set_default_tags(tags)
     return counter
+
+
+def _histogram(metric: catalog.Metric, tags: dict[str, str]) -> metrics.Histogram:
+    histogram = metrics.Histogram(
+        metric.name, description=metric.description, boundaries=list(metric.boundaries), tag_keys=metric.labels
+    )
+    histogram.set_default_tags(tags)
+    return histogram
 
 
 def _add_deltas(counter: metrics.Counter, key: str, now: tuple[int, ...], before: tuple[int, ...]) -> None:

@@ -173,3 +173,14 @@ def test_a_restarted_controller_hands_the_cluster_policy_to_every_replica_again(
     after.restore(before.cluster_policy)
     assert after.push(snapshot("a")) == [PolicyDirective("fixed:k=2")]
     assert after.push(snapshot("a")) == []
+
+
+def test_a_grant_that_did_not_take_is_planned_again_at_the_replicas_next_push():
+    # The trigger let go between the snapshot and the grant's arrival, then held again: the replica reports the
+    # want without the grant. Remembering the grant until it showed up would leave the draft offloaded for good.
+    state = ControllerState(Clock(), memory=ClusterMemoryParams(max_concurrent_transfers=1))
+    assert kinds(state.push(memory_snapshot("a"))) == ["grant_reload"]
+    assert kinds(state.push(memory_snapshot("b"))) == ["queue_reload"], "a's grant holds the slot until a pushes"
+    assert kinds(state.push(memory_snapshot("a"))) == ["grant_reload"]
+    assert kinds(state.push(memory_snapshot("a", reload_granted=True))) == [], "taken up: nothing more to grant"
+    assert kinds(state.push(memory_snapshot("b"))) == ["queue_reload"], "a's reload is in flight"

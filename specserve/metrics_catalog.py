@@ -139,7 +139,7 @@ KV_BLOCKS_BASELINE = _replica(
 DRAFT_STATE = _replica(
     "specserve_draft_state",
     Kind.GAUGE,
-    "1 for the draft's current residency (label state: resident, offloaded, contracting).",
+    "1 for the draft's current residency (label state: resident, offloaded, contracting, reloading).",
     STATE,
 )
 DRAFT_TRANSFERS = _replica(
@@ -153,6 +153,14 @@ DRAFT_TRANSFER_BYTES = _replica(
 )
 DRAFT_RELOAD_FAILURES = _replica(
     "specserve_draft_reload_failures_total", Kind.COUNTER, "Draft reloads that failed (speculation stayed off)."
+)
+KV_BLOCKS_MIGRATED = _replica(
+    "specserve_kv_blocks_migrated_total",
+    Kind.COUNTER,
+    "Live KV blocks moved out of the grown region when the pool contracted.",
+)
+KV_MIGRATE_SECONDS = _replica(
+    "specserve_kv_migrate_seconds_total", Kind.COUNTER, "Seconds spent moving live KV blocks at contraction."
 )
 NUM_REQUESTS_RUNNING = _replica("specserve_num_requests_running", Kind.GAUGE, "Requests in the decode batch.")
 NUM_REQUESTS_WAITING = _replica("specserve_num_requests_waiting", Kind.GAUGE, "Requests queued for admission.")
@@ -186,6 +194,8 @@ REPLICA_METRICS: tuple[Metric, ...] = (
     DRAFT_TRANSFER_SECONDS,
     DRAFT_TRANSFER_BYTES,
     DRAFT_RELOAD_FAILURES,
+    KV_BLOCKS_MIGRATED,
+    KV_MIGRATE_SECONDS,
     NUM_REQUESTS_RUNNING,
     NUM_REQUESTS_WAITING,
 )

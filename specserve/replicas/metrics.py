@@ -37,6 +37,8 @@ class ReplicaMetrics:
         self._transfer_s = _counter(catalog.DRAFT_TRANSFER_SECONDS, tags)
         self._transfer_bytes = _counter(catalog.DRAFT_TRANSFER_BYTES, tags)
         self._reload_failures = _counter(catalog.DRAFT_RELOAD_FAILURES, tags)
+        self._migrated = _counter(catalog.KV_BLOCKS_MIGRATED, tags)
+        self._migrate_s = _counter(catalog.KV_MIGRATE_SECONDS, tags)
         self._running = _gauge(catalog.NUM_REQUESTS_RUNNING, tags)
         self._waiting = _gauge(catalog.NUM_REQUESTS_WAITING, tags)
         self._last: EngineTelemetry | None = None
@@ -99,9 +101,14 @@ class ReplicaMetrics:
                 delta = getattr(now, field) - (getattr(before, field) if before else 0)
                 if delta > 0:
                     counter.inc(delta, tags={catalog.DIRECTION: direction})
-        failures = now.num_reload_failures - (before.num_reload_failures if before else 0)
-        if failures > 0:
-            self._reload_failures.inc(failures)
+        for counter, field in (
+            (self._reload_failures, "num_reload_failures"),
+            (self._migrated, "blocks_migrated"),
+            (self._migrate_s, "migrate_s"),
+        ):
+            delta = getattr(now, field) - (getattr(before, field) if before else 0)
+            if delta > 0:
+                counter.inc(delta)
 
 
 def _gauge(metric: catalog.Metric, tags: dict[str, str]) -> metrics.Gauge:

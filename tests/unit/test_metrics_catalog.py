@@ -56,6 +56,8 @@ EXPORTED_NAMES = {
     "ray_specserve_draft_transfer_seconds_total",
     "ray_specserve_draft_transfer_bytes_total",
     "ray_specserve_draft_reload_failures_total",
+    "ray_specserve_kv_blocks_migrated_total",
+    "ray_specserve_kv_migrate_seconds_total",
     "ray_specserve_num_requests_running",
     "ray_specserve_num_requests_waiting",
     "ray_specserve_controller_memory_decisions_total",

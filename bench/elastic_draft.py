@@ -52,15 +52,14 @@ def stream(llm: Any, prompts: list[str], max_tokens: int, on_step: Any = None) -
 
 
 def step_gaps(steps: list[dict[str, Any]], last_step: int, reload_step: int, resident_step: int) -> dict[str, Any]:
-    """Steps that ran while the draft was rebuilt, and the longest wall-clock gap between the starts of two
-    consecutive steps then, against the median gap over the run: a reload that blocked the engine would show as
+    """The longest wall-clock gap between the starts of two consecutive steps from the reload's request until
+    the draft was seen back, against the median gap over the run: a reload that blocked the engine would show as
     one gap as long as the reload. ``steps`` ends with step ``last_step``."""
     first_step = last_step - len(steps) + 1
     starts = [step["now_s"] for step in steps]
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     window = gaps[max(reload_step - first_step, 0) : max(resident_step + 1 - first_step, 0)]
     return {
-        "steps_while_reloading": resident_step - reload_step,
         "longest_step_gap_while_reloading_s": max(window, default=float("nan")),
         "median_step_gap_s": statistics.median(gaps),
     }
@@ -137,6 +136,8 @@ def main() -> None:
         "blocks_migrated": memory["blocks_migrated"],
         "migrate_s": memory["migrate_s"],
         "reload_s": memory["last_reload_s"],
+        "steps_while_reloading": memory["last_reload_steps"],
+        "steps_at_k0_while_reloading": memory["last_reload_steps_k0"],
         **step_gaps(steps, end.num_steps, marks["at_reload"].num_steps, marks["at_resident"].num_steps),
         "reload_to_drafting_s": marks.get("drafting_s", float("nan")) - marks["reload_asked_s"],
         "worker_rss_restored_bytes": memory["last_rss_restored_bytes"],

@@ -94,6 +94,10 @@ class MemoryCounters:
     last_rss_freed_bytes: int = 0
     last_rss_restored_bytes: int = 0
     last_reload_s: float = 0.0
+    # Engine steps that ran while the latest reload rebuilt the draft, and how many of them at k = 0 (all, or
+    # the draft was used before it was back).
+    last_reload_steps: int = 0
+    last_reload_steps_k0: int = 0
     history: list[tuple[float, str]] = field(default_factory=list)
 
 
@@ -119,6 +123,7 @@ class ElasticDraft:
         self.bytes_per_block = 0  # the worker's, read at the first offload
         self.counters = MemoryCounters()
         self._reload_started = 0.0
+        self._reload_steps = (0, 0)
         # Why a contraction has not finished yet (empty when none waits).
         self.waiting = ""
 
@@ -192,6 +197,8 @@ class ElasticDraft:
         c.last_reload_s = time.perf_counter() - self._reload_started
         c.reload_s += c.last_reload_s
         c.bytes_reloaded += self.draft_bytes
+        (steps, steps_k0), (before, before_k0) = self._step_counts(), self._reload_steps
+        c.last_reload_steps, c.last_reload_steps_k0 = steps - before, steps_k0 - before_k0
         c.last_rss_restored_bytes = int(restored["rss_after"] - restored["rss_before"])
         self._log("resident", f"reloaded in {c.last_reload_s:.3f} s, built in {restored['seconds']:.3f} s meanwhile")
         if self.machine is not None and self.machine.state is DraftState.RELOADING:
@@ -258,6 +265,7 @@ class ElasticDraft:
             self.counters.blocks_migrated += len(moves)
             self.counters.migrate_s += time.perf_counter() - started
         self._reload_started = time.perf_counter()
+        self._reload_steps = self._step_counts()
         core.collective_rpc("specserve_resize_kv", args=(self.baseline_blocks,))
         kv_pool.shrink(self.scheduler, self.baseline_blocks)
         self.state = RELOADING
@@ -266,6 +274,10 @@ class ElasticDraft:
             core.collective_rpc("specserve_begin_reload")
         except Exception as exc:
             self._reload_failed(core, exc)
+
+    def _step_counts(self) -> tuple[int, int]:
+        counters = self.scheduler.counters
+        return counters.num_steps, counters.num_steps_by_k[0]
 
     def _reload_failed(self, core: Any, exc: Exception) -> None:
         """The engine keeps serving at k = 0; the pool is grown again for it."""

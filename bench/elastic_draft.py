@@ -51,6 +51,15 @@ def stream(llm: Any, prompts: list[str], max_tokens: int, on_step: Any = None) -
     return tokens
 
 
+def first_differences(tokens: dict[str, list[int]], reference: dict[str, list[int]]) -> list[tuple[str, int]]:
+    out = []
+    for request, want in sorted(reference.items()):
+        got = tokens.get(request, [])
+        if got != want:
+            out.append((request, next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), -1)))
+    return out
+
+
 def step_gaps(steps: list[dict[str, Any]], last_step: int, reload_step: int, resident_step: int) -> dict[str, Any]:
     """The longest wall-clock gap between the starts of two consecutive steps from the reload's request until
     the draft was seen back, against the median gap over the run: a reload that blocked the engine would show as
@@ -124,6 +133,8 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "baseline_blocks": args.blocks,
         "outputs_identical_to_plain_decoding": tokens == reference,
+        # Per differing request: (request, first differing position); empty when identical.
+        "first_differences": first_differences(tokens, reference),
         "requests_finished": sum(len(t) == args.max_tokens for t in tokens.values()),
         "draft_bytes": offloaded["draft_bytes"],
         "worker_rss_freed_bytes": offloaded["last_rss_freed_bytes"],

@@ -8,10 +8,10 @@ pass sees a half-changed model or cache.
   and leaves an empty ``nn.Parameter`` behind, so freeing the parameters alone frees almost nothing: the
   closures go too. The draft's attention layers stay registered (their KV views stay bound), so the KV cache
   can be resized while the draft is away and the restored layers get the views the resize made.
-- **Restore.** The draft is rebuilt from its checkpoint by vLLM's own loader (the bytes come from the model
-  files: the host copy lives outside the engine's memory, in the page cache), on a thread of its own while
-  steps go on (``DraftLoader``); between two steps the new attention layers take the old ones' names, KV views
-  and the attributes vLLM set on them after construction.
+- **Restore.** The draft is rebuilt from its checkpoint by the proposer's own ``_get_model`` (the bytes come
+  from the model files: the host copy lives outside the engine's memory, in the page cache), on a thread of its
+  own while steps go on at k = 0 (``DraftLoader``); between two steps the new attention layers take the old
+  ones' KV views and the attributes vLLM set on them after construction.
 - **Migrate.** Live blocks of a region about to be cut are copied, page by page in every layer, to free blocks
   below it, and every request's block ids (``runner.requests`` and the input batch's block tables) follow.
 - **Resize.** The KV cache is one backing buffer, each layer a constant-stride region of ``num_blocks``
@@ -21,8 +21,7 @@ pass sees a half-changed model or cache.
 Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
 
 - ``GPUModelRunner.drafter`` (``DraftModelProposer``): ``.model``, ``._create_draft_vllm_config()``
-  (``v1/spec_decode/draft_model.py:80``; ``_get_model`` at 103 is what ``DraftLoader._build`` repeats with a
-  private layer registry); ``model_executor/model_loader.get_model``; ``compilation.backends.set_model_tag``.
+  (``v1/spec_decode/draft_model.py:80``) and ``._get_model()`` (103), run on a thread by ``DraftLoader``.
 - ``GPUModelRunner.requests[*].block_ids`` and ``.input_batch.block_table.block_tables[*].block_table.np``
   (``v1/worker/block_table.py``), ``.input_batch.num_reqs``: the block ids a step reads.
 - ``model_executor/layers/utils.py:555`` ``dispatch_cpu_unquantized_gemm``: the ``cpu_linear`` attribute it sets.
@@ -44,7 +43,7 @@ import gc
 import os
 import threading
 import time
-from copy import copy, deepcopy
+from copy import deepcopy
 from typing import Any
 
 import numpy as np
@@ -104,10 +103,10 @@ def drop_draft(runner: Any) -> dict[str, float]:
 class DraftLoader:
     """One rebuild of the draft from its checkpoint, on a thread of its own so that steps go on meanwhile.
 
-    The draft is built against a shallow copy of its vLLM config whose ``static_forward_context`` is a new
-    dict: its attention layers register there instead of beside the live ones (``Attention.__init__`` refuses
-    a name already registered, and the old layers must keep their KV views until the swap). ``adopt`` swaps
-    the built draft in, between two steps.
+    The build is vLLM's own (``drafter._get_model``); the draft's layer names leave vLLM's layer registry while
+    it runs (``Attention.__init__`` refuses a name already registered), which the steps meanwhile do not miss:
+    they run at k = 0 and skip every draft pass, and the KV zeroing looks layers up with ``.get``. ``adopt`` gives
+    the new layers the old ones' KV views between two steps. A failed build puts the old layers back.
     """
 
     def __init__(self, runner: Any) -> None:
@@ -131,18 +130,18 @@ class DraftLoader:
         self._thread.join()
 
     def _build(self) -> None:
-        from vllm.compilation.backends import set_model_tag
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader import get_model
 
+        forward_context = self.runner.compilation_config.static_forward_context
+        old_layers: dict[str, Any] = getattr(self.runner, _SAVED_LAYERS_ATTR)
+        for name in old_layers:  # Attention.__init__ refuses a name that is already registered
+            forward_context.pop(name, None)
         try:
-            config = copy(self.runner.drafter._create_draft_vllm_config())
-            config.compilation_config = copy(config.compilation_config)
-            config.compilation_config.static_forward_context = {}
-            with set_current_vllm_config(config), set_model_tag("draft_model"):
-                self.model = get_model(vllm_config=config, prefix="draft_model")
-            self.layers = dict(config.compilation_config.static_forward_context)
+            with set_current_vllm_config(self.runner.vllm_config):
+                self.model = self.runner.drafter._get_model()
+            self.layers = {name: forward_context[name] for name in old_layers}
         except BaseException as exc:  # reported by ``adopt`` on the engine's thread
+            forward_context.update(old_layers)
             self.error = exc
         self.seconds = time.perf_counter() - self.started
 
@@ -155,10 +154,8 @@ class DraftLoader:
         runner = self.runner
         forward_context = runner.compilation_config.static_forward_context
         old_layers: dict[str, Any] = getattr(runner, _SAVED_LAYERS_ATTR)
-        if set(self.layers) != set(old_layers):
-            raise RuntimeError(f"the rebuilt draft has layers {sorted(self.layers)}, not {sorted(old_layers)}")
         for name, old in old_layers.items():
-            new = forward_context[name] = self.layers[name]
+            new = forward_context[name]
             new.bind_kv_cache(old.kv_cache)
             fresh = vars(new)
             for attribute, value in vars(old).items():

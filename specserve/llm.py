@@ -24,6 +24,7 @@ Importing this module loads neither Ray nor vLLM nor torch: the replica class tr
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
@@ -79,8 +80,6 @@ class Speculation(BaseModel):
 
     @model_validator(mode="after")
     def _policy_parses(self) -> Speculation:
-        import importlib
-
         for module in self.policy_modules:
             try:
                 importlib.import_module(module)
@@ -164,10 +163,7 @@ def speculative_llm_config(llm_config: Config, draft: str, **options: Any) -> Co
         accelerator = fields.get("accelerator_config")
     else:
         raise TypeError(f"expected an LLMConfig or a dict of its fields, got {type(llm_config).__name__}")
-    if fields.get("server_cls") not in (None, SERVER_CLS):
-        raise ValueError(
-            f"server_cls {fields['server_cls']!r}: specserve serves through {SERVER_CLS}; subclass that one instead"
-        )
+    server_cls = _server_cls(fields.get("server_cls"))
     ours = speculative_llm_config_kwargs(
         draft, device=_device(accelerator), engine_kwargs=fields.get("engine_kwargs"), **options
     )
@@ -176,13 +172,28 @@ def speculative_llm_config(llm_config: Config, draft: str, **options: Any) -> Co
     if env_vars:
         runtime_env["env_vars"] = env_vars
     fields.update(
-        server_cls=ours["server_cls"],
+        server_cls=server_cls,
         engine_kwargs=ours["engine_kwargs"],
         experimental_configs={**fields.get("experimental_configs", {}), **ours["experimental_configs"]},
     )
     if runtime_env:
         fields["runtime_env"] = runtime_env
     return type(llm_config).model_validate(fields) if isinstance(llm_config, BaseModel) else fields  # type: ignore[return-value]
+
+
+def _server_cls(given: Any) -> Any:
+    """specserve's replica class, or the caller's subclass of it (as a class or an import path)."""
+    if given in (None, SERVER_CLS):
+        return SERVER_CLS
+    cls = given
+    if isinstance(given, str):  # only here does a config name a class that may load Ray
+        module, _, name = given.rpartition(".")
+        cls = getattr(importlib.import_module(module), name)
+    from specserve.replicas.server import SpecLLMServer
+
+    if isinstance(cls, type) and issubclass(cls, SpecLLMServer):
+        return given
+    raise ValueError(f"server_cls {given!r}: specserve serves through {SERVER_CLS}; subclass that one instead")
 
 
 def _device(accelerator_config: Any) -> Literal["gpu", "cpu"]:

@@ -112,9 +112,19 @@ def test_a_dict_config_without_an_accelerator_is_a_gpu_one() -> None:
     assert "runtime_env" not in out and out["engine_kwargs"]["enforce_eager"] is False
 
 
-def test_someone_elses_server_class_is_refused() -> None:
-    with pytest.raises(ValueError, match="server_cls"):
-        specserve.speculative_llm_config({"model_loading_config": {"model_id": "m"}, "server_cls": "x.Y"}, draft="/d")
+def test_someone_elses_server_class_is_refused_and_a_subclass_of_ours_kept() -> None:
+    from ray.serve.llm.deployment import LLMServer
+
+    from specserve.replicas.server import SpecLLMServer
+
+    class Mine(SpecLLMServer):
+        pass
+
+    base = {"model_loading_config": {"model_id": "m"}}
+    for other in (LLMServer, "ray.serve.llm.deployment.LLMServer"):
+        with pytest.raises(ValueError, match="server_cls"):
+            specserve.speculative_llm_config({**base, "server_cls": other}, draft="/d")
+    assert specserve.speculative_llm_config({**base, "server_cls": Mine}, draft="/d")["server_cls"] is Mine
 
 
 def test_an_llm_config_comes_back_as_an_llm_config_with_our_replica_class() -> None:

@@ -104,20 +104,14 @@ def build_from_args(args: dict[str, Any]) -> Any:
     `specserve serve`'s config keys (model, draft, policy, k_max, replicas, tp, ...) and ``device``.
 
     Engines keep vLLM's own cache and temporary folders: nothing would delete a scratch folder after a deployment.
-    Serve runs the builder inside the cluster (Ray initialised), where it also makes sure the cluster has specserve's
-    controller, as `specserve serve` does before it deploys: nothing else runs there that could start it.
+    Serve runs the builder inside the cluster (building joins it, as Ray Serve LLM's builder does), where it also
+    makes sure the cluster has specserve's controller, as `specserve serve` does before it deploys: nothing else
+    runs there that could start it.
     """
+    from specserve.controller.actor import get_or_create_controller
+
     config = AppArgs.model_validate(args)
     target, draft = model_pair(config)
     app = build_app(ResolvedServe(config, target, draft, on_gpu=config.device == "gpu", env_vars={}))
-    _ensure_controller()
+    get_or_create_controller()  # named and detached: created once per cluster, found again by every later build
     return app
-
-
-def _ensure_controller() -> None:
-    import ray
-
-    if ray.is_initialized():  # outside a cluster (a test building the app) there is nothing to start
-        from specserve.controller.actor import get_or_create_controller
-
-        get_or_create_controller()

@@ -1,12 +1,13 @@
-"""The Serve config builder `specserve.cluster.app:build_from_args`: its arguments are `specserve serve`'s application
-keys plus `device`, Serve accepts it as an application builder, and the process-only keys are refused."""
+"""The arguments of the Serve config builder `specserve.cluster.app:build_from_args`: `specserve serve`'s application
+keys plus `device`, the process-only keys refused. (Building the application joins or starts a Ray cluster, as Ray
+Serve LLM's builder does, so tests/serve/test_serve_config_deploy.py runs the builder, through `serve run`.)"""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from specserve.cluster.app import PROCESS_KEYS, AppArgs, build_from_args
+from specserve.cluster.app import PROCESS_KEYS, AppArgs
 
 
 def test_device_is_required() -> None:
@@ -26,12 +27,3 @@ def test_the_serve_config_checks_apply(tmp_path) -> None:
         AppArgs.model_validate({"device": "gpu", "model": str(tmp_path), "draft": str(tmp_path)})
     with pytest.raises(ValidationError, match="polcy"):
         AppArgs.model_validate({"device": "gpu", "polcy": "adaptive"})
-
-
-def test_serve_calls_it_as_an_application_builder(trained_pair) -> None:
-    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
-    from ray.serve.deployment import Application
-
-    args = {"device": "cpu", "model": str(trained_pair.target), "draft": str(trained_pair.draft), "k_max": 2}
-    app = call_user_app_builder_with_args_if_necessary(build_from_args, args)
-    assert isinstance(app, Application)

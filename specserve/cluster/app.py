@@ -1,15 +1,25 @@
 """Build the Ray Serve application: Ray Serve LLM's OpenAI ingress over SpecLLMServer replicas.
 
-Builders return unstarted applications; `cluster/local.py` runs them.
+Builders return unstarted applications: `cluster/local.py` runs them for `specserve serve`, and
+``build_from_args`` is the application builder a Serve config file names (``serve run`` / ``serve deploy``).
+The speculative part of every LLMConfig comes from the public ``specserve.speculative_llm_config``, so the
+command line, Serve config files and users' own Ray Serve LLM code get the same replicas.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
 
 from specserve.cluster.config import ServeConfig
-from specserve.replicas.engine_args import DraftOffload, EngineSpec, speculative_engine_kwargs
+from specserve.llm import Speculation, speculative_llm_config
+
+# ServeConfig keys about the `specserve serve` process and its local cluster; in a Serve config file the
+# HTTP address belongs in `http_options` and the cluster's size and metrics port in `ray start`.
+PROCESS_KEYS = ("host", "port", "metrics_port", "num_cpus", "engine_start_timeout_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,46 +30,60 @@ class ResolvedServe:
     target: str
     draft: str
     on_gpu: bool
-    # Environment for every Ray worker that may host an engine (specserve.replicas.engine_env).
+    # Environment for every Ray worker that may host an engine (specserve.replicas.engine_env); variables
+    # vLLM's CPU backend needs and the caller left out are added by speculative_llm_config.
     env_vars: dict[str, str]
 
 
+class AppArgs(ServeConfig):
+    """The arguments of ``build_from_args``: `specserve serve`'s config keys that describe the application."""
+
+    device: Literal["gpu", "cpu"] = Field(
+        description="Where the engines run. Explicit because the builder runs on the head node, which may have no GPU."
+    )
+
+    @model_validator(mode="after")
+    def _no_process_keys(self) -> AppArgs:
+        if given := sorted(self.model_fields_set & set(PROCESS_KEYS)):
+            raise ValueError(
+                f"{', '.join(given)}: not an application argument; set the address in the Serve config's "
+                "http_options and the cluster's size and metrics port with `ray start`"
+            )
+        return self
+
+
+def model_pair(config: ServeConfig) -> tuple[str, str]:
+    """Target and draft folders: the configured ones, or the bundled tiny trained pair (built once, then cached)."""
+    if config.model is None or config.draft is None:  # the config allows both or neither
+        from specserve.models import cached_pair
+
+        pair = cached_pair("trained")
+        return str(pair.target), str(pair.draft)
+    return str(Path(config.model).resolve()), str(Path(config.draft).resolve())
+
+
 def llm_config(resolved: ResolvedServe) -> Any:
+    """The LLMConfig a Ray Serve LLM user would write for this model, made speculative by the public API."""
     from ray.serve.llm import LLMConfig
 
-    from specserve.replicas.engine import CPU_EXECUTOR_KEY
-    from specserve.replicas.server import SpecLLMServer
-
     config = resolved.config
-    kwargs = speculative_engine_kwargs(
-        EngineSpec(
-            target=resolved.target,
-            draft=resolved.draft,
-            policy=config.policy,
-            max_k=config.k_max,
-            max_model_len=config.max_model_len,
-            max_num_seqs=config.max_num_seqs,
-            tensor_parallel_size=config.tp,
-            enforce_eager=not resolved.on_gpu,
-            skip_k0_draft_pass=config.skip_k0_draft_pass,
-            policy_modules=config.policy_modules,
-            draft_offload=(
-                DraftOffload(config.offload_low_free_ratio, config.offload_window_steps)
-                if config.draft_offload
-                else None
-            ),
-        )
-    )
-    kwargs.pop("model")  # Ray Serve LLM takes the model from model_loading_config
-    return LLMConfig(
+    plain = LLMConfig(
         model_loading_config={"model_id": config.model_id, "model_source": resolved.target},
         accelerator_config={"kind": "gpu" if resolved.on_gpu else "cpu"},
         deployment_config={"num_replicas": config.replicas},
         runtime_env={"env_vars": resolved.env_vars},
-        server_cls=SpecLLMServer,
-        engine_kwargs=kwargs,
-        experimental_configs={CPU_EXECUTOR_KEY: config.cpu_executor},
+        engine_kwargs={
+            "max_model_len": config.max_model_len,
+            "max_num_seqs": config.max_num_seqs,
+            "tensor_parallel_size": config.tp,
+            # Fixed rather than vLLM's "auto" and its seed default: the tiny pair's outputs and the
+            # benchmarks' numbers were taken with these.
+            "dtype": "bfloat16",
+            "seed": 0,
+        },
     )
+    options = config.model_dump(include=set(Speculation.model_fields) - {"draft"})
+    return speculative_llm_config(plain, draft=resolved.draft, **options)
 
 
 def build_app(resolved: ResolvedServe) -> Any:
@@ -73,3 +97,21 @@ def build_app(resolved: ResolvedServe) -> Any:
             "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0}},
         }
     )
+
+
+def build_from_args(args: dict[str, Any]) -> Any:
+    """Serve's application builder: ``import_path: specserve.cluster.app:build_from_args`` with ``args`` holding
+    `specserve serve`'s config keys (model, draft, policy, k_max, replicas, tp, ...) and ``device``.
+
+    Engines keep vLLM's own cache and temporary folders: nothing would delete a scratch folder after a deployment.
+    Serve runs the builder inside the cluster (building joins it, as Ray Serve LLM's builder does), where it also
+    makes sure the cluster has specserve's controller, as `specserve serve` does before it deploys: nothing else
+    runs there that could start it.
+    """
+    from specserve.controller.actor import get_or_create_controller
+
+    config = AppArgs.model_validate(args)
+    target, draft = model_pair(config)
+    app = build_app(ResolvedServe(config, target, draft, on_gpu=config.device == "gpu", env_vars={}))
+    get_or_create_controller()  # named and detached: created once per cluster, found again by every later build
+    return app

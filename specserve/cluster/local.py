@@ -16,7 +16,7 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
-from specserve.cluster.app import ResolvedServe, build_app
+from specserve.cluster.app import ResolvedServe, build_app, model_pair
 from specserve.cluster.config import ConfigError, ServeConfig
 from specserve.replicas.engine_env import engine_env
 
@@ -40,14 +40,9 @@ def has_gpu() -> bool:
 
 
 def resolve(config: ServeConfig, tmp_dir: str) -> ResolvedServe:
-    if config.model is None or config.draft is None:  # the config allows both or neither
-        from specserve.models import cached_pair
-
+    if config.model is None:
         log("specserve: using the bundled tiny trained pair (built once, then cached)")
-        pair = cached_pair("trained")
-        target, draft = str(pair.target), str(pair.draft)
-    else:
-        target, draft = str(Path(config.model).resolve()), str(Path(config.draft).resolve())
+    target, draft = model_pair(config)
     on_gpu = has_gpu()
     # vLLM's caches and IPC sockets go under tmp_dir, which `serve` deletes on exit.
     env = engine_env(tmp_dir, tp=config.tp, kv_cache_space_gib=config.kv_cache_space_gib, on_gpu=on_gpu)

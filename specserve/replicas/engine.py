@@ -19,8 +19,7 @@ from typing import Any
 
 from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
 
-# The ``LLMConfig.experimental_configs`` key that carries ``ServeConfig.cpu_executor``.
-CPU_EXECUTOR_KEY = "specserve_cpu_executor"
+from specserve.replicas.engine_args import CPU_EXECUTOR_KEY
 
 
 class SpecVLLMEngine(VLLMEngine):

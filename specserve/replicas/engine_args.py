@@ -26,6 +26,8 @@ DRAFT_MEMORY_UTILITY = "specserve_draft_memory"
 # A controller's memory directive (grant_reload, ...), and whether a controller grants at all.
 MEMORY_DIRECTIVE_UTILITY = "specserve_memory_directive"
 MEMORY_COORDINATED_UTILITY = "specserve_memory_coordinated"
+# The ``LLMConfig.experimental_configs`` key that carries the executor a CPU replica runs (engine.py).
+CPU_EXECUTOR_KEY = "specserve_cpu_executor"
 # What one entry of the step log holds (``StepRecord`` fields).
 STEP_LOG_FIELDS = (
     "now_s",

@@ -21,15 +21,21 @@ SCRATCH_KEYS = ("VLLM_CACHE_ROOT", "TMPDIR")
 
 
 def engine_env(
-    scratch_dir: str | Path,
+    scratch_dir: str | Path | None,
     *,
     tp: int = 1,
     num_cpus: int | None = None,
     kv_cache_space_gib: int = 1,
     on_gpu: bool = False,
 ) -> dict[str, str]:
-    """Variables for an engine of ``tp`` ranks on a machine of ``num_cpus`` cores (default: this one's)."""
-    env = {"VLLM_CACHE_ROOT": str(Path(scratch_dir) / "vllm-cache"), "TMPDIR": str(scratch_dir)}
+    """Variables for an engine of ``tp`` ranks on a machine of ``num_cpus`` cores (default: this one's).
+
+    ``scratch_dir`` None: vLLM's own cache and temporary folders, for a deployment that outlives the process
+    building it (a Serve config file, a user's own LLMConfig), where no one would delete a scratch folder.
+    """
+    env = {}
+    if scratch_dir is not None:
+        env = {"VLLM_CACHE_ROOT": str(Path(scratch_dir) / "vllm-cache"), "TMPDIR": str(scratch_dir)}
     if on_gpu:
         return env
     # Without it the CPU backend reserves most of the machine's RAM for the KV cache.

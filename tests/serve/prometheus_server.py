@@ -11,8 +11,9 @@ import requests
 
 
 class PrometheusServer:
-    def __init__(self, scrape_target: str, workdir: Path, port: int) -> None:
-        self.scrape_target, self.workdir, self.port = scrape_target, workdir, port
+    def __init__(self, scrape_target: str, workdir: Path, port: int, config: str | None = None) -> None:
+        """``config``: a whole prometheus.yml to run instead of one that scrapes ``scrape_target``."""
+        self.scrape_target, self.workdir, self.port, self.config = scrape_target, workdir, port, config
         self.proc: subprocess.Popen | None = None
 
     @staticmethod
@@ -22,7 +23,8 @@ class PrometheusServer:
     def start(self) -> None:
         config = self.workdir / "prometheus.yml"
         config.write_text(
-            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            self.config
+            or "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
             f"scrape_configs: [{{job_name: specserve, static_configs: [{{targets: ['{self.scrape_target}']}}]}}]\n"
         )
         self.proc = subprocess.Popen(

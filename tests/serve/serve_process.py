@@ -118,3 +118,16 @@ class ServeProcess(TrackedProcess):
         """Start and wait for the `endpoint:` line; returns the endpoint URL."""
         self.launch([sys.executable, "-m", "specserve.cluster.cli", "serve", *self.args])
         return self.wait_for_line(r"endpoint: (\S+)", timeout_s).group(1)
+
+
+def processes_under(folder: Path) -> list[psutil.Process]:
+    """Running processes whose command line names ``folder``: a Ray cluster started with its temporary folder
+    there (TMPDIR) names it in every one of its processes, wherever they were reparented."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if str(folder) in " ".join(process.info["cmdline"] or ()) and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.NoSuchProcess:
+            continue
+    return found

@@ -108,6 +108,17 @@ def test_every_package_has_a_rule() -> None:
     assert packages <= set(FORBIDDEN), f"packages without an import rule: {sorted(packages - set(FORBIDDEN))}"
 
 
+def test_the_top_level_modules_import_no_framework() -> None:
+    # `import specserve` and the public API (specserve/llm.py) load without Ray, vLLM and torch: the replica class
+    # travels as an import path. (test_public_api.py checks the same at run time.)
+    offenders = {
+        path.name: sorted(m for m in imported_modules(path) if breaks(m, FRAMEWORKS))
+        for path in sorted(PACKAGE_ROOT.glob("*.py"))
+    }
+    assert "llm.py" in offenders
+    assert not {name: modules for name, modules in offenders.items() if modules}
+
+
 def test_the_scanner_sees_nested_dotted_and_relative_imports(tmp_path: Path) -> None:
     module = tmp_path / "specserve" / "sim" / "m.py"
     module.parent.mkdir(parents=True)

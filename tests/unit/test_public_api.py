@@ -1,0 +1,178 @@
+"""The public Python API (`specserve.speculative_llm_config` and friends): what it adds to a Ray Serve LLM config,
+what it leaves alone, what it refuses, and that `import specserve` stays light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+import specserve
+from specserve.llm import OWNED_ENGINE_KWARGS, SERVER_CLS, Speculation
+from specserve.replicas.engine_args import CPU_EXECUTOR_KEY, DraftOffload, EngineSpec, speculative_engine_kwargs
+
+FRAMEWORKS = ("ray", "vllm", "torch")
+
+
+def test_importing_specserve_and_building_the_kwargs_loads_no_framework() -> None:
+    code = (
+        "import sys, specserve; "
+        "specserve.speculative_llm_config_kwargs('draft', device='cpu'); "
+        "specserve.speculative_llm_config({'model_loading_config': {'model_id': 'm'}}, draft='d'); "
+        f"print(sorted(m for m in {list(FRAMEWORKS)!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_public_names_are_exported_and_unknown_ones_are_not() -> None:
+    assert set(specserve.__all__) == {"Speculation", "speculative_llm_config", "speculative_llm_config_kwargs"}
+    assert specserve.Speculation is Speculation
+    with pytest.raises(AttributeError, match="no_such_name"):
+        specserve.no_such_name  # noqa: B018
+
+
+def test_gpu_kwargs_carry_the_replica_class_and_speculation_and_no_cpu_settings() -> None:
+    kwargs = specserve.speculative_llm_config_kwargs("org/draft", policy="fixed:k=2", k_max=3)
+    assert set(kwargs) == {"server_cls", "engine_kwargs", "experimental_configs"}
+    assert kwargs["server_cls"] == SERVER_CLS
+    engine = kwargs["engine_kwargs"]
+    assert engine["speculative_config"]["model"] == "org/draft"
+    assert engine["speculative_config"]["num_speculative_tokens"] == 3
+    assert engine["additional_config"]["specserve"]["policy"] == "fixed:k=2"
+    assert engine["enforce_eager"] is False and engine["enable_prefix_caching"] is False
+    assert "model" not in engine, "the model belongs in model_loading_config"
+
+
+def test_cpu_kwargs_add_the_cpu_accelerator_and_the_engine_environment() -> None:
+    kwargs = specserve.speculative_llm_config_kwargs("d", device="cpu", kv_cache_space_gib=3, cpu_executor="mp")
+    assert kwargs["accelerator_config"] == {"kind": "cpu"}
+    env = kwargs["runtime_env"]["env_vars"]
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert "TMPDIR" not in env and "VLLM_CACHE_ROOT" not in env, "a deployment keeps vLLM's own folders"
+    assert kwargs["engine_kwargs"]["enforce_eager"] is True
+    assert kwargs["experimental_configs"] == {CPU_EXECUTOR_KEY: "mp"}
+
+
+def test_the_callers_engine_kwargs_pass_through_and_win_over_defaults() -> None:
+    engine = specserve.speculative_llm_config_kwargs(
+        "d", engine_kwargs={"tensor_parallel_size": 2, "max_num_seqs": 32, "enforce_eager": True}
+    )["engine_kwargs"]
+    assert engine["tensor_parallel_size"] == 2 and engine["enforce_eager"] is True
+    # vLLM's batch-size table spans the caller's batch size.
+    assert engine["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 32, 4]]
+
+
+@pytest.mark.parametrize("key", OWNED_ENGINE_KWARGS)
+def test_an_engine_argument_specserve_sets_is_refused_by_name(key: str) -> None:
+    with pytest.raises(ValueError, match=key):
+        specserve.speculative_llm_config_kwargs("d", engine_kwargs={key: True})
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"polcy": "adaptive"}, "polcy"),
+        ({"policy": "no-such-policy"}, "policy"),
+        ({"policy": "fixed:k=6", "k_max": 4}, "k=6"),
+        ({"k_max": 17}, "k_max"),
+        ({"draft_offload": True, "skip_k0_draft_pass": False}, "skip_k0_draft_pass"),
+    ],
+)
+def test_bad_options_are_errors_that_name_them(options: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        specserve.speculative_llm_config_kwargs("d", **options)
+
+
+def test_a_dict_config_keeps_its_fields_and_merges_ours() -> None:
+    mine = {
+        "model_loading_config": {"model_id": "m", "model_source": "/t"},
+        "accelerator_config": {"kind": "cpu"},
+        "deployment_config": {"num_replicas": 3},
+        "engine_kwargs": {"max_model_len": 256},
+        "runtime_env": {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "7", "MINE": "1"}, "pip": ["x"]},
+        "experimental_configs": {"stream_batching_interval_ms": 5},
+    }
+    out = specserve.speculative_llm_config(mine, draft="/d")
+    assert mine["engine_kwargs"] == {"max_model_len": 256}, "the caller's config is not changed"
+    assert out["deployment_config"] == {"num_replicas": 3}
+    assert out["model_loading_config"] == mine["model_loading_config"]
+    assert out["engine_kwargs"]["max_model_len"] == 256 and out["engine_kwargs"]["enforce_eager"] is True
+    assert out["runtime_env"]["pip"] == ["x"]
+    env = out["runtime_env"]["env_vars"]
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "7" and env["MINE"] == "1", "the caller's variables win"
+    assert "VLLM_CPU_OMP_THREADS_BIND" in env
+    assert out["experimental_configs"] == {"stream_batching_interval_ms": 5, CPU_EXECUTOR_KEY: "uni"}
+
+
+def test_a_dict_config_without_an_accelerator_is_a_gpu_one() -> None:
+    out = specserve.speculative_llm_config({"model_loading_config": {"model_id": "m"}}, draft="/d")
+    assert "runtime_env" not in out and out["engine_kwargs"]["enforce_eager"] is False
+
+
+def test_someone_elses_server_class_is_refused_and_a_subclass_of_ours_kept() -> None:
+    from ray.serve.llm.deployment import LLMServer
+
+    from specserve.replicas.server import SpecLLMServer
+
+    class Mine(SpecLLMServer):
+        pass
+
+    base = {"model_loading_config": {"model_id": "m"}}
+    for other in (LLMServer, "ray.serve.llm.deployment.LLMServer"):
+        with pytest.raises(ValueError, match="server_cls"):
+            specserve.speculative_llm_config({**base, "server_cls": other}, draft="/d")
+    assert specserve.speculative_llm_config({**base, "server_cls": Mine}, draft="/d")["server_cls"] is Mine
+
+
+def test_an_llm_config_comes_back_as_an_llm_config_with_our_replica_class() -> None:
+    from ray.serve.llm import LLMConfig
+
+    from specserve.replicas.server import SpecLLMServer
+
+    mine = LLMConfig(
+        model_loading_config={"model_id": "m", "model_source": "/t"},
+        accelerator_config={"kind": "cpu"},
+        deployment_config={"num_replicas": 2},
+        engine_kwargs={"max_model_len": 256},
+    )
+    out = specserve.speculative_llm_config(mine, draft="/d", k_max=2)
+    assert isinstance(out, LLMConfig) and out is not mine
+    assert out.server_cls is SpecLLMServer
+    assert out.deployment_config == {"num_replicas": 2} and out.model_id == "m"
+    assert out.accelerator_config.kind == "cpu"
+    assert out.engine_kwargs["speculative_config"]["num_speculative_tokens"] == 2
+    assert out.runtime_env["env_vars"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert mine.server_cls is None
+
+
+def test_serve_builds_its_llm_config_through_the_public_api_with_the_same_engine_arguments() -> None:
+    from specserve.cluster.app import ResolvedServe, llm_config
+    from specserve.cluster.config import ServeConfig
+
+    config = ServeConfig(policy="fixed:k=2", k_max=3, max_num_seqs=4, draft_offload=True, cpu_executor="mp")
+    built = llm_config(ResolvedServe(config, "/t", "/d", on_gpu=False, env_vars={"TMPDIR": "/scratch"}))
+    expected = speculative_engine_kwargs(
+        EngineSpec(
+            target="/t",
+            draft="/d",
+            policy="fixed:k=2",
+            max_k=3,
+            max_model_len=config.max_model_len,
+            max_num_seqs=4,
+            draft_offload=DraftOffload(config.offload_low_free_ratio, config.offload_window_steps),
+        )
+    )
+    for key in ("model", "tokenizer"):  # from model_loading_config; vLLM's tokenizer defaults to the model
+        expected.pop(key)
+    assert built.engine_kwargs == expected
+    assert built.experimental_configs[CPU_EXECUTOR_KEY] == "mp"
+    assert built.runtime_env["env_vars"]["TMPDIR"] == "/scratch"
+
+
+def test_every_speculation_option_is_a_serve_config_key() -> None:
+    from specserve.cluster.config import ServeConfig
+
+    assert set(Speculation.model_fields) <= set(ServeConfig.model_fields)

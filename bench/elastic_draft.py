@@ -143,7 +143,6 @@ def main() -> None:
         "pool_grown_bytes": grown_blocks * bytes_per_block,
         "pool_grown_over_draft_bytes": grown_blocks * bytes_per_block / offloaded["draft_bytes"],
         "offload_s": memory["offload_s"],
-        "contraction_wait_s": marks["resident_s"] - marks["reload_asked_s"] - memory["last_reload_s"],
         "blocks_migrated": memory["blocks_migrated"],
         "migrate_s": memory["migrate_s"],
         "reload_s": memory["last_reload_s"],

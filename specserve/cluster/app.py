@@ -99,6 +99,16 @@ def build_app(resolved: ResolvedServe) -> Any:
     )
 
 
+def memory_params(config: ServeConfig) -> Any:
+    """The controller's cluster memory parameters from the serve config's keys."""
+    from specserve.memory import ClusterMemoryParams
+
+    return ClusterMemoryParams(
+        max_concurrent_transfers=config.max_concurrent_reloads,
+        min_resident_per_deployment=config.min_resident_drafts,
+    )
+
+
 def build_from_args(args: dict[str, Any]) -> Any:
     """Serve's application builder: ``import_path: specserve.cluster.app:build_from_args`` with ``args`` holding
     `specserve serve`'s config keys (model, draft, policy, k_max, replicas, tp, ...) and ``device``.
@@ -113,5 +123,6 @@ def build_from_args(args: dict[str, Any]) -> Any:
     config = AppArgs.model_validate(args)
     target, draft = model_pair(config)
     app = build_app(ResolvedServe(config, target, draft, on_gpu=config.device == "gpu", env_vars={}))
-    get_or_create_controller()  # named and detached: created once per cluster, found again by every later build
+    # Named and detached: created once per cluster, found again by every later build.
+    get_or_create_controller(memory_params(config))
     return app

@@ -16,7 +16,7 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
-from specserve.cluster.app import ResolvedServe, build_app, model_pair
+from specserve.cluster.app import ResolvedServe, build_app, memory_params, model_pair
 from specserve.cluster.config import ConfigError, ServeConfig
 from specserve.replicas.engine_env import engine_env
 
@@ -55,7 +55,6 @@ def serve_forever(config: ServeConfig) -> int:
     from ray import serve
 
     from specserve.controller.actor import get_or_create_controller
-    from specserve.memory import ClusterMemoryParams
 
     _require_free_ports(config)
     stop = threading.Event()
@@ -71,12 +70,7 @@ def serve_forever(config: ServeConfig) -> int:
         joined = _start_ray(config, resolved)
         cleanup.callback(ray.shutdown)
         _on_stop_signals(stop)  # again: the Ray driver installs its own SIGTERM handler
-        get_or_create_controller(
-            ClusterMemoryParams(
-                max_concurrent_transfers=config.max_concurrent_reloads,
-                min_resident_per_deployment=config.min_resident_drafts,
-            )
-        )
+        get_or_create_controller(memory_params(config))
         serve.start(http_options={"host": config.host, "port": config.port})
         cleanup.callback(_shutdown_serve, joined)
         if stop.is_set():

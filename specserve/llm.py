@@ -30,9 +30,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from specserve.cluster.config import check_speculation
 from specserve.replicas.engine_args import CPU_EXECUTOR_KEY, DraftOffload, EngineSpec, speculative_engine_kwargs
 from specserve.replicas.engine_env import engine_env
-from specserve.speculation import EngineTraits, make_policy
 
 #: Ray Serve LLM's ``LLMServer`` plus specserve's telemetry loop and run-time policy switching.
 SERVER_CLS = "specserve.replicas.server.SpecLLMServer"
@@ -80,17 +80,7 @@ class Speculation(BaseModel):
 
     @model_validator(mode="after")
     def _policy_parses(self) -> Speculation:
-        for module in self.policy_modules:
-            try:
-                importlib.import_module(module)
-            except ImportError as exc:
-                raise ValueError(f"policy_modules: cannot import {module!r}: {exc}") from None
-        try:
-            make_policy(self.policy, EngineTraits(max_k=self.k_max))
-        except ValueError as exc:  # names the bad name/key/value
-            raise ValueError(f"policy: {exc}") from None
-        if self.draft_offload and not self.skip_k0_draft_pass:
-            raise ValueError("draft_offload needs skip_k0_draft_pass: an offloaded draft's KV must be able to lag")
+        check_speculation(self.policy, self.policy_modules, self.k_max, self.draft_offload, self.skip_k0_draft_pass)
         return self
 
 

@@ -7,6 +7,7 @@ command line override the file. Unknown keys are errors that name the key.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,6 +15,24 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from specserve.speculation import EngineTraits, make_policy
+
+
+def check_speculation(
+    policy: str, policy_modules: Sequence[str], max_k: int, draft_offload: bool, skip_k0_draft_pass: bool
+) -> None:
+    """The speculation keys' own checks, shared by ``ServeConfig`` and the public ``Speculation``: the policy
+    modules import, the policy parses, and offload has the skip it needs. Raises ValueError naming the key."""
+    for module in policy_modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"policy_modules: cannot import {module!r}: {exc}") from None
+    try:
+        make_policy(policy, EngineTraits(max_k=max_k))
+    except ValueError as exc:  # names the bad name/key/value
+        raise ValueError(f"policy: {exc}") from None
+    if draft_offload and not skip_k0_draft_pass:
+        raise ValueError("draft_offload needs skip_k0_draft_pass: an offloaded draft's KV must be able to lag")
 
 
 class ServeConfig(BaseModel):
@@ -87,21 +106,11 @@ class ServeConfig(BaseModel):
 
     @model_validator(mode="after")
     def _policy_parses(self) -> ServeConfig:
-        for module in self.policy_modules:
-            try:
-                importlib.import_module(module)
-            except ImportError as exc:
-                raise ValueError(f"policy_modules: cannot import {module!r}: {exc}") from None
-        try:
-            make_policy(self.policy, EngineTraits(max_k=16))
-        except ValueError as exc:  # names the bad name/key/value
-            raise ValueError(f"policy: {exc}") from None
+        check_speculation(self.policy, self.policy_modules, 16, self.draft_offload, self.skip_k0_draft_pass)
         return self
 
     @model_validator(mode="after")
-    def _offload_needs_skipping(self) -> ServeConfig:
-        if self.draft_offload and not self.skip_k0_draft_pass:
-            raise ValueError("draft_offload needs skip_k0_draft_pass: an offloaded draft's KV must be able to lag")
+    def _floor_fits(self) -> ServeConfig:
         if self.min_resident_drafts > self.replicas:
             raise ValueError(
                 f"min_resident_drafts={self.min_resident_drafts} is more than replicas={self.replicas}: "

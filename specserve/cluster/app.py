@@ -70,7 +70,12 @@ def llm_config(resolved: ResolvedServe) -> Any:
     plain = LLMConfig(
         model_loading_config={"model_id": config.model_id, "model_source": resolved.target},
         accelerator_config={"kind": "gpu" if resolved.on_gpu else "cpu"},
-        deployment_config={"num_replicas": config.replicas},
+        # On CPU the replica actor only relays requests to its engine process, which its placement bundle's one CPU
+        # per rank already accounts for: Ray Serve LLM's default would add a CPU per replica, so two replicas
+        # would not fit a 2-core machine.
+        deployment_config={"num_replicas": config.replicas}
+        if resolved.on_gpu
+        else {"num_replicas": config.replicas, "ray_actor_options": {"num_cpus": 0}},
         runtime_env={"env_vars": resolved.env_vars},
         engine_kwargs={
             "max_model_len": config.max_model_len,

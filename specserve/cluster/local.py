@@ -69,6 +69,7 @@ def serve_forever(config: ServeConfig) -> int:
 
         joined = _start_ray(config, resolved)
         cleanup.callback(ray.shutdown)
+        _require_capacity(config, resolved.on_gpu)
         _on_stop_signals(stop)  # again: the Ray driver installs its own SIGTERM handler
         get_or_create_controller(memory_params(config))
         serve.start(http_options={"host": config.host, "port": config.port})
@@ -121,6 +122,20 @@ def _start_ray(config: ServeConfig, resolved: ResolvedServe) -> bool:
         _metrics_export_port=config.metrics_port,
     )
     return False
+
+
+def _require_capacity(config: ServeConfig, on_gpu: bool) -> None:
+    """Fail fast where the engines' placement bundles cannot fit the cluster at all: Ray would otherwise wait for
+    resources that never come, warning every 30 s."""
+    import ray
+
+    kind = "GPU" if on_gpu else "CPU"
+    need, have = config.replicas * config.tp, ray.cluster_resources().get(kind, 0)
+    if need > have:
+        raise ConfigError(
+            f"--replicas {config.replicas} x --tp {config.tp} need {need} {kind} (one per engine rank); "
+            f"the Ray cluster has {have:g}" + ("" if on_gpu else " (raise num_cpus, or serve fewer replicas)")
+        )
 
 
 def _require_free_ports(config: ServeConfig) -> None:

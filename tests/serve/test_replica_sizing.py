@@ -1,0 +1,58 @@
+"""Cluster tier: replicas sized to the machine. On CPU each engine rank takes one CPU of its placement bundle
+and the replica actor none, so two replicas run on a 2-core machine; replicas that cannot fit the cluster at all
+are refused at once, naming the shortfall, instead of waiting on Ray's scheduler."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from openai import OpenAI
+from serve_process import ServeProcess, free_port
+
+
+def serve_env(tmp_path) -> dict[str, str]:
+    env = dict(os.environ, SPECSERVE_STATE_DIR=str(tmp_path / "state"))
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def test_two_replicas_start_on_this_machine_and_both_serve(tmp_path, trained_pair):
+    args = ["--replicas", "2", "--port", str(free_port()), "--metrics-port", str(free_port())]
+    process = ServeProcess(args, serve_env(tmp_path), tmp_path / "serve.log")
+    try:
+        endpoint = process.start(timeout_s=900)
+        client = OpenAI(base_url=endpoint, api_key="unused")
+        for prompt in ("def add(a, b):", "import os\n", "class Tree:", "for i in range(10):"):
+            answer = client.completions.create(model="specserve-tiny", prompt=prompt, max_tokens=8, temperature=0)
+            assert answer.choices[0].text
+        status = subprocess.run(
+            [sys.executable, "-m", "specserve", "status", "--json"],
+            env=process.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        replicas = json.loads(status.stdout)["replicas"]
+        assert len(replicas) == 2 and len({r["replica_id"] for r in replicas}) == 2
+    finally:
+        if process.proc.poll() is None:
+            process.stop(timeout_s=120)
+        process.kill_tree()
+
+
+def test_replicas_that_cannot_fit_the_cluster_fail_at_once_naming_the_shortfall(tmp_path, trained_pair):
+    config = tmp_path / "serve.yaml"
+    config.write_text("num_cpus: 1\nreplicas: 2\n")
+    args = ["--config", str(config), "--port", str(free_port()), "--metrics-port", str(free_port())]
+    done = subprocess.run(
+        [sys.executable, "-m", "specserve", "serve", *args],
+        env=serve_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--replicas 2 x --tp 1 need 2 CPU (one per engine rank); the Ray cluster has 1" in done.stderr

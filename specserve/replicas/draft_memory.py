@@ -126,9 +126,6 @@ class DraftLoader:
             return "loading"
         return "failed" if self.error is not None else "ready"
 
-    def wait(self) -> None:
-        self._thread.join()
-
     def _build(self) -> None:
         from vllm.config import set_current_vllm_config
 
@@ -148,7 +145,7 @@ class DraftLoader:
     def adopt(self) -> dict[str, float]:
         """Swap the built draft in: its attention layers take the old ones' names, KV views and the attributes
         vLLM set on them after construction. Raises the build's error, leaving the old layers in place."""
-        self.wait()
+        self._thread.join()
         if self.error is not None:
             raise RuntimeError(f"rebuilding the draft failed: {self.error}") from self.error
         runner = self.runner
@@ -171,11 +168,6 @@ def begin_restore(runner: Any) -> DraftLoader:
     if runner.drafter.model is not None:
         raise RuntimeError("the draft is already resident")
     return DraftLoader(runner)
-
-
-def restore_draft(runner: Any) -> dict[str, float]:
-    """Rebuild the draft and swap it in at once (the engine waits for it)."""
-    return begin_restore(runner).adopt()
 
 
 def migrate_blocks(runner: Any, moves: list[tuple[int, int]]) -> dict[str, float]:

@@ -227,9 +227,6 @@ class DraftSkipWorkerExtension:
             tracker.draft_upto.clear()
         return report
 
-    def specserve_restore_draft(self) -> dict[str, float]:
-        return draft_memory.restore_draft(self.model_runner)  # type: ignore[attr-defined]
-
     def specserve_begin_reload(self) -> None:
         """Start rebuilding the draft in the background; ``specserve_reload_state`` tells when it is built."""
         runner = self.model_runner  # type: ignore[attr-defined]

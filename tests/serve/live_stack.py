@@ -6,7 +6,7 @@ The script, in order (about a minute and a half after the engine is up):
 2. `policy set fixed:k=0` and load: Nightjar's offload trigger (k = 0 and free KV blocks below a share of the
    pool, set to 0.999 so that a few busy blocks of this large pool hold it) fires, the controller grants the
    offload and the pool grows; the draft's checkpoint has been moved away, so the reload the controller grants
-   once the load is light fails;
+   once the load is light fails, and the retries go on failing until Prometheus has recorded the offload;
 3. the checkpoint back and `policy set adaptive`: the retried reload succeeds and speculation resumes.
 """
 
@@ -27,9 +27,11 @@ import requests
 from prometheus_server import PrometheusServer
 from serve_process import ServeProcess, free_port
 
+from specserve import metrics_catalog as catalog
 from specserve.models.prompts import OPENINGS
 
 MODEL = "specserve-tiny"
+DRAFT_STATE = catalog.DRAFT_STATE.exported
 
 
 @dataclass
@@ -144,6 +146,12 @@ def drive(stack: LiveStack, hold_s: float = 0.0) -> None:
         stack.set_policy("fixed:k=0")
         phase(stack, "draft offloaded", lambda e: e["num_offloads"] >= 1, 8, 160, hold_s)
         phase(stack, "reload failed", lambda e: e["num_reload_failures"] >= 1, 1, 32, hold_s)
+        # Ray exports a gauge's last value every ~10 s, so an offloaded spell shorter than that (a reload is
+        # granted within a few steps of calm) can fall between two exports. With the checkpoint still away the
+        # retries fail, backing off 5, 10, 20 s, so the draft stays offloaded until an export records it.
+        with Load(stack.server.endpoint, 1, 32):
+            stack.prometheus.wait_for(f'{DRAFT_STATE}{{{catalog.STATE}="offloaded"}} == 1', timeout_s=90)
+            stack.log.append(f"{time.monotonic() - stack.started_s:.0f} s: offloaded exported")
     finally:
         shutil.move(hidden, draft)
     stack.set_policy("adaptive")

@@ -16,10 +16,11 @@ from pydantic import Field, model_validator
 
 from specserve.cluster.config import ServeConfig
 from specserve.llm import Speculation, speculative_llm_config
+from specserve.messages import ON_HEAD_NODE
 
 # ServeConfig keys about the `specserve serve` process and its local cluster; in a Serve config file the
 # HTTP address belongs in `http_options` and the cluster's size and metrics port in `ray start`.
-PROCESS_KEYS = ("host", "port", "metrics_port", "num_cpus", "engine_start_timeout_s")
+PROCESS_KEYS = ("host", "port", "proxy_location", "metrics_port", "num_cpus", "engine_start_timeout_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +68,14 @@ def llm_config(resolved: ResolvedServe) -> Any:
     from ray.serve.llm import LLMConfig
 
     config = resolved.config
+    placement = {}
+    if config.resources_per_rank:
+        # Ray Serve LLM's own bundle per rank (one GPU, or one CPU) plus the custom resources; its default
+        # strategy (PACK) still keeps a TP group on one node where one node can hold it.
+        device = {"GPU": 1.0} if resolved.on_gpu else {"CPU": 1.0}
+        placement["placement_group_config"] = {"bundle_per_worker": device | config.resources_per_rank}
     plain = LLMConfig(
+        **placement,
         model_loading_config={"model_id": config.model_id, "model_source": resolved.target},
         accelerator_config={"kind": "gpu" if resolved.on_gpu else "cpu"},
         # On CPU the replica actor only relays requests to its engine process, which its placement bundle's one CPU
@@ -98,8 +106,9 @@ def build_app(resolved: ResolvedServe) -> Any:
     return build_openai_app(
         {
             "llm_configs": [llm_config(resolved)],
-            # The ingress only routes; giving it a CPU would starve the engines on small machines.
-            "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0}},
+            # The ingress only routes: no CPU, which would starve the engines on small machines, and on the head
+            # node, so that a worker node that fails takes only its own engines' requests with it.
+            "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0, "resources": ON_HEAD_NODE}},
         }
     )
 

@@ -35,6 +35,10 @@ def check_speculation(
         raise ValueError("draft_offload needs skip_k0_draft_pass: an offloaded draft's KV must be able to lag")
 
 
+# Resources Ray itself accounts for; an engine rank's GPU or CPU comes from Ray Serve LLM's accelerator bundles.
+RAY_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "TPU", "memory", "object_store_memory"})
+
+
 class ServeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -82,8 +86,18 @@ class ServeConfig(BaseModel):
     k_max: int = Field(4, ge=1, le=16, description="Largest speculation length k; sizes vLLM's buffers.")
     replicas: int = Field(1, ge=1, description="Ray Serve replicas, each one engine of `tp` devices.")
     tp: int = Field(1, ge=1, description="Tensor-parallel size of each engine.")
+    resources_per_rank: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each engine rank's placement bundle asks for besides its GPU (or CPU), "
+        "e.g. {accelerator_pool: 1}: engines then go only to nodes that `ray start --resources` gave them.",
+    )
     host: str = Field("127.0.0.1", description="Address the HTTP ingress binds.")
     port: int = Field(8000, ge=1, le=65535, description="Port of the OpenAI-compatible HTTP endpoint.")
+    proxy_location: Literal["EveryNode", "HeadOnly"] = Field(
+        "EveryNode",
+        description="Where Ray Serve runs HTTP proxies: on every node (Serve's default, for a load balancer in front) "
+        "or on the head only. A new Serve instance only: a cluster already running Serve keeps its proxies.",
+    )
     metrics_port: int = Field(
         8080, ge=1, le=65535, description="Ray's Prometheus metrics export port (local cluster only)."
     )
@@ -107,6 +121,18 @@ class ServeConfig(BaseModel):
     @model_validator(mode="after")
     def _policy_parses(self) -> ServeConfig:
         check_speculation(self.policy, self.policy_modules, 16, self.draft_offload, self.skip_k0_draft_pass)
+        return self
+
+    @model_validator(mode="after")
+    def _custom_resources_only(self) -> ServeConfig:
+        for name, amount in self.resources_per_rank.items():
+            if name in RAY_BUILTIN_RESOURCES:
+                raise ValueError(
+                    f"resources_per_rank: {name!r} is set by the accelerator (one GPU or CPU per rank); "
+                    "name a custom resource"
+                )
+            if not amount > 0:
+                raise ValueError(f"resources_per_rank: {name}={amount} must be positive")
         return self
 
     @model_validator(mode="after")

@@ -72,7 +72,7 @@ def serve_forever(config: ServeConfig) -> int:
         _require_capacity(config, resolved.on_gpu)
         _on_stop_signals(stop)  # again: the Ray driver installs its own SIGTERM handler
         get_or_create_controller(memory_params(config))
-        serve.start(http_options={"host": config.host, "port": config.port})
+        serve.start(proxy_location=config.proxy_location, http_options={"host": config.host, "port": config.port})
         cleanup.callback(_shutdown_serve, joined)
         if stop.is_set():
             return 130
@@ -130,12 +130,20 @@ def _require_capacity(config: ServeConfig, on_gpu: bool) -> None:
     import ray
 
     kind = "GPU" if on_gpu else "CPU"
-    need, have = config.replicas * config.tp, ray.cluster_resources().get(kind, 0)
-    if need > have:
+    ranks = config.replicas * config.tp
+    have = ray.cluster_resources()
+    if ranks > have.get(kind, 0):
         raise ConfigError(
-            f"--replicas {config.replicas} x --tp {config.tp} need {need} {kind} (one per engine rank); "
-            f"the Ray cluster has {have:g}" + ("" if on_gpu else " (raise num_cpus, or serve fewer replicas)")
+            f"--replicas {config.replicas} x --tp {config.tp} need {ranks} {kind} (one per engine rank); "
+            f"the Ray cluster has {have.get(kind, 0):g}"
+            + ("" if on_gpu else " (raise num_cpus, or serve fewer replicas)")
         )
+    for name, amount in config.resources_per_rank.items():
+        if ranks * amount > have.get(name, 0):
+            raise ConfigError(
+                f"resources_per_rank: {ranks} engine ranks x {name}={amount:g} need {ranks * amount:g} {name}; "
+                f"the Ray cluster has {have.get(name, 0):g} (give nodes some with `ray start --resources`)"
+            )
 
 
 def _require_free_ports(config: ServeConfig) -> None:

@@ -17,7 +17,13 @@ from ray.util import metrics
 from specserve import metrics_catalog
 from specserve.controller.state import ControllerState
 from specserve.memory import ClusterMemoryParams, MemoryDirective
-from specserve.messages import CONTROLLER_NAME, CONTROLLER_NAMESPACE, PolicyDirective, ReplicaSnapshot
+from specserve.messages import (
+    CONTROLLER_NAME,
+    CONTROLLER_NAMESPACE,
+    ON_HEAD_NODE,
+    PolicyDirective,
+    ReplicaSnapshot,
+)
 
 logger = logging.getLogger(__name__)
 # Internal KV keys (namespace CONTROLLER_NAMESPACE) of what survives a controller restart.
@@ -72,7 +78,12 @@ def get_or_create_controller(memory: ClusterMemoryParams | None = None) -> ray.a
     parameters its controller was started with)."""
     # ray.remote turned the class into an actor class with .options; the checker sees the plain class.
     return ClusterController.options(  # type: ignore[attr-defined]
-        name=CONTROLLER_NAME, namespace=CONTROLLER_NAMESPACE, lifetime="detached", get_if_exists=True
+        name=CONTROLLER_NAME,
+        namespace=CONTROLLER_NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        # Beside Serve's own controller (Ray Train places its state actor the same way).
+        resources=ON_HEAD_NODE,
     ).remote(memory=memory)
 
 

@@ -22,6 +22,9 @@ from typing import Any
 # instead of being handed a reference, so a controller restart or a late start needs no redeploy.
 CONTROLLER_NAME = "specserve-controller"
 CONTROLLER_NAMESPACE = "specserve"
+# Ray's resource of the head node alone, asked in a token amount: the controller and the HTTP ingress run there,
+# so a worker node that fails takes its engines with it and nothing that routes to or watches the others.
+ON_HEAD_NODE = {"node:__internal_head__": 0.001}
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,42 +4,28 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 import requests
 from openai import OpenAI
-from serve_process import ServeProcess, TrackedProcess, free_port
+from ray_nodes import RayNode, ray_env
+from serve_process import ServeProcess, free_port
 
 
 @pytest.fixture
 def head(tmp_path):
-    port = free_port()
-    # Token auth would need the same token file on every client; this test is about deployment.
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
-    env.pop("RAY_ADDRESS", None)
-    process = TrackedProcess(env, tmp_path / "head.log")
-    ray = os.path.join(os.path.dirname(sys.executable), "ray")
-    process.launch([ray, "start", "--head", f"--port={port}", "--num-cpus=3", "--include-dashboard=false", "--block"])
-    process.wait_for_line(r".*This command will now block", timeout_s=120)
-    process.address = f"127.0.0.1:{port}"
+    node = RayNode.head(ray_env(tmp_path), tmp_path / "head.log", num_cpus=3)
     try:
-        yield process
+        yield node
     finally:
-        tree = process.descendants()
-        if process.proc.poll() is None:
-            process.stop(timeout_s=90)  # the head drains for up to 30 s before stopping its processes
-        leftover = process.wait_gone(tree, timeout_s=60)
-        process.kill_tree()
-        for child in leftover:
-            child.kill()
-        assert not leftover, f"ray start left running: {[p.name() for p in leftover]}"
+        leftover = node.shut_down()
+        assert not leftover, f"ray start left running: {leftover}"
 
 
 def test_serve_deploys_onto_an_existing_cluster_and_leaves_it_running(head, tmp_path, trained_pair):
-    env = dict(head.env, RAY_ADDRESS=head.address, SPECSERVE_STATE_DIR=str(tmp_path / "state"))
+    env = dict(head.env, RAY_ADDRESS=head.address)
     server = ServeProcess(["--port", str(free_port())], env, tmp_path / "serve.log")
     try:
         endpoint = server.start()

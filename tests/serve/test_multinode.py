@@ -1,0 +1,177 @@
+"""Cluster tier: specserve on a multi-node Ray cluster on this machine. A head and two worker nodes started with
+`ray start`, each worker holding one unit of a custom resource that stands in for a GPU; `specserve serve`
+joins with RAY_ADDRESS and asks one unit per engine rank (`resources_per_rank`), so its two replicas land on
+different workers. Then a worker fails under load, and a new one joins. One cluster for the module, about four
+minutes: the tests run in order."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+import requests
+from ray_nodes import RayNode, node_ids_by_port, ray_env
+from serve_process import ServeProcess, free_port
+
+MODEL = "specserve-tiny"
+# Stands in for GPUs: one per worker node, one per engine rank.
+ACCELERATOR = "specserve_test_accelerator"
+
+
+@dataclass
+class Cluster:
+    head: RayNode
+    workers: list[RayNode]
+    server: ServeProcess
+    endpoint: str
+    tmp: object
+
+    def status(self) -> list[dict]:
+        done = self.cli("status", "--json")
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout)["replicas"]
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "specserve", *args], env=self.server.env, capture_output=True, text=True, timeout=120
+        )
+
+    def node_ids(self) -> dict[int, str]:
+        return node_ids_by_port(self.head.address, self.head.env)
+
+    def wait_replicas(self, until, timeout_s: float) -> list[dict]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if until(replicas := self.status()):
+                return replicas
+            time.sleep(1.0)
+        raise TimeoutError(f"replicas not as expected within {timeout_s} s: {replicas}\n{self.server.tail()}")
+
+    def complete(self, prompt: str) -> str:
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+        response = requests.post(f"{self.endpoint}/completions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        return response.json()["choices"][0]["text"]
+
+
+def engines(node: RayNode) -> list:
+    return [p for p in node.descendants() if p.name() == "VLLM::EngineCore"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, trained_pair):
+    tmp = tmp_path_factory.mktemp("multinode")
+    env = ray_env(tmp)
+    head = RayNode.head(env, tmp / "head.log", num_cpus=1)
+    workers: list[RayNode] = []
+    server = None
+    try:
+        for name in ("a", "b"):
+            workers.append(RayNode.worker(head, tmp / f"worker-{name}.log", num_cpus=1, resources={ACCELERATOR: 1}))
+        config = tmp / "serve.yaml"
+        # One proxy, the head's: every node's proxy would bind the same port on this one machine, and a client
+        # whose connection the failing node's proxy took would lose its request whichever replica served it.
+        config.write_text(f"replicas: 2\nresources_per_rank: {{{ACCELERATOR}: 1}}\nproxy_location: HeadOnly\n")
+        server = ServeProcess(
+            ["--config", str(config), "--port", str(free_port())],
+            dict(env, RAY_ADDRESS=head.address),
+            tmp / "serve.log",
+        )
+        endpoint = server.start(timeout_s=900)
+        yield Cluster(head, workers, server, endpoint, tmp)
+        assert server.stop() == 0
+    finally:
+        if server is not None:
+            server.kill_tree()
+        leftover = [name for node in [*workers, head] for name in node.shut_down()]
+        assert not leftover, f"ray start left running: {leftover}"
+
+
+def test_the_replicas_run_on_different_worker_nodes_and_status_names_each_node(cluster):
+    replicas = cluster.status()
+    ids = cluster.node_ids()
+    worker_ids = {ids[w.node_manager_port] for w in cluster.workers}
+    assert {r["node_id"] for r in replicas} == worker_ids, "one replica per worker, none on the head"
+    assert [len(engines(w)) for w in cluster.workers] == [1, 1] and not engines(cluster.head)
+    table = cluster.cli("status").stdout
+    for replica in replicas:
+        row = next(line for line in table.splitlines() if line.startswith(replica["replica_id"]))
+        assert row.split()[1] == replica["node_id"][:12], table
+    assert all(cluster.complete(prompt) for prompt in ("def add(a, b):", "import os\n", "class Tree:"))
+
+
+@dataclass
+class Load:
+    """Closed-loop clients; every request's start and end (seconds since the load began) and outcome."""
+
+    endpoint: str
+    clients: int
+    started_s: float = field(default_factory=time.monotonic)
+    outcomes: list[tuple[float, float, bool]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> Load:
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=180)
+
+    def now(self) -> float:
+        return time.monotonic() - self.started_s
+
+    def _client(self) -> None:
+        body = {"model": MODEL, "prompt": "def fib(n):", "max_tokens": 32, "temperature": 0}
+        while not self._stop.is_set():
+            start = self.now()
+            try:
+                ok = requests.post(f"{self.endpoint}/completions", json=body, timeout=120).status_code == 200
+            except requests.RequestException:
+                ok = False
+            self.outcomes.append((start, self.now(), ok))
+
+    def wait_done(self, count: int, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while sum(ok for *_, ok in self.outcomes) < count:
+            assert time.monotonic() < deadline, f"fewer than {count} requests answered in {timeout_s} s"
+            time.sleep(0.2)
+
+
+def test_a_failed_worker_takes_only_its_replica_and_serve_brings_it_up_on_a_new_node(cluster):
+    survivor, failing = cluster.workers
+    ids = cluster.node_ids()
+    survivor_id = ids[survivor.node_manager_port]
+    with Load(cluster.endpoint, clients=4) as load:
+        load.wait_done(20)
+        failed_at = load.now()
+        failing.fail()
+        # The controller forgets a replica that stops reporting; the other one stays in its view throughout.
+        replicas = cluster.wait_replicas(lambda rs: len(rs) == 1, timeout_s=60)
+        assert replicas[0]["node_id"] == survivor_id
+        answered = len(load.outcomes)
+        load.wait_done(sum(ok for *_, ok in load.outcomes) + 20)
+    in_flight = [ok for start, end, ok in load.outcomes if start < failed_at < end]
+    after = [ok for start, _, ok in load.outcomes if start > failed_at]
+    assert len(load.outcomes) > answered
+    # Only requests the failed node was serving may fail: the other replica's were answered, and every request
+    # sent after the failure was too.
+    assert any(in_flight), f"no request in flight at the failure was answered: {in_flight}"
+    assert all(after), f"{after.count(False)} of {len(after)} requests sent after the failure failed"
+
+    # Serve replaces the lost replica once a node with a free accelerator joins.
+    joined = RayNode.worker(cluster.head, cluster.tmp / "worker-c.log", num_cpus=1, resources={ACCELERATOR: 1})
+    cluster.workers.append(joined)
+    joined_id = cluster.node_ids()[joined.node_manager_port]
+    replicas = cluster.wait_replicas(lambda rs: len(rs) == 2, timeout_s=600)
+    assert {r["node_id"] for r in replicas} == {survivor_id, joined_id}
+    assert len(engines(joined)) == 1
+    assert cluster.complete("for i in range(10):")

@@ -8,8 +8,10 @@ Ray is imported inside the functions: building the command line must not load it
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
-from typing import Any
+from typing import Any, TextIO
 
 from specserve.messages import ReplicaSnapshot
 from specserve.speculation import EngineTraits, make_policy, split_specs
@@ -31,10 +33,32 @@ def connect() -> None:
         raise CommandError("no running specserve cluster: start one with `specserve serve`, or set RAY_ADDRESS")
     import ray
 
+    # Ray's driver prints the cluster's error messages (a node has died, ...) to stdout, from a thread of its own
+    # and at any time; a command's results must stay alone there.
+    if not isinstance(sys.stdout, _MainThreadOnly):
+        sys.stdout = _MainThreadOnly(sys.stdout, sys.stderr)
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     except (ConnectionError, RuntimeError) as exc:
         raise CommandError(f"cannot reach the Ray cluster at {address}: {exc}") from None
+
+
+class _MainThreadOnly:
+    """A stream that takes the main thread's writes; other threads' go to ``elsewhere``."""
+
+    def __init__(self, stream: TextIO, elsewhere: TextIO) -> None:
+        self._stream, self._elsewhere = stream, elsewhere
+
+    def write(self, text: str) -> int:
+        main = threading.current_thread() is threading.main_thread()
+        return (self._stream if main else self._elsewhere).write(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+        self._elsewhere.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def controller() -> Any:

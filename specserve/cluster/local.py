@@ -69,7 +69,7 @@ def serve_forever(config: ServeConfig) -> int:
 
         joined = _start_ray(config, resolved)
         cleanup.callback(ray.shutdown)
-        _require_capacity(config, resolved.on_gpu)
+        _require_capacity(config, resolved.on_gpu, joined)
         _on_stop_signals(stop)  # again: the Ray driver installs its own SIGTERM handler
         get_or_create_controller(memory_params(config))
         serve.start(proxy_location=config.proxy_location, http_options={"host": config.host, "port": config.port})
@@ -124,26 +124,32 @@ def _start_ray(config: ServeConfig, resolved: ResolvedServe) -> bool:
     return False
 
 
-def _require_capacity(config: ServeConfig, on_gpu: bool) -> None:
-    """Fail fast where the engines' placement bundles cannot fit the cluster at all: Ray would otherwise wait for
-    resources that never come, warning every 30 s."""
+def _require_capacity(config: ServeConfig, on_gpu: bool, joined: bool) -> None:
+    """Fail fast where the engines' placement bundles cannot fit a local cluster at all: Ray would otherwise wait
+    for resources that never come, warning every 30 s. A joined cluster may yet grow (its autoscaler, or nodes
+    still joining), so there the shortfall is only said."""
     import ray
 
     kind = "GPU" if on_gpu else "CPU"
     ranks = config.replicas * config.tp
     have = ray.cluster_resources()
+    shortfalls = []
     if ranks > have.get(kind, 0):
-        raise ConfigError(
+        shortfalls.append(
             f"--replicas {config.replicas} x --tp {config.tp} need {ranks} {kind} (one per engine rank); "
             f"the Ray cluster has {have.get(kind, 0):g}"
             + ("" if on_gpu else " (raise num_cpus, or serve fewer replicas)")
         )
     for name, amount in config.resources_per_rank.items():
         if ranks * amount > have.get(name, 0):
-            raise ConfigError(
+            shortfalls.append(
                 f"resources_per_rank: {ranks} engine ranks x {name}={amount:g} need {ranks * amount:g} {name}; "
                 f"the Ray cluster has {have.get(name, 0):g} (give nodes some with `ray start --resources`)"
             )
+    if shortfalls and not joined:
+        raise ConfigError("\n".join(shortfalls))
+    for shortfall in shortfalls:
+        log(f"specserve: waiting for the cluster to grow: {shortfall}")
 
 
 def _require_free_ports(config: ServeConfig) -> None:

@@ -116,7 +116,13 @@ class ServeProcess(TrackedProcess):
 
     def start(self, timeout_s: float = 600.0) -> str:
         """Start and wait for the `endpoint:` line; returns the endpoint URL."""
+        self.begin()
+        return self.wait_endpoint(timeout_s)
+
+    def begin(self) -> None:
         self.launch([sys.executable, "-m", "specserve.cluster.cli", "serve", *self.args])
+
+    def wait_endpoint(self, timeout_s: float = 600.0) -> str:
         return self.wait_for_line(r"endpoint: (\S+)", timeout_s).group(1)
 
 

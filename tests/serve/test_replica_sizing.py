@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from openai import OpenAI
 from serve_process import ServeProcess, free_port
 
@@ -43,10 +44,22 @@ def test_two_replicas_start_on_this_machine_and_both_serve(tmp_path, trained_pai
         process.kill_tree()
 
 
-def test_replicas_that_cannot_fit_the_cluster_fail_at_once_naming_the_shortfall(tmp_path, trained_pair):
-    config = tmp_path / "serve.yaml"
-    config.write_text("num_cpus: 1\nreplicas: 2\n")
-    args = ["--config", str(config), "--port", str(free_port()), "--metrics-port", str(free_port())]
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ("num_cpus: 1\nreplicas: 2\n", "--replicas 2 x --tp 1 need 2 CPU (one per engine rank); the Ray cluster has 1"),
+        (
+            "resources_per_rank: {pool_a: 1}\n",
+            "resources_per_rank: 1 engine ranks x pool_a=1 need 1 pool_a; the Ray cluster has 0",
+        ),
+    ],
+)
+def test_replicas_that_cannot_fit_the_cluster_fail_at_once_naming_the_shortfall(
+    tmp_path, trained_pair, config, message
+):
+    path = tmp_path / "serve.yaml"
+    path.write_text(config)
+    args = ["--config", str(path), "--port", str(free_port()), "--metrics-port", str(free_port())]
     done = subprocess.run(
         [sys.executable, "-m", "specserve", "serve", *args],
         env=serve_env(tmp_path),
@@ -55,4 +68,4 @@ def test_replicas_that_cannot_fit_the_cluster_fail_at_once_naming_the_shortfall(
         timeout=300,
     )
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "--replicas 2 x --tp 1 need 2 CPU (one per engine rank); the Ray cluster has 1" in done.stderr
+    assert message in done.stderr

@@ -27,3 +27,23 @@ def test_the_serve_config_checks_apply(tmp_path) -> None:
         AppArgs.model_validate({"device": "gpu", "model": str(tmp_path), "draft": str(tmp_path)})
     with pytest.raises(ValidationError, match="polcy"):
         AppArgs.model_validate({"device": "gpu", "polcy": "adaptive"})
+
+
+@pytest.mark.parametrize(("on_gpu", "device"), [(True, {"GPU": 1.0}), (False, {"CPU": 1.0})])
+def test_resources_per_rank_join_ray_serve_llms_own_bundle_of_every_rank(on_gpu: bool, device: dict) -> None:
+    from specserve.cluster.app import ResolvedServe, llm_config
+    from specserve.cluster.config import ServeConfig
+
+    config = ServeConfig(tp=2, resources_per_rank={"pool_a": 1, "fast_link": 0.5})
+    engine = llm_config(ResolvedServe(config, "/t", "/d", on_gpu=on_gpu, env_vars={})).get_engine_config()
+    assert engine.placement_bundles == [device | {"pool_a": 1.0, "fast_link": 0.5}] * 2
+    assert engine.placement_strategy == "PACK", "Ray Serve LLM's strategy: a TP group on one node where it fits"
+
+
+def test_without_resources_per_rank_the_placement_is_ray_serve_llms_default() -> None:
+    from specserve.cluster.app import ResolvedServe, llm_config
+    from specserve.cluster.config import ServeConfig
+
+    built = llm_config(ResolvedServe(ServeConfig(tp=2), "/t", "/d", on_gpu=True, env_vars={}))
+    assert built.placement_group_config is None
+    assert built.get_engine_config().placement_bundles == [{"GPU": 1}] * 2

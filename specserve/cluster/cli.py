@@ -42,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address the HTTP ingress binds (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, help="HTTP port (default: 8000)")
     serve.add_argument("--metrics-port", dest="metrics_port", type=int, help="Ray metrics export port (default: 8080)")
+    serve.add_argument(
+        "--prometheus-port",
+        dest="prometheus_port",
+        type=int,
+        help="also run Prometheus on this port, scraping the local cluster (default: none; needs `prometheus`)",
+    )
     serve.add_argument("--config", help="YAML file with the same keys as these flags")
     serve.set_defaults(run=_serve)
 
@@ -90,7 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
     from specserve.cluster.config import ConfigError, load_config
     from specserve.cluster.local import serve_forever
 
-    keys = ("model", "draft", "policy", "k_max", "replicas", "tp", "host", "port", "metrics_port")
+    keys = ("model", "draft", "policy", "k_max", "replicas", "tp", "host", "port", "metrics_port", "prometheus_port")
     try:
         return serve_forever(load_config(args.config, {key: getattr(args, key) for key in keys}))
     except ConfigError as exc:

@@ -101,6 +101,14 @@ class ServeConfig(BaseModel):
     metrics_port: int = Field(
         8080, ge=1, le=65535, description="Ray's Prometheus metrics export port (local cluster only)."
     )
+    prometheus_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Start a Prometheus (the `prometheus` binary: Debian's package) on this port, scraping the local "
+        "cluster's metrics port, its data in serve's temporary folder (deleted on exit). Local cluster only; "
+        "default: none.",
+    )
     max_model_len: int = Field(512, ge=16, description="Longest prompt + output, in tokens.")
     max_num_seqs: int = Field(8, ge=1, description="Largest decode batch per engine.")
     num_cpus: int | None = Field(

@@ -18,9 +18,14 @@ from pathlib import Path
 
 from specserve.cluster.app import ResolvedServe, build_app, memory_params, model_pair
 from specserve.cluster.config import ConfigError, ServeConfig
+from specserve.cluster.prometheus import INSTALL_HINT, PrometheusError, PrometheusServer
 from specserve.replicas.engine_env import engine_env
 
 APP_NAME = "specserve"
+# Ray's metrics agent exports every replica's values about every 10 s (RAY_metrics_report_interval_ms). Scraping
+# twice per export round puts each exported value in Prometheus within 5 s and never skips a round when the two
+# clocks drift apart (scraping every 10 s could); scraping faster would only store the same values again.
+PROMETHEUS_SCRAPE_INTERVAL_S = 5.0
 
 
 def state_file() -> Path:
@@ -57,6 +62,7 @@ def serve_forever(config: ServeConfig) -> int:
     from specserve.controller.actor import get_or_create_controller
 
     _require_free_ports(config)
+    _require_prometheus(config)
     stop = threading.Event()
     _on_stop_signals(stop)
 
@@ -71,6 +77,23 @@ def serve_forever(config: ServeConfig) -> int:
         cleanup.callback(ray.shutdown)
         _require_capacity(config, resolved.on_gpu, joined)
         _on_stop_signals(stop)  # again: the Ray driver installs its own SIGTERM handler
+        prometheus = None
+        if config.prometheus_port is not None and not joined:
+            # Started before the engines, so that it records their start-up too.
+            prometheus = PrometheusServer(
+                Path(tmp_dir) / "prometheus",
+                config.prometheus_port,
+                [f"127.0.0.1:{config.metrics_port}"],
+                scrape_interval_s=PROMETHEUS_SCRAPE_INTERVAL_S,
+                host=config.host,
+            )
+            cleanup.callback(prometheus.stop)  # before tmp_dir (its TSDB) goes: the stack unwinds last in, first out
+            try:
+                prometheus.start()
+                prometheus.wait_ready()
+            except PrometheusError as exc:
+                log(f"specserve: --prometheus-port {config.prometheus_port}: {exc}")
+                return 1
         get_or_create_controller(memory_params(config))
         serve.start(proxy_location=config.proxy_location, http_options={"host": config.host, "port": config.port})
         cleanup.callback(_shutdown_serve, joined)
@@ -102,6 +125,8 @@ def serve_forever(config: ServeConfig) -> int:
         log(f"endpoint: {endpoint}")
         if not joined:
             log(f"metrics: http://{_client_host(config.host)}:{config.metrics_port}/metrics")
+        if prometheus is not None:
+            log(f"prometheus: {prometheus.url}")
         stop.wait()
         log("specserve: shutting down")
     return 0
@@ -157,6 +182,27 @@ def _require_free_ports(config: ServeConfig) -> None:
     _require_free_port(config.host, config.port, "--port")
     if not os.environ.get("RAY_ADDRESS"):
         _require_free_port("127.0.0.1", config.metrics_port, "--metrics-port")
+        if config.prometheus_port is not None:
+            _require_free_port(config.host, config.prometheus_port, "--prometheus-port")
+
+
+def _require_prometheus(config: ServeConfig) -> None:
+    """A local cluster's Prometheus needs the binary; a joined cluster's metrics are not ours to scrape."""
+    if config.prometheus_port is None:
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        # Not an error: `make serve` asks for one whenever `prometheus` is installed, RAY_ADDRESS or not. The
+        # cluster's nodes export on ports `ray start` chose, and its own Prometheus (deploy/prometheus/) scrapes them.
+        log(
+            f"specserve: --prometheus-port {config.prometheus_port} ignored: joining the cluster at RAY_ADDRESS, "
+            "whose own Prometheus scrapes its nodes (deploy/prometheus/prometheus.yml)"
+        )
+        return
+    if PrometheusServer.binary() is None:
+        raise ConfigError(
+            f"--prometheus-port {config.prometheus_port}: no `prometheus` binary on PATH; install it "
+            f"({INSTALL_HINT}) or leave the flag out"
+        )
 
 
 def _require_free_port(host: str, port: int, flag: str) -> None:

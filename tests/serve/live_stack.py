@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
-from prometheus_server import PrometheusServer
 from serve_process import ServeProcess, free_port
 
 from specserve import metrics_catalog as catalog
+from specserve.cluster.prometheus import PrometheusServer
 from specserve.models.prompts import OPENINGS
 
 MODEL = "specserve-tiny"
@@ -47,7 +47,7 @@ class LiveStack:
 
     @property
     def prometheus_url(self) -> str:
-        return f"http://127.0.0.1:{self.prometheus.port}"
+        return self.prometheus.url
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -122,7 +122,7 @@ def start(tmp: Path, trained_pair) -> LiveStack:
     try:
         server.endpoint = server.start()
         metrics_host = server.line_matching(r"metrics: ").split()[1].split("/")[2]
-        prometheus = PrometheusServer(metrics_host, tmp, free_port())
+        prometheus = PrometheusServer(tmp / "prometheus", free_port(), [metrics_host])
         prometheus.start()
     except BaseException:
         server.kill_tree()

@@ -11,7 +11,6 @@ import live_stack
 import pytest
 import requests
 from matplotlib import image
-from prometheus_server import PrometheusServer
 
 from dashboards import promql
 from dashboards.build import all_dashboards
@@ -19,6 +18,7 @@ from dashboards.common import VARIABLE_SOURCE
 from dashboards.panels import PanelQueries, panels_of, resolve
 from dashboards.render import render_all
 from specserve import metrics_catalog as catalog
+from specserve.cluster.prometheus import PrometheusServer
 
 # Ray records every ~10 s, so a window of a few records; the panels' $__rate_interval stands for it.
 RATE_INTERVAL = "30s"

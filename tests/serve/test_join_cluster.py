@@ -26,10 +26,14 @@ def head(tmp_path):
 
 def test_serve_deploys_onto_an_existing_cluster_and_leaves_it_running(head, tmp_path, trained_pair):
     env = dict(head.env, RAY_ADDRESS=head.address)
-    server = ServeProcess(["--port", str(free_port())], env, tmp_path / "serve.log")
+    # `make serve` passes --prometheus-port whenever `prometheus` is installed; a joined cluster's own applies.
+    server = ServeProcess(["--port", str(free_port()), "--prometheus-port", str(free_port())], env, tmp_path / "s.log")
     try:
         endpoint = server.start()
         assert server.line_matching(r"metrics: ") is None, "the cluster's own metrics port applies"
+        assert server.line_matching(r"specserve: --prometheus-port \d+ ignored: joining the cluster at RAY_ADDRESS")
+        assert server.line_matching(r"prometheus: ") is None
+        assert not [p for p in server.descendants() if p.name() == "prometheus"]
         client = OpenAI(base_url=endpoint, api_key="unused")
         assert client.completions.create(model="specserve-tiny", prompt="x = ", max_tokens=8).choices[0].text
         engines = [p for p in head.descendants() if p.name() == "VLLM::EngineCore"]

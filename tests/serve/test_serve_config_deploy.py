@@ -22,8 +22,9 @@ import pytest
 import requests
 import yaml
 from openai import OpenAI
-from prometheus_server import PrometheusServer
 from serve_process import TrackedProcess, free_port, processes_under
+
+from specserve.cluster.prometheus import PrometheusServer
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE_CONFIG = REPO / "deploy" / "serve" / "specserve.yaml"
@@ -88,7 +89,9 @@ def test_serve_run_deploys_it_and_status_and_prometheus_see_it(tmp_path, trained
     serve = TrackedProcess(env, tmp_path / "serve.log")
     serve.launch([str(Path(sys.executable).parent / "serve"), "run", str(config_file)])
     prometheus = PrometheusServer(
-        "", tmp_path, free_port(), config=PROMETHEUS_CONFIG.read_text().replace("/tmp/ray/", f"{cluster_tmp}/ray/")
+        tmp_path / "prometheus",
+        free_port(),
+        config=PROMETHEUS_CONFIG.read_text().replace("/tmp/ray/", f"{cluster_tmp}/ray/"),
     )
     try:
         endpoint = f"http://127.0.0.1:{port}/v1"

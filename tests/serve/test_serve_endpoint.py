@@ -8,13 +8,17 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import requests
 from openai import OpenAI
-from prometheus_server import PrometheusServer
 from serve_process import ServeProcess, free_port
 
+from specserve import metrics_catalog as catalog
+from specserve.cluster import prometheus
+
 MODEL = "specserve-tiny"
+NO_PROMETHEUS = "Debian's prometheus is not installed (scripts/install.sh installs it when run as root)"
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +29,8 @@ def server(tmp_path_factory, trained_pair):
     config = tmp_path_factory.mktemp("config") / "serve.yaml"
     config.write_text("draft_offload: true\n")  # the triggers never fire on this idle pool; the grants flow
     args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--k-max", "4", "--config", str(config)]
+    if prometheus.PrometheusServer.binary() is not None:
+        args += ["--prometheus-port", str(free_port())]  # as `make serve` runs it
     process = ServeProcess(args, env, tmp_path_factory.mktemp("logs") / "serve.log")
     try:
         process.endpoint = process.start()
@@ -212,21 +218,32 @@ def test_metrics_url_serves_specserve_and_vllm_metrics(server, client):
         time.sleep(2)
 
 
-def test_a_real_prometheus_scrapes_speculation_metrics(server, client, tmp_path):
-    if PrometheusServer.binary() is None:
-        pytest.skip("Debian's prometheus is not installed (scripts/install.sh installs it when run as root)")
+def prometheus_url(server) -> str:
+    """The URL of the Prometheus `specserve serve --prometheus-port` started, printed right after `metrics:`."""
+    if prometheus.PrometheusServer.binary() is None:
+        pytest.skip(NO_PROMETHEUS)
+    lines = [line.split(":", 1)[0] for line in server.lines if line.startswith(("metrics: ", "prometheus: "))]
+    assert lines == ["metrics", "prometheus"], server.tail()
+    return server.line_matching(r"prometheus: ").split()[1]
+
+
+def test_serves_prometheus_scraping_speculation_metrics(server, client):
+    url = prometheus_url(server)
     metrics_host = server.line_matching(r"metrics: ").split()[1].split("/")[2]
-    prometheus = PrometheusServer(metrics_host, tmp_path, free_port())
-    prometheus.start()
-    try:
-        client.completions.create(model=MODEL, prompt="with open(path) as f:\n", max_tokens=32, temperature=0)
-        k = prometheus.wait_for("ray_specserve_speculation_k")
-        assert 0 <= float(k[0]["value"][1]) <= 4
-        drafted = prometheus.wait_for('sum(ray_specserve_draft_tokens_total{position="0"})')
-        assert float(drafted[0]["value"][1]) > 0
-        assert prometheus.wait_for("ray_vllm_spec_decode_num_drafts_total")
-    finally:
-        prometheus.stop()
+    client.completions.create(model=MODEL, prompt="with open(path) as f:\n", max_tokens=32, temperature=0)
+    # Ray exports every ~10 s and serve's Prometheus scrapes every 5 s.
+    (steps, *_) = prometheus.wait_for(url, catalog.STEPS.exported, timeout_s=90)
+    assert steps["metric"]["instance"] == metrics_host, "it scrapes the local cluster's metrics port"
+    k = prometheus.wait_for(url, catalog.SPECULATION_K.exported)
+    assert 0 <= float(k[0]["value"][1]) <= 4
+    drafted = prometheus.wait_for(url, f'sum({catalog.DRAFT_TOKENS.exported}{{{catalog.POSITION}="0"}})')
+    assert float(drafted[0]["value"][1]) > 0
+    assert prometheus.wait_for(url, "ray_vllm_spec_decode_num_drafts_total")
+    assert [t["health"] for t in targets(url)] == ["up"]
+
+
+def targets(url: str) -> list[dict]:
+    return requests.get(f"{url}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
 
 
 def test_a_one_rank_cpu_engine_runs_its_worker_inside_the_engine_core(server):
@@ -239,6 +256,10 @@ def test_a_one_rank_cpu_engine_runs_its_worker_inside_the_engine_core(server):
 def test_sigterm_stops_everything(server):
     tree = server.descendants()
     assert len(tree) >= 5, "Ray, Serve and the engine run under the serve process"
+    started = [p for p in tree if p.name() == "prometheus"]
+    if prometheus.PrometheusServer.binary() is not None:
+        assert len(started) == 1, "--prometheus-port's Prometheus runs under serve"
     assert server.stop() == 0
     alive = server.wait_gone(tree, timeout_s=30)
     assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
+    assert not [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "Prometheus stopped"

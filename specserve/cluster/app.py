@@ -73,12 +73,30 @@ def model_pair(config: ServeConfig) -> tuple[str, str]:
     return str(Path(config.model).resolve()), str(Path(config.draft).resolve())
 
 
+def deployment_config(config: ServeConfig, on_gpu: bool) -> dict[str, Any]:
+    """The replicas' Ray Serve deployment options: their number, size and admission bounds."""
+    options: dict[str, Any] = {"num_replicas": config.replicas}
+    if not on_gpu:
+        # On CPU the replica actor only relays requests to its engine process, which its placement bundle's one
+        # CPU per rank already accounts for: Ray Serve LLM's default would add a CPU per replica, so two
+        # replicas would not fit a 2-core machine.
+        options["ray_actor_options"] = {"num_cpus": 0}
+    if config.max_ongoing_requests is not None:
+        options["max_ongoing_requests"] = config.max_ongoing_requests
+    if config.max_queued_requests is not None:
+        # Ray Serve's own admission: past the queue bound its handle refuses at once (BackPressureError), which
+        # the ingress answers with this status and Retry-After instead of letting latency grow without bound.
+        options["max_queued_requests"] = config.max_queued_requests
+        options["backpressure_config"] = {"status_code": config.overload_status, "retry_after_s": config.retry_after_s}
+    return options
+
+
 def llm_config(resolved: ResolvedServe) -> Any:
     """The LLMConfig a Ray Serve LLM user would write for this model, made speculative by the public API."""
     from ray.serve.llm import LLMConfig
 
     config = resolved.config
-    placement = {}
+    placement: dict[str, Any] = {}
     if config.resources_per_rank:
         # Ray Serve LLM's own bundle per rank (one GPU, or one CPU) plus the custom resources; its default
         # strategy (PACK) still keeps a TP group on one node where one node can hold it.
@@ -88,12 +106,7 @@ def llm_config(resolved: ResolvedServe) -> Any:
         **placement,
         model_loading_config={"model_id": config.model_id, "model_source": resolved.target},
         accelerator_config={"kind": "gpu" if resolved.on_gpu else "cpu"},
-        # On CPU the replica actor only relays requests to its engine process, which its placement bundle's one CPU
-        # per rank already accounts for: Ray Serve LLM's default would add a CPU per replica, so two replicas
-        # would not fit a 2-core machine.
-        deployment_config={"num_replicas": config.replicas}
-        if resolved.on_gpu
-        else {"num_replicas": config.replicas, "ray_actor_options": {"num_cpus": 0}},
+        deployment_config=deployment_config(config, resolved.on_gpu),
         runtime_env={"env_vars": resolved.env_vars},
         engine_kwargs={
             "max_model_len": config.max_model_len,

@@ -109,6 +109,22 @@ class ServeConfig(BaseModel):
         "cluster's metrics port, its data in serve's temporary folder (deleted on exit). Local cluster only; "
         "default: none.",
     )
+    max_ongoing_requests: int | None = Field(
+        None,
+        ge=1,
+        description="Requests one replica holds at once, running or waiting in its engine; more wait in Ray Serve's "
+        "queue. Default: Ray Serve LLM's, no limit (every request waits inside the engine).",
+    )
+    max_queued_requests: int | None = Field(
+        None,
+        ge=0,
+        description="With max_ongoing_requests: requests that may wait for a replica (per caller, as in Ray Serve); "
+        "more are refused at once with `overload_status` and a Retry-After header. Default: no limit.",
+    )
+    overload_status: Literal[429, 503] = Field(503, description="HTTP status of a request refused as overload.")
+    retry_after_s: float = Field(
+        1.0, ge=0, allow_inf_nan=False, description="Retry-After of a request refused as overload, seconds."
+    )
     max_model_len: int = Field(512, ge=16, description="Longest prompt + output, in tokens.")
     max_num_seqs: int = Field(8, ge=1, description="Largest decode batch per engine.")
     num_cpus: int | None = Field(
@@ -141,6 +157,15 @@ class ServeConfig(BaseModel):
                 )
             if not amount > 0:
                 raise ValueError(f"resources_per_rank: {name}={amount} must be positive")
+        return self
+
+    @model_validator(mode="after")
+    def _queue_needs_a_bound(self) -> ServeConfig:
+        if self.max_queued_requests is not None and self.max_ongoing_requests is None:
+            raise ValueError(
+                "max_queued_requests needs max_ongoing_requests: without a bound on each replica no request ever "
+                "waits in Ray Serve's queue (they all wait inside the engines)"
+            )
         return self
 
     @model_validator(mode="after")

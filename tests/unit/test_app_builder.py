@@ -47,3 +47,15 @@ def test_without_resources_per_rank_the_placement_is_ray_serve_llms_default() ->
     built = llm_config(ResolvedServe(ServeConfig(tp=2), "/t", "/d", on_gpu=True, env_vars={}))
     assert built.placement_group_config is None
     assert built.get_engine_config().placement_bundles == [{"GPU": 1}] * 2
+
+
+def test_admission_bounds_become_ray_serves_own_and_are_left_to_its_defaults_unless_set() -> None:
+    from specserve.cluster.app import deployment_config
+    from specserve.cluster.config import ServeConfig
+
+    bounded = ServeConfig(max_ongoing_requests=16, max_queued_requests=32, overload_status=429, retry_after_s=3)
+    options = deployment_config(bounded, on_gpu=True)
+    assert (options["max_ongoing_requests"], options["max_queued_requests"]) == (16, 32)
+    assert options["backpressure_config"] == {"status_code": 429, "retry_after_s": 3.0}
+    plain = deployment_config(ServeConfig(), on_gpu=True)
+    assert not {"max_ongoing_requests", "max_queued_requests", "backpressure_config"} & set(plain)

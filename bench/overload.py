@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from serve_overhead import wait_for_endpoint
+from serve_overhead import stop_server, wait_for_endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,15 +51,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def bench(url: str, load: list[str], output_len: int) -> dict[str, Any]:
@@ -132,13 +122,13 @@ def main() -> None:
             load = ["--rate", f"{rate:.3f}", "--duration", str(args.duration), "--seed", "1"]
             runs["unbounded (Ray Serve LLM default)"] = bench(url, load, args.output_len)
         finally:
-            stop(proc)
+            stop_server(proc)
         proc, url = serve(bounded, Path(tmp), "bounded")
         try:
             bench(url, ["--concurrency", str(seqs), "--num-requests", str(2 * seqs)], args.output_len)
             runs[f"bounded (ongoing {seqs}, queued {seqs})"] = bench(url, load, args.output_len)
         finally:
-            stop(proc)
+            stop_server(proc)
     result = {
         "command": "PYTHONPATH=$PWD .venv/bin/python bench/overload.py " + " ".join(sys.argv[1:]),
         "max_num_seqs": seqs,

@@ -165,14 +165,19 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
             }
             print(f"{way} c={c}: {results[c]}", file=sys.stderr, flush=True)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_server(proc)
         log.close()
     return results
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """Ctrl-C, as an operator would; its whole session (started with start_new_session) killed if it hangs."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def wait_for_endpoint(log_path: Path, proc: subprocess.Popen, url: str | None, timeout_s: float) -> str:

@@ -8,11 +8,12 @@ command line, Serve config files and users' own Ray Serve LLM code get the same 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from specserve.cluster.config import ServeConfig
 from specserve.llm import Speculation, speculative_llm_config
@@ -54,6 +55,12 @@ class AppArgs(ServeConfig):
 
     @model_validator(mode="after")
     def _no_process_keys(self) -> AppArgs:
+        if "api_key" in self.model_fields_set:
+            # Serve shows an application's args in plain text (`serve status`, the dashboard, its config dumps).
+            raise ValueError(
+                "api_key: not an application argument, where Serve would show it; export SPECSERVE_API_KEY on the "
+                "head node before `ray start` instead"
+            )
         if given := sorted(self.model_fields_set & set(PROCESS_KEYS)):
             raise ValueError(
                 f"{', '.join(given)}: not an application argument; set the address in the Serve config's "
@@ -122,13 +129,20 @@ def llm_config(resolved: ResolvedServe) -> Any:
     return speculative_llm_config(plain, draft=resolved.draft, **options)
 
 
-def build_app(resolved: ResolvedServe) -> Any:
+# Import path, not the class: Serve config files name it too, and the builder imports it where it runs.
+INGRESS_CLS = "specserve.cluster.ingress:SpecServeIngress"
+
+
+def build_app(resolved: ResolvedServe, api_key: SecretStr | None = None) -> Any:
     """The OpenAI-compatible application (unstarted): /v1/models, /v1/completions, /v1/chat/completions."""
     from ray.serve.llm import build_openai_app
 
+    key = api_key if api_key is not None else resolved.config.api_key
     return build_openai_app(
         {
             "llm_configs": [llm_config(resolved)],
+            # The key stays a SecretStr, masked in any repr Serve logs of the deployment's arguments.
+            "ingress_cls_config": {"ingress_cls": INGRESS_CLS, "ingress_extra_kwargs": {"api_key": key}},
             # The ingress only routes: no CPU, which would starve the engines on small machines, and on the head
             # node, so that a worker node that fails takes only its own engines' requests with it.
             "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0, "resources": ON_HEAD_NODE}},
@@ -159,7 +173,9 @@ def build_from_args(args: dict[str, Any]) -> Any:
 
     config = AppArgs.model_validate(args)
     target, draft = model_pair(config)
-    app = build_app(ResolvedServe(config, target, draft, on_gpu=config.device == "gpu", env_vars={}))
+    env_key = os.environ.get("SPECSERVE_API_KEY")
+    api_key = ServeConfig(api_key=env_key).api_key if env_key else None  # checked as the serve command checks it
+    app = build_app(ResolvedServe(config, target, draft, on_gpu=config.device == "gpu", env_vars={}), api_key)
     # Named and detached: created once per cluster, found again by every later build.
     get_or_create_controller(memory_params(config))
     return app

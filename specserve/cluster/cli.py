@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict
 from typing import Any
@@ -47,6 +48,13 @@ def _parser() -> argparse.ArgumentParser:
         dest="prometheus_port",
         type=int,
         help="also run Prometheus on this port, scraping the local cluster (default: none; needs `prometheus`)",
+    )
+    serve.add_argument(
+        "--api-key",
+        dest="api_key",
+        default=os.environ.get("SPECSERVE_API_KEY") or None,
+        help="bearer token the HTTP endpoint requires (default: $SPECSERVE_API_KEY, else none: open); "
+        "prefer the variable, which `ps` does not show",
     )
     serve.add_argument("--config", help="YAML file with the same keys as these flags")
     serve.set_defaults(run=_serve)
@@ -96,7 +104,19 @@ def _serve(args: argparse.Namespace) -> int:
     from specserve.cluster.config import ConfigError, load_config
     from specserve.cluster.local import serve_forever
 
-    keys = ("model", "draft", "policy", "k_max", "replicas", "tp", "host", "port", "metrics_port", "prometheus_port")
+    keys = (
+        "model",
+        "draft",
+        "policy",
+        "k_max",
+        "replicas",
+        "tp",
+        "host",
+        "port",
+        "metrics_port",
+        "prometheus_port",
+        "api_key",
+    )
     try:
         return serve_forever(load_config(args.config, {key: getattr(args, key) for key in keys}))
     except ConfigError as exc:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from specserve.speculation import EngineTraits, make_policy
 
@@ -92,6 +92,11 @@ class ServeConfig(BaseModel):
         "e.g. {accelerator_pool: 1}: engines then go only to nodes that `ray start --resources` gave them.",
     )
     host: str = Field("127.0.0.1", description="Address the HTTP ingress binds.")
+    api_key: SecretStr | None = Field(
+        None,
+        description="Bearer token every request to the HTTP endpoint must carry (`Authorization: Bearer KEY`); "
+        "default: none, the endpoint is open. Also SPECSERVE_API_KEY.",
+    )
     port: int = Field(8000, ge=1, le=65535, description="Port of the OpenAI-compatible HTTP endpoint.")
     proxy_location: Literal["EveryNode", "HeadOnly"] = Field(
         "EveryNode",
@@ -141,6 +146,16 @@ class ServeConfig(BaseModel):
         "Serve LLM's default, a worker process the EngineCore waits on by spinning (a core lost on small machines).",
     )
     engine_start_timeout_s: float = Field(600.0, gt=0, description="How long `serve` waits for the endpoint to answer.")
+
+    @field_validator("api_key")
+    @classmethod
+    def _key_is_a_token(cls, key: SecretStr | None) -> SecretStr | None:
+        # The message never holds the key: it is printed.
+        if key is not None:
+            value = key.get_secret_value()
+            if not value or any(c.isspace() or not c.isprintable() for c in value):
+                raise ValueError("must be a non-empty token without spaces or control characters")
+        return key
 
     @model_validator(mode="after")
     def _policy_parses(self) -> ServeConfig:

@@ -1,0 +1,270 @@
+"""Bad input and the API key against one live `specserve serve`: property-based fuzzing of the OpenAI endpoints
+(every body gets a 2xx or a 4xx carrying an OpenAI error object, never a 5xx, and the engine keeps serving), the
+key required on every route, and the key absent from logs, status output and metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+from openai import AuthenticationError, OpenAI
+from serve_process import ServeProcess, free_port
+
+MODEL = "specserve-tiny"
+KEY = "sk-specserve-test-7f3a91c2d4"
+# Bodies per endpoint; the README's Reliability section states these numbers.
+FUZZ_EXAMPLES = 150
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, trained_pair):
+    env = dict(os.environ, SPECSERVE_STATE_DIR=str(tmp_path_factory.mktemp("state")), SPECSERVE_API_KEY=KEY)
+    env.pop("RAY_ADDRESS", None)
+    process = ServeProcess(
+        ["--port", str(free_port()), "--metrics-port", str(free_port())],
+        env,
+        tmp_path_factory.mktemp("logs") / "serve.log",
+    )
+    try:
+        process.endpoint = process.start()
+        yield process
+    finally:
+        process.kill_tree()
+
+
+def post(server, path: str, body: object, key: str | None = KEY) -> requests.Response:
+    data = body if isinstance(body, str) else json.dumps(body, allow_nan=True)
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+    return requests.post(server.endpoint + path, data=data, headers=headers, timeout=120)
+
+
+def assert_answered(response: requests.Response) -> None:
+    """A 2xx, or a 4xx with OpenAI's error object; never a 5xx."""
+    assert response.status_code < 500, f"{response.status_code}: {response.text[:500]}"
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert error["message"] and {"type", "param", "code"} <= set(error), error
+
+
+# Values of every JSON type, the edges vLLM and torch trip on among them.
+ANY_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.sampled_from([2**31, 2**63, 2**64, -(2**63) - 1, -1, 0])
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
+# Fields of both endpoints that reach vLLM's sampling parameters or the tokenizer.
+SHARED = [
+    "model",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "n",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+    "stream",
+    "stream_options",
+    "response_format",
+    "allowed_token_ids",
+    "prompt_logprobs",
+    "truncate_prompt_tokens",
+    "priority",
+    "user",
+    "ignore_eos",
+    "skip_special_tokens",
+    "logprobs",
+    "max_tokens",
+]
+COMPLETION_FIELDS = [*SHARED, "prompt", "echo", "best_of", "suffix"]
+CHAT_FIELDS = [
+    *SHARED,
+    "messages",
+    "top_logprobs",
+    "max_completion_tokens",
+    "tools",
+    "tool_choice",
+    "chat_template",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+]
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant", "tool", "nobody"]) | ANY_JSON},
+    optional={"content": st.text(max_size=30) | ANY_JSON, "name": ANY_JSON, "tool_calls": ANY_JSON},
+)
+
+
+def mutated(base: dict, fields: list[str], extra: dict[str, st.SearchStrategy]) -> st.SearchStrategy[dict]:
+    """A valid body with some fields set to other values (any JSON, or the field's own bad shapes), some required
+    fields dropped. max_tokens stays small unless set to a bad value: a valid body then generates a few tokens."""
+
+    @st.composite
+    def build(draw: st.DrawFn) -> dict:
+        body = dict(base)
+        for name in draw(st.lists(st.sampled_from(fields), min_size=1, max_size=3, unique=True)):
+            body[name] = draw(extra.get(name, ANY_JSON) | ANY_JSON)
+        for name in ("max_tokens", "max_completion_tokens"):
+            # null max_tokens means "the rest of the context": hundreds of tokens per body on a CPU.
+            if (isinstance(body.get(name), int) and 4 < body[name] < 512) or (
+                name == "max_tokens" and body[name] is None
+            ):
+                body[name] = 4
+        for name in draw(st.lists(st.sampled_from(["model", "prompt", "messages"]), max_size=1)):
+            body.pop(name, None)
+        return body
+
+    return build()
+
+
+COMPLETION_BODIES = mutated(
+    {"model": MODEL, "prompt": "def f(", "max_tokens": 2},
+    COMPLETION_FIELDS,
+    {"prompt": st.lists(st.integers(min_value=-5, max_value=2**40), max_size=4) | st.text(max_size=40)},
+)
+CHAT_BODIES = mutated(
+    {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    CHAT_FIELDS,
+    {"messages": st.lists(MESSAGE, max_size=3) | MESSAGE},
+)
+FUZZ = settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+
+
+@FUZZ
+@seed(13)
+@given(body=COMPLETION_BODIES)
+def test_fuzzed_completion_bodies_get_a_2xx_or_an_openai_4xx(server, body):
+    assert_answered(post(server, "/completions", body))
+
+
+@FUZZ
+@seed(13)
+@given(body=CHAT_BODIES)
+def test_fuzzed_chat_bodies_get_a_2xx_or_an_openai_4xx(server, body):
+    assert_answered(post(server, "/chat/completions", body))
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/completions", {"model": MODEL, "prompt": "x", "top_k": 2**64}, "top_k"),
+        ("/chat/completions", {"model": MODEL, "messages": -1}, "messages"),
+        ("/chat/completions", {"model": MODEL, "messages": 5}, "messages"),
+        ("/completions", {"model": 12, "prompt": "x"}, "model"),
+        ("/completions", {"model": MODEL, "prompt": "x", "temperature": math.nan}, "temperature"),
+    ],
+)
+def test_the_bodies_that_got_a_500_get_a_400_naming_the_field(server, path, body, param):
+    response = post(server, path, body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_an_unknown_model_gets_an_openai_error_object(server):
+    response = post(server, "/completions", {"model": "nope", "prompt": "x", "max_tokens": 2})
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "model_not_found"
+
+
+def test_every_route_wants_the_key(server):
+    base = server.endpoint.removesuffix("/v1")
+    for method, path in [
+        ("GET", "/v1/models"),
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/tokenize"),
+        ("GET", "/openapi.json"),
+        ("GET", "/docs"),
+    ]:
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            response = requests.request(method, base + path, headers=headers, json={}, timeout=30)
+            assert response.status_code == 401, (method, path, response.text)
+            assert response.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(AuthenticationError):
+        OpenAI(base_url=server.endpoint, api_key="wrong").models.list()
+
+
+def test_the_openai_client_with_the_key_is_served(server):
+    client = OpenAI(base_url=server.endpoint, api_key=KEY)
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.completions.create(model=MODEL, prompt="x", max_tokens=4).choices[0].text is not None
+
+
+def test_the_public_port_serves_no_admin_route(server):
+    """`policy set` and the controller's calls go through Ray to the controller actor, not over HTTP."""
+    spec = requests.get(
+        server.endpoint.removesuffix("/v1") + "/openapi.json", headers={"Authorization": f"Bearer {KEY}"}, timeout=30
+    ).json()
+    assert set(spec["paths"]) <= {
+        "/v1/models",
+        "/v1/models/{model}",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/embeddings",
+        "/v1/audio/transcriptions",
+        "/v1/score",
+        "/tokenize",
+        "/detokenize",
+    }, sorted(spec["paths"])
+
+
+def ray_logs(server) -> Path:
+    """The serve's Ray session folder, as its processes name it."""
+    for process in server.descendants():
+        try:
+            if found := re.search(r"--session[-_]dir=(\S+)", " ".join(process.cmdline())):
+                return Path(found.group(1))
+        except Exception:
+            continue
+    raise AssertionError("no Ray process of the serve names its session folder")
+
+
+def test_the_key_appears_in_no_log_status_or_metrics(server):
+    # Run last in the module, after the requests above: whatever was logged about them is there.
+    cli = [sys.executable, "-m", "specserve.cluster.cli"]
+    status = subprocess.run([*cli, "status", "--json"], env=server.env, capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    metrics_url = server.line_matching(r"metrics: ").split()[1]
+    places = {
+        "serve output": server.tail(10**6),
+        "status --json": status.stdout + status.stderr,
+        "metrics": requests.get(metrics_url, timeout=30).text,
+    }
+    serve_status = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from specserve.cluster import control; control.connect(); from ray import serve; print(serve.status())",
+        ],
+        env=server.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    places["serve.status()"] = serve_status.stdout + serve_status.stderr
+    for name, text in places.items():
+        assert KEY not in text, name
+    searched = 0
+    for path in ray_logs(server).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            searched += 1
+            assert KEY.encode() not in path.read_bytes(), path
+    assert searched > 0

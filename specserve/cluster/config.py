@@ -40,7 +40,9 @@ RAY_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "TPU", "memory", "object_store_
 
 
 class ServeConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Errors leave the input out: pydantic would otherwise print the whole mapping, api_key included, wherever
+    # one is shown (Serve's logs of a failed application build).
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     model: str | None = Field(
         None, description="Target model: a Hugging Face model folder. Default: the bundled tiny target."
@@ -227,11 +229,17 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> ServeConfig:
         raise ConfigError(_describe(exc, path)) from None
 
 
+def _key_name(part: object) -> str:
+    # A key that is blank, padded or holds control characters is quoted, so that the message shows it.
+    text = str(part)
+    return text if text and text.isprintable() and text.strip() == text else repr(part)
+
+
 def _describe(exc: ValidationError, path: str | None) -> str:
     where = f"--config {path}" if path else "configuration"
     lines = []
     for error in exc.errors():
-        key = ".".join(str(part) for part in error["loc"]) or "(whole config)"
+        key = ".".join(_key_name(part) for part in error["loc"]) or "(whole config)"
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
             message = f"unknown key; known keys: {', '.join(ServeConfig.model_fields)}"

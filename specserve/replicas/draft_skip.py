@@ -51,7 +51,7 @@ import torch
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-from specserve.replicas import draft_memory
+from specserve.replicas import draft_memory, sampler_guard  # noqa: F401  (sampler_guard: installed on import)
 from specserve.replicas.k0_skip import skipping_enabled, step_skips_draft_pass
 from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan
 

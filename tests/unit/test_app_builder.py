@@ -59,3 +59,10 @@ def test_admission_bounds_become_ray_serves_own_and_are_left_to_its_defaults_unl
     assert options["backpressure_config"] == {"status_code": 429, "retry_after_s": 3.0}
     plain = deployment_config(ServeConfig(), on_gpu=True)
     assert not {"max_ongoing_requests", "max_queued_requests", "backpressure_config"} & set(plain)
+
+
+def test_a_serve_config_file_cannot_carry_the_api_key() -> None:
+    """Serve shows an application's args in plain text; the builder takes the key from SPECSERVE_API_KEY."""
+    with pytest.raises(ValidationError, match="api_key: not an application argument") as raised:
+        AppArgs.model_validate({"device": "cpu", "api_key": "sk-in-a-config-file"})
+    assert "sk-in-a-config-file" not in str(raised.value)

@@ -154,3 +154,32 @@ def test_an_applied_engine_environment_keeps_the_operators_choices_and_is_undone
         assert os.environ["TMPDIR"] == str(tmp_path), "the scratch folder always applies"
         assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert os.environ["TMPDIR"] == "/elsewhere" and "VLLM_CPU_KVCACHE_SPACE" not in os.environ
+
+
+SECRET = "sk-config-test-5e1d"
+
+
+def test_the_api_key_is_masked_wherever_the_config_is_printed(tmp_path):
+    path = tmp_path / "serve.yaml"
+    path.write_text(f"api_key: {SECRET}\n")
+    config = load_config(str(path), {})
+    assert config.api_key is not None and config.api_key.get_secret_value() == SECRET
+    for shown in (repr(config), str(config), config.model_dump_json(), str(config.model_dump())):
+        assert SECRET not in shown
+
+
+@pytest.mark.parametrize("bad", ["", "two words", "tab\there", "nl\n"])
+def test_a_bad_api_key_is_refused_without_echoing_it(bad):
+    with pytest.raises(ConfigError, match="api_key: must be a non-empty token") as raised:
+        load_config(None, {"api_key": bad})
+    assert not bad.strip() or bad.strip() not in str(raised.value)
+
+
+def test_the_api_key_flag_defaults_to_the_environment(monkeypatch):
+    from specserve.cluster.cli import _parser
+
+    monkeypatch.setenv("SPECSERVE_API_KEY", SECRET)
+    assert _parser().parse_args(["serve"]).api_key == SECRET
+    assert _parser().parse_args(["serve", "--api-key", "other"]).api_key == "other"
+    monkeypatch.delenv("SPECSERVE_API_KEY")
+    assert _parser().parse_args(["serve"]).api_key is None

@@ -1,0 +1,35 @@
+"""Keep a request's top_k from killing the engine (vLLM 0.32.0).
+
+With a speculative config vLLM's runner always samples through the rejection sampler, also on steps where no
+request has draft tokens (prefills; every k = 0 step of an adaptive policy). The sampler then applies top-k to
+the target logits of the draft positions, of which there are none, and ``apply_top_k_only`` calls ``k.max()``
+on an empty tensor: a RuntimeError in the EngineCore, which dies and takes every request with it. One request
+with ``top_k`` set (``"top_k": 1`` or ``true``) was enough. With no rows there is nothing to constrain, so the
+wrapper returns the empty logits unchanged; every other call goes to vLLM's function.
+
+Imported in the worker process with ``draft_skip`` (vLLM resolves ``worker_extension_cls`` there).
+
+Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
+
+- ``v1/sample/rejection_sampler.py:578``: ``apply_sampling_constraints`` calls the module-level name
+  ``apply_top_k_top_p(logits, top_k, top_p)``, which is replaced.
+- ``v1/sample/ops/topk_topp_sampler.py:529``: ``apply_top_k_only``'s ``k.max()``, the call that fails.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.v1.sample import rejection_sampler
+
+_vllm_apply_top_k_top_p = rejection_sampler.apply_top_k_top_p
+
+
+def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> Any:
+    if logits.shape[0] == 0:
+        return logits
+    return _vllm_apply_top_k_top_p(logits, k, p)
+
+
+rejection_sampler.apply_top_k_top_p = apply_top_k_top_p

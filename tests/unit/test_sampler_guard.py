@@ -1,0 +1,32 @@
+"""A request's top_k on a step without draft tokens: vLLM's rejection sampler gets no rows and, unguarded,
+raises in the EngineCore (which then dies). The guard that the worker imports returns the empty logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from vllm.v1.sample import rejection_sampler
+from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p as vllm_apply_top_k_top_p
+
+from specserve.replicas import sampler_guard
+
+VOCAB = 32
+
+
+def test_vllms_own_function_fails_on_a_step_without_draft_tokens() -> None:
+    """What the guard is for; when a vLLM upgrade fixes it, this test says the guard can go."""
+    with pytest.raises(RuntimeError, match="numel"):
+        vllm_apply_top_k_top_p(torch.empty(0, VOCAB), torch.empty(0, dtype=torch.int32), None)
+
+
+def test_the_rejection_sampler_uses_the_guard_and_keeps_the_empty_step() -> None:
+    assert rejection_sampler.apply_top_k_top_p is sampler_guard.apply_top_k_top_p
+    out = rejection_sampler.apply_top_k_top_p(torch.empty(0, VOCAB), torch.empty(0, dtype=torch.int32), None)
+    assert out.shape == (0, VOCAB)
+
+
+def test_steps_with_rows_are_vllms() -> None:
+    logits = torch.arange(2 * VOCAB, dtype=torch.float32).reshape(2, VOCAB)
+    k = torch.tensor([1, 3], dtype=torch.int32)
+    kept = sampler_guard.apply_top_k_top_p(logits.clone(), k, None).isfinite().sum(dim=1)
+    assert kept.tolist() == [1, 3]

@@ -16,6 +16,8 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from specserve.cluster.app import ResolvedServe, build_app, memory_params, model_pair
 from specserve.cluster.config import ConfigError, ServeConfig
 from specserve.cluster.prometheus import INSTALL_HINT, PrometheusError, PrometheusServer
@@ -113,7 +115,7 @@ def serve_forever(config: ServeConfig) -> int:
         _write_state(ray.get_runtime_context().gcs_address, endpoint)
         cleanup.callback(state_file().unlink, missing_ok=True)
         deployer.start()
-        if not _wait_ready(endpoint, deployer, config.engine_start_timeout_s, stop):
+        if not _wait_ready(endpoint, deployer, config.engine_start_timeout_s, stop, config.api_key):
             if failure:
                 log(f"specserve: deployment failed: {failure[0]}")
                 return 1
@@ -243,15 +245,19 @@ def _client_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
-def _wait_ready(endpoint: str, deployer: threading.Thread, timeout_s: float, stop: threading.Event) -> bool:
+def _wait_ready(
+    endpoint: str, deployer: threading.Thread, timeout_s: float, stop: threading.Event, api_key: SecretStr | None
+) -> bool:
     """True once the deployment finished (engines up) and the ingress lists the model."""
     deadline = time.monotonic() + timeout_s
+    headers = {"Authorization": f"Bearer {api_key.get_secret_value()}"} if api_key is not None else {}
     while time.monotonic() < deadline and not stop.is_set():
         if deployer.is_alive():  # the ingress answers /models before the engines are up
             deployer.join(timeout=1.0)
             continue
         try:
-            with urllib.request.urlopen(f"{endpoint}/models", timeout=5) as response:
+            request = urllib.request.Request(f"{endpoint}/models", headers=headers)
+            with urllib.request.urlopen(request, timeout=5) as response:
                 if response.status == 200 and json.load(response).get("data"):
                     return True
         except (urllib.error.URLError, OSError, ValueError):

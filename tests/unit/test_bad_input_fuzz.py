@@ -21,9 +21,9 @@ from specserve.sim.scenario import ScenarioError, builtin_scenarios, parse_scena
 from specserve.speculation import EngineTraits, make_policy, policy_names
 from specserve.speculation.policy import _REGISTRY, SIMULATOR_ONLY
 
-CONFIG_EXAMPLES = 400
-POLICY_EXAMPLES = 600
-SCENARIO_EXAMPLES = 300
+CONFIG_EXAMPLES = 1000
+POLICY_EXAMPLES = 1500
+SCENARIO_EXAMPLES = 1000
 
 FUZZ = settings(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 

@@ -268,3 +268,11 @@ def test_the_key_appears_in_no_log_status_or_metrics(server):
             searched += 1
             assert KEY.encode() not in path.read_bytes(), path
     assert searched > 0
+
+
+def test_rays_token_authentication_stays_on(server):
+    """The local cluster keeps Ray's default, token authentication (Ray says so when it starts one); a serve that
+    turned it off would have had to set RAY_AUTH_MODE, which the state file for `status` would then record."""
+    assert server.line_matching(r".*Token authentication is enabled for this Ray cluster"), server.tail()
+    state = json.loads((Path(server.env["SPECSERVE_STATE_DIR"]) / "cluster.json").read_text())
+    assert state["ray_auth_mode"] in (None, "token")

@@ -160,6 +160,13 @@ def memory_params(config: ServeConfig) -> Any:
     )
 
 
+def env_api_key() -> SecretStr | None:
+    """SPECSERVE_API_KEY, checked as the serve command checks its key; None when unset or empty."""
+    if not (value := os.environ.get("SPECSERVE_API_KEY")):
+        return None
+    return ServeConfig(api_key=value).api_key
+
+
 def build_from_args(args: dict[str, Any]) -> Any:
     """Serve's application builder: ``import_path: specserve.cluster.app:build_from_args`` with ``args`` holding
     `specserve serve`'s config keys (model, draft, policy, k_max, replicas, tp, ...) and ``device``.
@@ -173,9 +180,7 @@ def build_from_args(args: dict[str, Any]) -> Any:
 
     config = AppArgs.model_validate(args)
     target, draft = model_pair(config)
-    env_key = os.environ.get("SPECSERVE_API_KEY")
-    api_key = ServeConfig(api_key=env_key).api_key if env_key else None  # checked as the serve command checks it
-    app = build_app(ResolvedServe(config, target, draft, on_gpu=config.device == "gpu", env_vars={}), api_key)
+    app = build_app(ResolvedServe(config, target, draft, on_gpu=config.device == "gpu", env_vars={}), env_api_key())
     # Named and detached: created once per cluster, found again by every later build.
     get_or_create_controller(memory_params(config))
     return app

@@ -66,3 +66,17 @@ def test_a_serve_config_file_cannot_carry_the_api_key() -> None:
     with pytest.raises(ValidationError, match="api_key: not an application argument") as raised:
         AppArgs.model_validate({"device": "cpu", "api_key": "sk-in-a-config-file"})
     assert "sk-in-a-config-file" not in str(raised.value)
+
+
+def test_the_builder_takes_the_api_key_from_the_environment(monkeypatch) -> None:
+    from specserve.cluster.app import env_api_key
+
+    monkeypatch.delenv("SPECSERVE_API_KEY", raising=False)
+    assert env_api_key() is None
+    monkeypatch.setenv("SPECSERVE_API_KEY", "sk-from-env")
+    key = env_api_key()
+    assert key is not None and key.get_secret_value() == "sk-from-env" and "sk-from-env" not in repr(key)
+    monkeypatch.setenv("SPECSERVE_API_KEY", "two words")
+    with pytest.raises(ValidationError, match="api_key") as raised:
+        env_api_key()
+    assert "two words" not in str(raised.value)

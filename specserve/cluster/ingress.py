@@ -24,6 +24,7 @@ from ray.serve._private.http_util import ASGIAppReplicaWrapper
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
+from vllm.exceptions import VLLMValidationError
 
 INT64 = (-(2**63), 2**63 - 1)
 # vLLM keeps top_k per request in an int32 tensor.
@@ -76,8 +77,18 @@ def _check_shapes(model: Any, data: Any, handler: Callable[[Any], Any]) -> Any:
             raise failure
     try:
         return handler(data)
+    except VLLMValidationError as exc:  # vLLM's own checks, raised past pydantic: a 400 naming its parameter
+        raise _value_error(exc.parameter, str(exc.args[0]) if exc.args else str(exc), data) from None
     except (TypeError, AttributeError, KeyError, IndexError) as exc:  # a shape no field type describes
         raise ValueError(f"malformed request body: {exc}") from None
+
+
+def _value_error(param: str | None, message: str, data: Any) -> ValidationError:
+    loc = (param,) if param else ()
+    value = data.get(param) if isinstance(data, dict) and param else None
+    return ValidationError.from_exception_data(
+        "request", [{"type": "value_error", "loc": loc, "input": value, "ctx": {"error": message}}]
+    )
 
 
 class BoundedCompletionRequest(CompletionRequest):

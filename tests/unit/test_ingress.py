@@ -72,6 +72,10 @@ PROMPT = {"model": "specserve-tiny", "prompt": "x"}
         ("/v1/chat/completions", {"model": "specserve-tiny", "messages": -1}, "messages"),
         ("/v1/chat/completions", {"model": "specserve-tiny", "messages": 3.5}, "messages"),
         ("/v1/chat/completions", CHAT | {"model": 7}, "model"),
+        # vLLM's own checks raise past pydantic; they name their parameter too.
+        ("/v1/completions", {"model": "specserve-tiny", "stop_token_ids": []}, "prompt"),
+        ("/v1/chat/completions", CHAT | {"tools": []}, "tools"),
+        ("/v1/chat/completions", CHAT | {"prompt_logprobs": -5}, "prompt_logprobs"),
     ],
 )
 def test_a_value_the_engine_cannot_take_gets_a_400_naming_the_field(path: str, body: dict, param: str) -> None:

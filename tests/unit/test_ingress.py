@@ -7,6 +7,8 @@ import json
 
 import pytest
 from fastapi import FastAPI, HTTPException, Request
+from hypothesis import HealthCheck, given, seed, settings
+from request_bodies import CHAT_BODIES, COMPLETION_BODIES
 from starlette.testclient import TestClient
 
 from specserve.cluster.ingress import (
@@ -158,3 +160,31 @@ def test_the_ingress_serves_only_openai_routes_and_its_docs() -> None:
         "/docs/oauth2-redirect",
         "/redoc",
     }
+
+
+# Bodies per endpoint, in-process: the ingress's own layer (types, vLLM's request checks, bounds) answers without
+# an engine, so many more run here than against the live serve.
+LAYER_EXAMPLES = 1500
+LAYER = settings(max_examples=LAYER_EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+LAYER_CLIENT = TestClient(small_app(), raise_server_exceptions=False)
+
+
+def assert_no_5xx(path: str, body: dict) -> None:
+    response = post(LAYER_CLIENT, path, body)
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        assert response.json()["error"]["message"]
+
+
+@LAYER
+@seed(13)
+@given(body=COMPLETION_BODIES)
+def test_fuzzed_completion_bodies_never_get_a_5xx_from_the_ingress(body: dict) -> None:
+    assert_no_5xx("/v1/completions", body)
+
+
+@LAYER
+@seed(13)
+@given(body=CHAT_BODIES)
+def test_fuzzed_chat_bodies_never_get_a_5xx_from_the_ingress(body: dict) -> None:
+    assert_no_5xx("/v1/chat/completions", body)

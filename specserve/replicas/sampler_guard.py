@@ -14,6 +14,8 @@ Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
 - ``v1/sample/rejection_sampler.py:578``: ``apply_sampling_constraints`` calls the module-level name
   ``apply_top_k_top_p(logits, top_k, top_p)``, which is replaced.
 - ``v1/sample/ops/topk_topp_sampler.py:529``: ``apply_top_k_only``'s ``k.max()``, the call that fails.
+- ``v1/sample/rejection_sampler.py:581`` ``expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from,
+  replace_to)``: replaced on CPU (used for temperature, top_k and top_p per draft position).
 """
 
 from __future__ import annotations
@@ -26,10 +28,29 @@ from vllm.v1.sample import rejection_sampler
 _vllm_apply_top_k_top_p = rejection_sampler.apply_top_k_top_p
 
 
+_vllm_expand_batch_to_tokens = rejection_sampler.expand_batch_to_tokens
+
+
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> Any:
     if logits.shape[0] == 0:
         return logits
     return _vllm_apply_top_k_top_p(logits, k, p)
 
 
+def expand_batch_to_tokens(
+    x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int, replace_from: int = 0, replace_to: int = 0
+) -> torch.Tensor:
+    """vLLM's function in plain torch on CPU, where its Triton kernel is unavailable: with the kernel's output
+    left uninitialised, a request's top_k read as garbage and ``topk`` failed with "selected index k out of
+    range" (a live run, top_k = 1, after the empty-step guard above). On other devices: vLLM's."""
+    if x.device.type != "cpu":
+        return _vllm_expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from, replace_to)
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1, dtype=torch.long))
+    out = torch.repeat_interleave(x, counts, output_size=num_tokens)
+    if replace_from != replace_to:
+        out = torch.where(out == replace_from, torch.full_like(out, replace_to), out)
+    return out
+
+
 rejection_sampler.apply_top_k_top_p = apply_top_k_top_p
+rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens

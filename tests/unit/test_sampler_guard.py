@@ -30,3 +30,13 @@ def test_steps_with_rows_are_vllms() -> None:
     k = torch.tensor([1, 3], dtype=torch.int32)
     kept = sampler_guard.apply_top_k_top_p(logits.clone(), k, None).isfinite().sum(dim=1)
     assert kept.tolist() == [1, 3]
+
+
+def test_the_per_token_expansion_repeats_each_requests_value_over_its_draft_positions() -> None:
+    x = torch.tensor([7, 9, 4], dtype=torch.int32)
+    cu = torch.tensor([2, 2, 5], dtype=torch.int32)  # the second request has no draft tokens this step
+    assert rejection_sampler.expand_batch_to_tokens is sampler_guard.expand_batch_to_tokens
+    assert rejection_sampler.expand_batch_to_tokens(x, cu, 5).tolist() == [7, 7, 4, 4, 4]
+    replaced = rejection_sampler.expand_batch_to_tokens(x, cu, 5, replace_from=4, replace_to=1)
+    assert replaced.tolist() == [7, 7, 1, 1, 1]
+    assert rejection_sampler.expand_batch_to_tokens(x, torch.zeros(3, dtype=torch.int32), 0).shape == (0,)

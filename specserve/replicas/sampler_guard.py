@@ -16,6 +16,7 @@ Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
 - ``v1/sample/ops/topk_topp_sampler.py:529``: ``apply_top_k_only``'s ``k.max()``, the call that fails.
 - ``v1/sample/rejection_sampler.py:581`` ``expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from,
   replace_to)``: replaced on CPU (used for temperature, top_k and top_p per draft position).
+- ``utils/cpu_triton_utils.py:390`` ``_expand_kernel_impl``: ``_ensure_int64(output)`` writes into a copy.
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
 def expand_batch_to_tokens(
     x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int, replace_from: int = 0, replace_to: int = 0
 ) -> torch.Tensor:
-    """vLLM's function in plain torch on CPU, where its Triton kernel is unavailable: with the kernel's output
-    left uninitialised, a request's top_k read as garbage and ``topk`` failed with "selected index k out of
-    range" (a live run, top_k = 1, after the empty-step guard above). On other devices: vLLM's."""
+    """vLLM's function in plain torch on CPU. There vLLM runs its Triton kernel as ``cpu_tl._expand_kernel_impl``,
+    which converts the output tensor to int64 before the C++ kernel fills it: for an int32 (top_k) or float32
+    (temperature, top_p) output that is a copy, and the tensor vLLM reads stays uninitialised. A request's top_k
+    then read as garbage and ``topk`` failed with "selected index k out of range", killing the engine (a live
+    run, top_k = 1); temperatures and top_p per draft position were garbage too. On other devices: vLLM's."""
     if x.device.type != "cpu":
         return _vllm_expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from, replace_to)
     counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1, dtype=torch.long))

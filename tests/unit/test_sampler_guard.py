@@ -40,3 +40,17 @@ def test_the_per_token_expansion_repeats_each_requests_value_over_its_draft_posi
     replaced = rejection_sampler.expand_batch_to_tokens(x, cu, 5, replace_from=4, replace_to=1)
     assert replaced.tolist() == [7, 7, 1, 1, 1]
     assert rejection_sampler.expand_batch_to_tokens(x, torch.zeros(3, dtype=torch.int32), 0).shape == (0,)
+
+
+def test_vllms_cpu_expansion_leaves_a_float_output_unwritten() -> None:
+    """The bug the CPU expansion replaces: vLLM's CPU kernel fills an int64 copy of a float32 output."""
+    from vllm.utils import cpu_triton_utils
+
+    output = torch.full((3,), -7.0)
+    cpu_triton_utils._expand_kernel_impl(output, torch.tensor([0.5, 2.0]), torch.tensor([1, 3]), 0, 0)
+    assert output.tolist() == [-7.0, -7.0, -7.0]
+    assert sampler_guard.expand_batch_to_tokens(torch.tensor([0.5, 2.0]), torch.tensor([1, 3]), 3).tolist() == [
+        0.5,
+        2.0,
+        2.0,
+    ]

@@ -18,13 +18,13 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import SecretStr, TypeAdapter, ValidationError, model_validator
+from ray.llm._internal.common.errors import VLLM_CLIENT_ERRORS
 from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
 from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress
 from ray.serve._private.http_util import ASGIAppReplicaWrapper
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
-from vllm.exceptions import VLLMValidationError
 
 INT64 = (-(2**63), 2**63 - 1)
 # vLLM keeps top_k per request in an int32 tensor.
@@ -77,8 +77,9 @@ def _check_shapes(model: Any, data: Any, handler: Callable[[Any], Any]) -> Any:
             raise failure
     try:
         return handler(data)
-    except VLLMValidationError as exc:  # vLLM's own checks, raised past pydantic: a 400 naming its parameter
-        raise _value_error(exc.parameter, str(exc.args[0]) if exc.args else str(exc), data) from None
+    except VLLM_CLIENT_ERRORS as exc:  # vLLM's own checks, raised past pydantic: a 400 naming their parameter
+        param = getattr(exc, "parameter", None)
+        raise _value_error(param, str(exc.args[0]) if exc.args else str(exc), data) from None
     except (TypeError, AttributeError, KeyError, IndexError) as exc:  # a shape no field type describes
         raise ValueError(f"malformed request body: {exc}") from None
 

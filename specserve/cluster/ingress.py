@@ -5,6 +5,15 @@ every path and an optional API key.
 so `specserve serve` and Serve config files get the same ingress. The request models stay vLLM's own (through Ray
 Serve LLM); what they let through and vLLM or torch cannot take (integers past 64 bits, NaN, a top_k past int32)
 is refused here with a 400 naming the field, before the request leaves the ingress.
+
+Private Ray interfaces touched (Ray 2.60):
+
+- ``ray/serve/_private/http_util.py`` ``ASGIAppReplicaWrapper._set_asgi_app(app)``: overridden, to install the
+  error handlers and the key check on the replica's copy of the FastAPI app before its lifespan starts.
+- ``ray/llm/_internal/serve/core/ingress/ingress.py`` ``OpenAiIngress`` and its ``completions`` / ``chat``
+  (subclassed; ``make_fastapi_ingress`` reads the body type from their annotations), ``_get_model_id``'s
+  HTTPException 404 (answered here as OpenAI's error object).
+- ``ray/llm/_internal/common/errors.py`` ``VLLM_CLIENT_ERRORS``: vLLM's request errors.
 """
 
 from __future__ import annotations

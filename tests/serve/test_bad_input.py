@@ -22,7 +22,7 @@ from serve_process import ServeProcess, free_port
 MODEL = "specserve-tiny"
 KEY = "sk-specserve-test-7f3a91c2d4"
 # Bodies per endpoint; the README's Reliability section states these numbers.
-FUZZ_EXAMPLES = 150
+FUZZ_EXAMPLES = 1000
 
 
 @pytest.fixture(scope="module")

@@ -148,9 +148,14 @@ def test_a_killed_engine_fails_its_requests_and_serve_replaces_the_replica(serve
         listed_at = load.now()
         load.wait_answered(5, after_s=listed_at)
     in_flight = [o for o in load.outcomes if o.start_s < killed_at < o.end_s]
+    meanwhile = [o for o in load.outcomes if killed_at < o.start_s < first.start_s]
+    error = next((o.detail for o in in_flight if not o.ok), "")
     print(
         f"\nengine killed: in-flight requests ended {[round(o.end_s - killed_at, 1) for o in in_flight]} s after, "
-        f"with {sorted({o.status or o.detail for o in in_flight}, key=str)}; the first request sent after the kill "
+        f"with {sorted({o.status or o.detail for o in in_flight}, key=str)} ({error!r}); "
+        f"{len(meanwhile)} requests sent before the replacement answered ended "
+        f"{sorted({o.status or o.detail for o in meanwhile}, key=str)} after at most "
+        f"{max((o.end_s - o.start_s for o in meanwhile), default=0):.1f} s; the first request sent after the kill "
         f"was answered {first.end_s - killed_at:.1f} s after it; status listed the new replica "
         f"{listed_at - killed_at:.1f} s after it"
     )

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from specserve.speculation.policy import Policy
-from specserve.speculation.types import Decision, StepContext, StepRecord
+from specserve.speculation.types import Decision, DraftStop, StepContext, StepRecord
 
 # Where an error happened: the label of the errors metric.
 CHOOSE = "choose"  # choose raised (or the step's draft-stop rule did)
@@ -132,7 +132,7 @@ class GuardedPolicy:
 class _GuardedStop:
     """The step's draft-stop rule; if it raises, drafting stops there (verifying fewer drafts is lossless)."""
 
-    def __init__(self, guard: GuardedPolicy, rule) -> None:
+    def __init__(self, guard: GuardedPolicy, rule: DraftStop) -> None:
         self._guard = guard
         self._rule = rule
 

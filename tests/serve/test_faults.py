@@ -71,7 +71,7 @@ class Load:
             start = self.now()
             try:
                 response = requests.post(f"{self.endpoint}/completions", json=body, timeout=CLIENT_TIMEOUT_S)
-                status, detail = response.status_code, response.text[:200]
+                status, detail = response.status_code, response.text[:1000]
             except requests.RequestException as exc:
                 status, detail = None, f"{type(exc).__name__}: {exc}"[:200]
             self.outcomes.append(Outcome(start, self.now(), status, detail))
@@ -149,7 +149,7 @@ def test_a_killed_engine_fails_its_requests_and_serve_replaces_the_replica(serve
         load.wait_answered(5, after_s=listed_at)
     in_flight = [o for o in load.outcomes if o.start_s < killed_at < o.end_s]
     meanwhile = [o for o in load.outcomes if killed_at < o.start_s < first.start_s]
-    error = next((o.detail for o in in_flight if not o.ok), "")
+    error = next((o.detail for o in in_flight if not o.ok), "").partition("original exception: ")[2][:100]
     print(
         f"\nengine killed: in-flight requests ended {[round(o.end_s - killed_at, 1) for o in in_flight]} s after, "
         f"with {sorted({o.status or o.detail for o in in_flight}, key=str)} ({error!r}); "
@@ -163,6 +163,8 @@ def test_a_killed_engine_fails_its_requests_and_serve_replaces_the_replica(serve
     # Every request ends, with an answer or an error, and none waits for its client's timeout.
     assert not [o for o in load.outcomes if o.timed_out], [o.detail for o in load.outcomes if o.timed_out]
     assert not all(o.ok for o in in_flight), "no request in flight on the killed engine failed"
+    # The error says what happened: vLLM's engine-dead error, through Ray Serve LLM's error body.
+    assert all("EngineCore" in o.detail for o in in_flight if not o.ok), [o.detail for o in in_flight]
     assert new["replica_id"] != old["replica_id"]
     after = [o for o in load.outcomes if o.start_s > listed_at]
     assert after and all(o.ok for o in after), [o.detail for o in after if not o.ok]

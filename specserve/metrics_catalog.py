@@ -60,6 +60,7 @@ POSITION = "position"  # draft position, 0 .. max_k - 1
 K = "k"  # speculation length chosen for a step, 0 .. max_k
 STATE = "state"  # draft residency: resident, offloaded, contracting
 DIRECTION = "direction"  # draft transfer: offload, reload
+WHERE = "where"  # a policy error: choose, observe, bad_k, describe (speculation/guard.py)
 KIND = "kind"  # controller decision: grant_reload, queue_reload, grant_offload, refuse_offload
 
 
@@ -128,6 +129,12 @@ EMITTED_TOKENS = _replica("specserve_emitted_tokens_total", Kind.COUNTER, "Outpu
 POLICY_SECONDS = _replica(
     "specserve_policy_seconds_total", Kind.COUNTER, "Seconds spent in the policy's choose and observe."
 )
+POLICY_ERRORS = _replica(
+    "specserve_policy_errors_total",
+    Kind.COUNTER,
+    "Policy failures the engine absorbed (the step ran at k=0), by where: choose, observe, bad_k, describe.",
+    WHERE,
+)
 STEP_DURATION = _replica(
     "specserve_step_duration_seconds", Kind.HISTOGRAM, "Wall time of one engine step.", boundaries=STEP_BOUNDARIES_S
 )
@@ -185,6 +192,7 @@ REPLICA_METRICS: tuple[Metric, ...] = (
     STEPS,
     EMITTED_TOKENS,
     POLICY_SECONDS,
+    POLICY_ERRORS,
     STEP_DURATION,
     KV_BLOCKS_TOTAL,
     KV_BLOCKS_FREE,

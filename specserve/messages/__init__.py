@@ -90,6 +90,9 @@ class EngineTelemetry:
     # Seconds the policy spent in choose and observe, summed over steps: what adaptive control costs the
     # engine, as a share of step time (the policy_seconds_total metric over step_duration_seconds_sum).
     policy_s: float = 0.0
+    # Policy failures the engine's guard absorbed (the step ran at k = 0), cumulative, by where: choose, observe,
+    # bad_k (an answer outside 0..max_k), describe (``speculation/guard.py``).
+    policy_errors: dict[str, int] = dataclasses.field(default_factory=dict)
     # Elastic draft memory: the pool's size with the draft resident, the draft's bytes at the engine's dtype,
     # and draft transfers by direction (count, seconds, bytes) and failed reloads, cumulative.
     num_kv_blocks_baseline: int = 0

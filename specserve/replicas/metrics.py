@@ -28,6 +28,7 @@ class ReplicaMetrics:
         self._steps = _counter(catalog.STEPS, tags)
         self._emitted = _counter(catalog.EMITTED_TOKENS, tags)
         self._policy_time = _counter(catalog.POLICY_SECONDS, tags)
+        self._policy_errors = _counter(catalog.POLICY_ERRORS, tags)
         self._step_time = _histogram(catalog.STEP_DURATION, tags)
         self._kv_total = _gauge(catalog.KV_BLOCKS_TOTAL, tags)
         self._kv_free = _gauge(catalog.KV_BLOCKS_FREE, tags)
@@ -77,6 +78,10 @@ class ReplicaMetrics:
         policy_s = now.policy_s - (before.policy_s if before else 0.0)
         if policy_s > 0:
             self._policy_time.inc(policy_s)
+        for where, count in now.policy_errors.items():
+            delta = count - (before.policy_errors.get(where, 0) if before else 0)
+            if delta > 0:
+                self._policy_errors.inc(delta, tags={catalog.WHERE: where})
         for duration in now.step_durations_s:
             self._step_time.observe(duration)
         self._update_memory(now, before)

@@ -48,7 +48,7 @@ from specserve.replicas.telemetry import StepCounters
 from specserve.speculation import (
     Decision,
     EngineTraits,
-    Policy,
+    GuardedPolicy,
     PositionAcceptance,
     StepContext,
     StepRecord,
@@ -86,7 +86,8 @@ class AdaptiveKScheduler(Scheduler):
             k0_runs_draft_pass=not self.skips_k0_draft_pass,
             resume_s_per_token=resume_cost(self.vllm_config) if self.skips_k0_draft_pass else None,
         )
-        self.policy: Policy = make_policy(control.policy, self.traits)
+        # Guarded: a policy that raises or answers nonsense costs a k = 0 step and a count, never the engine.
+        self.policy = GuardedPolicy(make_policy(control.policy, self.traits), logger)
         self.counters = StepCounters(max_k=self.num_spec_tokens)
         # Telemetry's acceptance estimate is the same for every policy, so operators can compare them.
         self.acceptance = PositionAcceptance(max_k=max(self.num_spec_tokens, 1))
@@ -257,8 +258,7 @@ class AdaptiveKScheduler(Scheduler):
         policy = make_policy(spec, self.traits)  # raises ValueError naming the bad part
         # The new policy learns what this engine's steps cost and accept from the last ones it ran.
         steps = self.counters.num_steps
-        policy.warm_start(self.counters.records_since(max(0, steps - WARM_START_STEPS)))
-        self.policy = policy
+        self.policy.swap(policy, self.counters.records_since(max(0, steps - WARM_START_STEPS)))
         logger.info("specserve: policy set to %s", self.policy.spec)
         return self.policy.spec
 
@@ -291,6 +291,7 @@ class AdaptiveKScheduler(Scheduler):
             num_requests_caught_up=c.num_requests_caught_up,
             num_catch_up_tokens=c.num_catch_up_tokens,
             policy_s=c.policy_s,
+            policy_errors=dict(self.policy.errors),
             **(self.elastic.telemetry() if self.elastic is not None else {}),
         )
 

@@ -28,7 +28,7 @@ from specserve.sim.config import EngineConfig
 from specserve.sim.drafting import Drafter, Drafts, StopHook
 from specserve.sim.latency import StepTimer
 from specserve.sim.steps import StepListener, StepStats, further_pass_tokens, step_record
-from specserve.speculation import Decision, Policy, StepContext, StepRecord
+from specserve.speculation import Decision, GuardedPolicy, Policy, StepContext, StepRecord
 from specserve.speculation.context import build_step_context
 from specserve.speculation.draft_sync import catch_up_plan, skips_draft_pass
 
@@ -73,6 +73,9 @@ class Replica:
         self.num_kv_blocks_free = num_kv_blocks
         self.timer = timer
         self.policy = policy
+        # Called through the engine's guard, so that a policy misbehaves in the simulator as it would on an engine:
+        # a step at k = 0 and a count in ``guard.errors``, not a crash.
+        self.guard = GuardedPolicy(policy)
         self.drafter = drafter
         self.table = table
         self.slo_tpot_s = slo_tpot_s
@@ -107,12 +110,10 @@ class Replica:
         if not self.batch.ids.size and not self.waiting:
             return None  # an idle engine runs no step, so its policy is not asked
         ctx = self._context(now_s)
-        decision = self.policy.choose(ctx)
+        decision = self.guard.choose(ctx)
         if not ctx.draft_resident and decision.k:
             decision = Decision(k=0)  # no draft on the device: speculation is off whatever the policy says
         k = decision.k
-        if not 0 <= k <= self.cfg.max_k:
-            raise ValueError(f"policy {self.policy.spec!r} chose k={k} outside 0..{self.cfg.max_k}")
         caps = self._caps(decision, ctx.request_ids)
         grant, num_preempted = self._make_room(k, caps)
         if num_preempted == 0 and self._admit(grant):
@@ -147,7 +148,7 @@ class Replica:
             self.table.finish_s[done] = now_s
             self.num_kv_blocks_free += int(b.num_blocks[finished].sum())
             b.keep(~finished)
-        self.policy.observe(pending.record)
+        self.guard.observe(pending.record)
         if self.on_step is not None:
             used = self.num_kv_blocks_total - self.num_kv_blocks_free
             stats = StepStats(

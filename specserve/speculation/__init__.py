@@ -3,6 +3,8 @@
 - ``types``: the messages across the policy boundary (``EngineTraits``, ``StepContext``, ``Decision`` with its
   optional ``DraftStop``, ``StepRecord``).
 - ``policy``: the ``Policy`` interface, the registry by name and ``NAME[:key=value,...]`` specs.
+- ``guard``: ``GuardedPolicy``, through which the engine and the simulator call a policy: a policy that raises or
+  answers nonsense costs a k = 0 step and an error count, never the engine.
 - ``policies``: one module per policy (fixed, cycle, static-table, goodput, adaptive, bandit, ucb, slo, kld,
   mlp); ``policies.parts`` holds the pieces only policies use.
 - ``estimators``: what policies learn online: acceptance per draft position, step latency, the per-bucket
@@ -16,6 +18,7 @@ hysteresis).
 
 # Importing the policy modules registers every policy by name.
 from specserve.speculation.estimators.acceptance import PositionAcceptance, expected_tokens
+from specserve.speculation.guard import GuardedPolicy
 from specserve.speculation.policies.adaptive import AdaptiveParams, AdaptivePolicy
 from specserve.speculation.policies.bandit import BanditParams, BanditPolicy
 from specserve.speculation.policies.cycle import CycleParams, CyclePolicy
@@ -46,6 +49,7 @@ __all__ = [
     "FixedParams",
     "FixedPolicy",
     "GoodputParams",
+    "GuardedPolicy",
     "GoodputPolicy",
     "KldParams",
     "KldPolicy",

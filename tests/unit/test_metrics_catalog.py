@@ -47,6 +47,7 @@ EXPORTED_NAMES = {
     "ray_specserve_steps_total",
     "ray_specserve_emitted_tokens_total",
     "ray_specserve_policy_seconds_total",
+    "ray_specserve_policy_errors_total",
     "ray_specserve_step_duration_seconds",
     "ray_specserve_kv_blocks_total",
     "ray_specserve_kv_blocks_free",

@@ -1,0 +1,202 @@
+"""Serve tier: faults injected into the real stack under load. A replica's engine process is killed, then the
+cluster controller actor is. One `specserve serve --replicas 1` for the module; the tests run in order and print
+the recovery times they measure (README, Reliability)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+import pytest
+import requests
+from serve_process import ServeProcess, free_port
+
+MODEL = "specserve-tiny"
+# Far above any request's latency here (a few seconds): a request that reaches it has hung.
+CLIENT_TIMEOUT_S = 150.0
+# Serve LLM checks an engine's health every 10 s; a new replica then loads its engine (tens of seconds on CPU).
+REPLACEMENT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    start_s: float
+    end_s: float
+    status: int | None  # None: the client got an exception, named in ``detail``
+    detail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+    @property
+    def timed_out(self) -> bool:
+        return self.status is None and "Timeout" in self.detail
+
+
+@dataclass
+class Load:
+    """Closed-loop clients; every request's start and end (seconds since the load began) and how it ended."""
+
+    endpoint: str
+    clients: int
+    started_s: float = field(default_factory=time.monotonic)
+    outcomes: list[Outcome] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> Load:
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=CLIENT_TIMEOUT_S + 30)
+        assert not any(t.is_alive() for t in self._threads), "a client is still waiting on its request"
+
+    def now(self) -> float:
+        return time.monotonic() - self.started_s
+
+    def _client(self) -> None:
+        body = {"model": MODEL, "prompt": "def fib(n):", "max_tokens": 32, "temperature": 0}
+        while not self._stop.is_set():
+            start = self.now()
+            try:
+                response = requests.post(f"{self.endpoint}/completions", json=body, timeout=CLIENT_TIMEOUT_S)
+                status, detail = response.status_code, response.text[:20000]
+            except requests.RequestException as exc:
+                status, detail = None, f"{type(exc).__name__}: {exc}"[:200]
+            self.outcomes.append(Outcome(start, self.now(), status, detail))
+            if status != 200:
+                time.sleep(0.2)  # a replica that is down answers at once; do not spin on it
+
+    def wait_answered(self, count: int, after_s: float = 0.0, timeout_s: float = 120.0) -> Outcome:
+        """The ``count``-th answered request among those sent after ``after_s``."""
+        deadline = time.monotonic() + timeout_s
+        while len(answered := [o for o in list(self.outcomes) if o.ok and o.start_s > after_s]) < count:
+            assert time.monotonic() < deadline, f"fewer than {count} requests answered in {timeout_s} s"
+            time.sleep(0.2)
+        return sorted(answered, key=lambda o: o.end_s)[count - 1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, trained_pair):
+    env = dict(os.environ, SPECSERVE_STATE_DIR=str(tmp_path_factory.mktemp("state")))
+    env.pop("RAY_ADDRESS", None)
+    args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--replicas", "1", "--k-max", "4"]
+    process = ServeProcess(args, env, tmp_path_factory.mktemp("logs") / "serve.log")
+    try:
+        process.endpoint = process.start()
+        yield process
+    finally:
+        process.kill_tree()
+
+
+def cli(server, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "specserve", *args], env=server.env, capture_output=True, text=True, timeout=120
+    )
+
+
+def status(server) -> list[dict]:
+    """The replicas as `status --json` lists them; none while the controller is away."""
+    done = cli(server, "status", "--json")
+    return json.loads(done.stdout)["replicas"] if done.returncode == 0 else []
+
+
+def wait_replicas(server, until, timeout_s: float) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if until(replicas := status(server)):
+            return replicas
+        time.sleep(0.5)
+    raise TimeoutError(f"replicas not as expected within {timeout_s} s: {replicas}\n{server.tail()}")
+
+
+def processes(server, title: str) -> list[psutil.Process]:
+    """Serve's descendants whose process title starts with ``title`` (Ray and vLLM set them)."""
+    found = []
+    for process in server.descendants():
+        try:
+            if " ".join(process.cmdline()).startswith(title):
+                found.append(process)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def test_a_killed_engine_fails_its_requests_and_serve_replaces_the_replica(server):
+    (old,) = wait_replicas(server, lambda rs: len(rs) == 1, timeout_s=60)
+    (engine,) = processes(server, "VLLM::EngineCore")
+    with Load(server.endpoint, clients=2) as load:
+        load.wait_answered(4)
+        killed_at = load.now()
+        engine.kill()  # SIGKILL, by the PID found above
+        # A new replica answers requests sent after the kill once Serve has replaced the old one.
+        first = load.wait_answered(1, after_s=killed_at, timeout_s=REPLACEMENT_TIMEOUT_S)
+        (new,) = wait_replicas(
+            server, lambda rs: len(rs) == 1 and rs[0]["replica_id"] != old["replica_id"], timeout_s=60
+        )
+        listed_at = load.now()
+        load.wait_answered(5, after_s=listed_at)
+    in_flight = [o for o in load.outcomes if o.start_s < killed_at < o.end_s]
+    meanwhile = [o for o in load.outcomes if killed_at < o.start_s < first.start_s]
+    # Ray Serve LLM's body is a traceback whose last line is the exception that ended the request.
+    error = (next((o.detail for o in in_flight if not o.ok), "").replace("\\n", "\n").splitlines() or [""])[-1]
+    print(
+        f"\nengine killed: in-flight requests ended {[round(o.end_s - killed_at, 1) for o in in_flight]} s after, "
+        f"with {sorted({o.status or o.detail for o in in_flight}, key=str)} ({error[:120]}); "
+        f"{len(meanwhile)} requests sent before the replacement answered ended "
+        f"{sorted({o.status or o.detail for o in meanwhile}, key=str)} after at most "
+        f"{max((o.end_s - o.start_s for o in meanwhile), default=0):.1f} s; the first request sent after the kill "
+        f"was answered {first.end_s - killed_at:.1f} s after it; status listed the new replica "
+        f"{listed_at - killed_at:.1f} s after it"
+    )
+    assert in_flight, "the kill hit no request"
+    # Every request ends, with an answer or an error, and none waits for its client's timeout.
+    assert not [o for o in load.outcomes if o.timed_out], [o.detail for o in load.outcomes if o.timed_out]
+    assert not all(o.ok for o in in_flight), "no request in flight on the killed engine failed"
+    # The error says what happened: vLLM's engine-dead error, through Ray Serve LLM's error body.
+    assert all("EngineCore" in o.detail for o in in_flight if not o.ok), [o.detail[-500:] for o in in_flight]
+    assert new["replica_id"] != old["replica_id"]
+    after = [o for o in load.outcomes if o.start_s > listed_at]
+    assert after and all(o.ok for o in after), [o.detail for o in after if not o.ok]
+    assert len(processes(server, "VLLM::EngineCore")) == 1
+
+
+def test_a_killed_controller_comes_back_with_the_cluster_policy_and_serving_never_stops(server):
+    (replica,) = wait_replicas(server, lambda rs: len(rs) == 1, timeout_s=60)
+    rid = replica["replica_id"]
+    assert cli(server, "policy", "set", "fixed:k=2").returncode == 0
+    wait_replicas(server, lambda rs: [r["engine"]["policy"] for r in rs] == ["fixed:k=2"], timeout_s=30)
+    # A per-replica choice is the replica's own, not the cluster's: a restarted controller hands the replica the
+    # cluster policy again when it re-registers, which shows that the cluster policy outlived the actor.
+    assert cli(server, "policy", "set", "--replica", rid, "fixed:k=1").returncode == 0
+    wait_replicas(server, lambda rs: [r["engine"]["policy"] for r in rs] == ["fixed:k=1"], timeout_s=30)
+    (controller,) = processes(server, "ray::ClusterController")
+    with Load(server.endpoint, clients=2) as load:
+        load.wait_answered(4)
+        killed_at = load.now()
+        controller.kill()  # SIGKILL, by the PID found above
+        back = wait_replicas(server, lambda rs: [r["replica_id"] for r in rs] == [rid], timeout_s=60)
+        listed_at = load.now()
+        wait_replicas(server, lambda rs: [r["engine"]["policy"] for r in rs] == ["fixed:k=2"], timeout_s=30)
+        policy_at = load.now()
+        load.wait_answered(4, after_s=policy_at)
+    (restarted,) = processes(server, "ray::ClusterController")
+    print(
+        f"\ncontroller killed: status listed the replica again {listed_at - killed_at:.1f} s after, running the "
+        f"cluster policy {policy_at - killed_at:.1f} s after"
+    )
+    assert restarted.pid != controller.pid and back
+    # The replica served on its own while the controller was gone: every request was answered.
+    assert all(o.ok for o in load.outcomes), [o.detail for o in load.outcomes if not o.ok]
+    assert [o for o in load.outcomes if o.start_s < listed_at and o.end_s > killed_at], "no request during the outage"

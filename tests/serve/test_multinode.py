@@ -10,16 +10,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 import requests
+from closed_loop import MODEL, Load
 from ray_nodes import RayNode, node_ids_by_port, ray_env
 from serve_process import ServeProcess, free_port
 
-MODEL = "specserve-tiny"
 # Stands in for GPUs: one per worker node, one per engine rank.
 ACCELERATOR = "specserve_test_accelerator"
 
@@ -113,62 +112,21 @@ def test_the_replicas_run_on_different_worker_nodes_and_status_names_each_node(c
     assert all(cluster.complete(prompt) for prompt in ("def add(a, b):", "import os\n", "class Tree:"))
 
 
-@dataclass
-class Load:
-    """Closed-loop clients; every request's start and end (seconds since the load began) and outcome."""
-
-    endpoint: str
-    clients: int
-    started_s: float = field(default_factory=time.monotonic)
-    outcomes: list[tuple[float, float, bool]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def __enter__(self) -> Load:
-        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=180)
-
-    def now(self) -> float:
-        return time.monotonic() - self.started_s
-
-    def _client(self) -> None:
-        body = {"model": MODEL, "prompt": "def fib(n):", "max_tokens": 32, "temperature": 0}
-        while not self._stop.is_set():
-            start = self.now()
-            try:
-                ok = requests.post(f"{self.endpoint}/completions", json=body, timeout=120).status_code == 200
-            except requests.RequestException:
-                ok = False
-            self.outcomes.append((start, self.now(), ok))
-
-    def wait_done(self, count: int, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while sum(ok for *_, ok in self.outcomes) < count:
-            assert time.monotonic() < deadline, f"fewer than {count} requests answered in {timeout_s} s"
-            time.sleep(0.2)
-
-
 def test_a_failed_worker_takes_only_its_replica_and_serve_brings_it_up_on_a_new_node(cluster):
     survivor, failing = cluster.workers
     ids = cluster.node_ids()
     survivor_id = ids[survivor.node_manager_port]
     with Load(cluster.endpoint, clients=4) as load:
-        load.wait_done(20)
+        load.wait_answered(20)
         failed_at = load.now()
         failing.fail()
         # The controller forgets a replica that stops reporting; the other one stays in its view throughout.
         replicas = cluster.wait_replicas(lambda rs: len(rs) == 1, timeout_s=60)
         assert replicas[0]["node_id"] == survivor_id
         answered = len(load.outcomes)
-        load.wait_done(sum(ok for *_, ok in load.outcomes) + 20)
-    in_flight = [ok for start, end, ok in load.outcomes if start < failed_at < end]
-    after = [ok for start, _, ok in load.outcomes if start > failed_at]
+        load.wait_answered(20, after_s=failed_at)
+    in_flight = [o.ok for o in load.outcomes if o.start_s < failed_at < o.end_s]
+    after = [o.ok for o in load.outcomes if o.start_s > failed_at]
     assert len(load.outcomes) > answered
     # Only requests the failed node was serving may fail: the other replica's were answered, and every request
     # sent after the failure was too.

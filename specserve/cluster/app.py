@@ -142,7 +142,11 @@ def build_app(resolved: ResolvedServe, api_key: SecretStr | None = None) -> Any:
         {
             "llm_configs": [llm_config(resolved)],
             # The key stays a SecretStr, masked in any repr Serve logs of the deployment's arguments.
-            "ingress_cls_config": {"ingress_cls": INGRESS_CLS, "ingress_extra_kwargs": {"api_key": key}},
+            # retry_after_s: also the Retry-After of a 503 for a request whose engine died.
+            "ingress_cls_config": {
+                "ingress_cls": INGRESS_CLS,
+                "ingress_extra_kwargs": {"api_key": key, "retry_after_s": resolved.config.retry_after_s},
+            },
             # The ingress only routes: no CPU, which would starve the engines on small machines, and on the head
             # node, so that a worker node that fails takes only its own engines' requests with it.
             "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0, "resources": ON_HEAD_NODE}},

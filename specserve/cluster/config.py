@@ -130,7 +130,10 @@ class ServeConfig(BaseModel):
     )
     overload_status: Literal[429, 503] = Field(503, description="HTTP status of a request refused as overload.")
     retry_after_s: float = Field(
-        1.0, ge=0, allow_inf_nan=False, description="Retry-After of a request refused as overload, seconds."
+        1.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Retry-After, seconds, of a request refused as overload or whose engine died.",
     )
     max_model_len: int = Field(512, ge=16, description="Longest prompt + output, in tokens.")
     max_num_seqs: int = Field(8, ge=1, description="Largest decode batch per engine.")

@@ -19,8 +19,10 @@ Private Ray interfaces touched (Ray 2.60):
 from __future__ import annotations
 
 import hmac
+import json
+import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
 from functools import cache
 from typing import Any
 
@@ -28,11 +30,15 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import SecretStr, TypeAdapter, ValidationError, model_validator
 from ray.llm._internal.common.errors import VLLM_CLIENT_ERRORS
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAIHTTPException,
+)
 from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress
 from ray.serve._private.http_util import ASGIAppReplicaWrapper
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 INT64 = (-(2**63), 2**63 - 1)
@@ -42,6 +48,11 @@ INT32_MAX = 2**31 - 1
 MAX_N = 128
 
 ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 408: "timeout_error", 429: "rate_limit_error"}
+# What a request that failed because its replica's engine died carries, whichever layer saw it: vLLM's own
+# errors (in the engine's replica) or Ray's (the replica actor itself gone).
+ENGINE_GONE = ("EngineDeadError", "EngineCore encountered an issue", "ActorDiedError", "ActorUnavailableError")
+
+logger = logging.getLogger("ray.serve")
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -219,6 +230,82 @@ def secure(app: FastAPI, api_key: str | None) -> FastAPI:
     return app
 
 
+def server_failure(detail: str, retry_after_s: float) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """A failed request as its client sees it: status, OpenAI error object, headers. The engine gone (its replica
+    is being replaced) is a 503 with Retry-After, as vLLM's own server answers an EngineDeadError; anything else
+    a 500. Neither carries the detail: Ray Serve LLM's bodies hold whole tracebacks, which are the server's log's
+    business, not a client's."""
+    if any(marker in detail for marker in ENGINE_GONE):
+        message = "the model replica's engine is unavailable (it failed and is being replaced); retry the request"
+        retry = f"{retry_after_s:g}"
+        return 503, error_body(503, message, code="engine_unavailable"), {"Retry-After": retry}
+    return 500, error_body(500, "internal server error; the details are in the server's log"), {}
+
+
+async def answered(call: Awaitable[Response], retry_after_s: float) -> Response:
+    """The route's response with every server-side failure, raised or streamed, as an OpenAI error object."""
+    try:
+        response = await call
+    except (StarletteHTTPException, BadRequest, RequestValidationError):
+        raise  # the client's mistakes: their own handlers answer them
+    except OpenAIHTTPException as exc:
+        if exc.status_code < 500:  # the engine refused the request: its message, without Ray's wrapping
+            return error_response(exc.status_code, _client_message(exc.message))
+        return _failed(f"{exc.message} {exc.internal_message or ''}", exc, retry_after_s)
+    except Exception as exc:
+        return _failed(f"{type(exc).__name__}: {exc}", exc, retry_after_s)
+    if isinstance(response, StreamingResponse):
+        response.body_iterator = _guarded_stream(response.body_iterator, retry_after_s)
+    return response
+
+
+def _client_message(message: str) -> str:
+    """Ray Serve LLM's "Message: M, Internal exception: ..., original exception: ..." as M alone."""
+    if message.startswith("Message: ") and ", Internal exception: " in message:
+        return message.removeprefix("Message: ").split(", Internal exception: ", 1)[0]
+    return message
+
+
+def _failed(detail: str, exc: BaseException, retry_after_s: float) -> JSONResponse:
+    logger.error("specserve: request failed: %s", detail, exc_info=exc)
+    status, body, headers = server_failure(detail, retry_after_s)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def _guarded_stream(chunks: AsyncIterable[Any], retry_after_s: float) -> AsyncIterator[Any]:
+    """A stream already answered 200 can only end with an error event: vLLM's convention, `data: {"error": ...}`
+    then `data: [DONE]`. Server-side errors are rewritten as above; a stream cut by an exception gets both."""
+    try:
+        async for chunk in chunks:
+            yield _clean_error_events(chunk, retry_after_s) if _has_error(chunk) else chunk
+    except Exception as exc:
+        logger.error("specserve: stream failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        _, body, _ = server_failure(f"{type(exc).__name__}: {exc}", retry_after_s)
+        yield f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n"
+
+
+def _has_error(chunk: Any) -> bool:
+    if isinstance(chunk, bytes):
+        return b'"error"' in chunk
+    return isinstance(chunk, str) and '"error"' in chunk
+
+
+def _clean_error_events(chunk: str | bytes, retry_after_s: float) -> str:
+    text = chunk.decode() if isinstance(chunk, bytes) else chunk
+    events = []
+    for event in text.split("\n\n"):
+        payload = event.removeprefix("data: ")
+        if payload != event and payload.startswith("{"):
+            error = json.loads(payload).get("error")
+            code = error.get("code") if isinstance(error, dict) else None
+            if isinstance(code, int) and code >= 500:
+                logger.error("specserve: stream failed: %s", error.get("message"))
+                _, body, _ = server_failure(str(error.get("message")), retry_after_s)
+                event = f"data: {json.dumps(body)}"
+        events.append(event)
+    return "\n\n".join(events)
+
+
 class SpecServeIngress(OpenAiIngress):
     """Ray Serve LLM's ingress, its bodies bounded and its errors OpenAI's.
 
@@ -232,9 +319,11 @@ class SpecServeIngress(OpenAiIngress):
         *,
         lora_paths: dict[str, str] | None = None,
         api_key: SecretStr | None = None,
+        retry_after_s: float = 1.0,
     ) -> None:
         super().__init__(llm_deployments, model_cards, lora_paths=lora_paths)
         self._api_key = api_key.get_secret_value() if api_key is not None else None
+        self._retry_after_s = retry_after_s
 
     def _set_asgi_app(self, app: Any) -> None:
         # Serve hands the replica its copy of the FastAPI app here, before the app's first (lifespan) call: the
@@ -245,8 +334,8 @@ class SpecServeIngress(OpenAiIngress):
 
     async def completions(self, body: BoundedCompletionRequest, request: Request) -> Response:
         check_bounds(body)
-        return await super().completions(body, request)
+        return await answered(super().completions(body, request), self._retry_after_s)
 
     async def chat(self, body: BoundedChatCompletionRequest, request: Request) -> Response:
         check_bounds(body)
-        return await super().chat(body, request)
+        return await answered(super().chat(body, request), self._retry_after_s)

@@ -37,6 +37,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 )
 from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress
 from ray.serve._private.http_util import ASGIAppReplicaWrapper
+from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -248,6 +249,8 @@ async def answered(call: Awaitable[Response], retry_after_s: float) -> Response:
         response = await call
     except (StarletteHTTPException, BadRequest, RequestValidationError):
         raise  # the client's mistakes: their own handlers answer them
+    except BackPressureError as exc:  # overload (max_queued_requests): Serve's status and Retry-After, our body
+        return overloaded(exc.status_code, exc.retry_after_s)
     except OpenAIHTTPException as exc:
         if exc.status_code < 500:  # the engine refused the request: its message, without Ray's wrapping
             return error_response(exc.status_code, _client_message(exc.message))
@@ -257,6 +260,13 @@ async def answered(call: Awaitable[Response], retry_after_s: float) -> Response:
     if isinstance(response, StreamingResponse):
         response.body_iterator = _guarded_stream(response.body_iterator, retry_after_s)
     return response
+
+
+def overloaded(status: int, retry_after_s: float | None) -> JSONResponse:
+    """A request refused past ``max_queued_requests``, as OpenAI's error object rather than Serve's plain text."""
+    message = "the server is at capacity and its queue is full; retry the request later"
+    headers = {} if retry_after_s is None else {"Retry-After": str(max(0, math.ceil(retry_after_s)))}
+    return JSONResponse(error_body(status, message, code="overloaded"), status_code=status, headers=headers)
 
 
 def _client_message(message: str) -> str:

@@ -52,7 +52,8 @@ def test_a_burst_past_the_queue_is_refused_at_once_and_every_admitted_request_is
     assert len(admitted) >= ONGOING and refused, f"{len(admitted)} admitted, {len(refused)} refused"
     for response, _ in refused:
         assert response.headers["Retry-After"] == "2"
-        assert response.text, "the refusal says why"
+        error = response.json()["error"]  # OpenAI's error object, as every other error of the endpoint
+        assert error["code"] == "overloaded" and error["type"] == "rate_limit_error" and error["message"]
     # Refused on arrival, not after waiting behind the admitted ones.
     assert max(t for _, t in refused) < min(t for _, t in admitted)
     assert all(r.json()["usage"]["completion_tokens"] > 0 for r, _ in admitted)

@@ -1,6 +1,7 @@
 """Server-side failures as the ingress answers them: a dead engine is a 503 with Retry-After, anything else a 500,
 both OpenAI error objects without the traceback Ray Serve LLM puts in its bodies; streams end with an error
-event and [DONE]. tests/serve/test_faults.py kills a real engine under load and checks the same answers."""
+event and [DONE]; a request refused past the queue keeps Serve's status and Retry-After. tests/serve/test_faults.py
+and test_overload.py check the same answers on the real stack."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 
 from fastapi import FastAPI, HTTPException
 from ray.llm._internal.serve.core.configs.openai_api_models import OpenAIHTTPException
+from ray.serve.exceptions import BackPressureError
 from starlette.responses import StreamingResponse
 from starlette.testclient import TestClient
 
@@ -123,3 +125,13 @@ def test_an_error_event_from_the_engine_loses_its_traceback_and_client_errors_st
     assert openai_error(json.loads(got[0]))["code"] == "engine_unavailable"
     assert json.loads(got[1]) == json.loads(bad)
     assert got[2:] == ["[DONE]"]
+
+
+def test_a_request_past_the_queue_is_refused_with_serves_status_and_retry_after_in_an_openai_error() -> None:
+    for status, kind in ((429, "rate_limit_error"), (503, "server_error")):
+        exc = BackPressureError(num_queued_requests=4, max_queued_requests=4, status_code=status, retry_after_s=1.5)
+        response = app_raising(exc).post("/v1/completions")
+        assert response.status_code == status
+        assert response.headers["Retry-After"] == "2"  # whole seconds, rounded up, as Serve's own header
+        error = openai_error(response.json())
+        assert error["code"] == "overloaded" and error["type"] == kind

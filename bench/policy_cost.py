@@ -1,8 +1,10 @@
 """The policy's own cost per engine step: seconds in choose + observe over the steps' wall time.
 
-Starts one vLLM engine on the tiny trained pair (CPU), runs the same 8 greedy requests x 64 tokens under each
+Starts one vLLM engine on the tiny trained pair (CPU), runs the same 8 greedy requests x 256 tokens under each
 policy in turn and prints one JSON line per policy. A benchmark, not a test: single runs on a shared
-machine move by +-20 %; the share is what to read.
+machine move by +-20 %; the share is what to read. 256 tokens give each policy about 150 steps; runs of 64
+(about 40 steps) showed `adaptive` at 370 us a step against 237-253 us over 150, which points to a one-off
+cost after each switch that short runs spread over too few steps.
 
     .venv/bin/python bench/policy_cost.py [--policies adaptive,goodput,fixed:k=4]
         [--pair trained | --pair perf --size S --agreement 0.6]
@@ -22,7 +24,7 @@ PROMPTS = ["def f(x):\n    ", "import os\n", "class A:\n    ", "for i in range(1
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policies", default="adaptive,goodput,fixed:k=4")
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--pair", choices=("trained", "perf"), default="trained")
     add_perf_options(parser, size="S", agreement=0.6)
     args = parser.parse_args()

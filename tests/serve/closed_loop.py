@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Self
 
 import requests
 
@@ -29,18 +30,27 @@ class Outcome:
         return self.status is None and "Timeout" in self.detail
 
 
-@dataclass
-class Load:
-    """Closed-loop clients; every request's start and end (seconds since the load began) and how it ended."""
+class ClientThreads:
+    """Client threads started on enter (the clock starts then), stopped and joined on exit: none may still be
+    waiting on a request by then."""
 
-    endpoint: str
-    clients: int
-    started_s: float = field(default_factory=time.monotonic)
-    outcomes: list[Outcome] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
+    started_s: float
+    _stop: threading.Event
 
-    def __enter__(self) -> Load:
-        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
+    def num_clients(self) -> int:
+        raise NotImplementedError
+
+    def _client(self, index: int) -> None:
+        raise NotImplementedError
+
+    def now(self) -> float:
+        return time.monotonic() - self.started_s
+
+    def __enter__(self) -> Self:
+        self.started_s = time.monotonic()
+        self._threads = [
+            threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(self.num_clients())
+        ]
         for thread in self._threads:
             thread.start()
         return self
@@ -51,10 +61,21 @@ class Load:
             thread.join(timeout=CLIENT_TIMEOUT_S + 30)
         assert not any(t.is_alive() for t in self._threads), "a client is still waiting on its request"
 
-    def now(self) -> float:
-        return time.monotonic() - self.started_s
 
-    def _client(self) -> None:
+@dataclass
+class Load(ClientThreads):
+    """Closed-loop clients; every request's start and end (seconds since the load began) and how it ended."""
+
+    endpoint: str
+    clients: int
+    started_s: float = field(default_factory=time.monotonic)
+    outcomes: list[Outcome] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def num_clients(self) -> int:
+        return self.clients
+
+    def _client(self, index: int) -> None:
         body = {"model": MODEL, "prompt": "def fib(n):", "max_tokens": 32, "temperature": 0}
         while not self._stop.is_set():
             start = self.now()

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import psutil
 import requests
+from closed_loop import CLIENT_TIMEOUT_S, MODEL, ClientThreads
 from prometheus_client.parser import text_string_to_metric_families
 
-MODEL = "specserve-tiny"
-CLIENT_TIMEOUT_S = 150.0
 PROMPTS = ("def fib(n):", "import numpy as np\n", "class Stack:\n    def push(self, item):", "for i in range(10):")
 
 
@@ -63,7 +62,7 @@ def _send(endpoint: str, kind: str, rng: random.Random) -> tuple[int | None, int
 
 
 @dataclass
-class ScheduledLoad:
+class ScheduledLoad(ClientThreads):
     """Closed-loop clients; client ``i`` sends only while the schedule's level at that moment is above ``i``."""
 
     endpoint: str
@@ -74,24 +73,11 @@ class ScheduledLoad:
     requests: list[Request] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
-    def now(self) -> float:
-        return time.monotonic() - self.started_s
-
     def level(self, at_s: float) -> int:
         return self.levels[int(at_s // self.phase_s) % len(self.levels)]
 
-    def __enter__(self) -> ScheduledLoad:
-        self.started_s = time.monotonic()
-        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(max(self.levels))]
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=CLIENT_TIMEOUT_S + 30)
-        assert not any(t.is_alive() for t in self._threads), "a client is still waiting on its request"
+    def num_clients(self) -> int:
+        return max(self.levels)
 
     def _client(self, index: int) -> None:
         rng = random.Random(self.seed * 1000 + index)
@@ -106,6 +92,8 @@ class ScheduledLoad:
             except (requests.RequestException, ValueError, KeyError) as exc:
                 status, prompt, completion, detail = None, 0, 0, f"{type(exc).__name__}: {exc}"[:2000]
             self.requests.append(Request(kind, start, self.now(), status, prompt, completion, detail))
+            if status != 200 or detail:
+                time.sleep(0.2)  # a failing server answers at once; do not spin on it
 
 
 @dataclass

@@ -132,6 +132,11 @@ def test_a_failed_worker_takes_only_its_replica_and_serve_brings_it_up_on_a_new_
     # sent after the failure was too.
     assert any(in_flight), f"no request in flight at the failure was answered: {in_flight}"
     assert all(after), f"{after.count(False)} of {len(after)} requests sent after the failure failed"
+    # Those that failed say so as a dead engine does: 503, OpenAI's error object, nothing of the traceback.
+    failed = [o for o in load.outcomes if not o.ok]
+    assert all(o.status == 503 and '"engine_unavailable"' in o.detail for o in failed), [
+        (o.status, o.detail[:300]) for o in failed
+    ]
 
     # Serve replaces the lost replica once a node with a free accelerator joins.
     joined = RayNode.worker(cluster.head, cluster.tmp / "worker-c.log", num_cpus=1, resources={ACCELERATOR: 1})

@@ -207,7 +207,14 @@ REPLICA_METRICS: tuple[Metric, ...] = (
     NUM_REQUESTS_RUNNING,
     NUM_REQUESTS_WAITING,
 )
-ALL_METRICS: tuple[Metric, ...] = (*REPLICA_METRICS, CONTROLLER_MEMORY_DECISIONS)
+CONTROLLER_ACCEPTANCE_PRIORS = Metric(
+    "specserve_controller_acceptance_priors_total",
+    Kind.COUNTER,
+    "Acceptance priors the controller handed to new replicas (their deployment's evidence, averaged).",
+    (),
+)
+
+ALL_METRICS: tuple[Metric, ...] = (*REPLICA_METRICS, CONTROLLER_MEMORY_DECISIONS, CONTROLLER_ACCEPTANCE_PRIORS)
 
 
 # -- vLLM's engine metrics, as Ray Serve LLM exports them (vLLM 0.32, Ray 2.60) ------------------------------

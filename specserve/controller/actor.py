@@ -21,6 +21,7 @@ from specserve.messages import (
     CONTROLLER_NAME,
     CONTROLLER_NAMESPACE,
     ON_HEAD_NODE,
+    AcceptancePrior,
     PolicyDirective,
     ReplicaSnapshot,
 )
@@ -47,13 +48,27 @@ class ClusterController:
             logger.info("specserve controller: restored cluster policy %s", saved.decode())
         decisions = metrics_catalog.CONTROLLER_MEMORY_DECISIONS
         self._decisions = metrics.Counter(decisions.name, description=decisions.description, tag_keys=decisions.labels)
+        priors = metrics_catalog.CONTROLLER_ACCEPTANCE_PRIORS
+        self._priors = metrics.Counter(priors.name, description=priors.description)
 
-    def push(self, snapshot: ReplicaSnapshot) -> list[PolicyDirective | MemoryDirective]:
+    def push(self, snapshot: ReplicaSnapshot) -> list[PolicyDirective | AcceptancePrior | MemoryDirective]:
         directives = self._state.push(snapshot)
         for d in directives:
             if isinstance(d, MemoryDirective):
                 self._decisions.inc(1, tags={metrics_catalog.KIND: d.kind})
                 logger.info("specserve controller: %s %s (%s)", d.kind, d.replica_id, d.reason)
+            elif isinstance(d, AcceptancePrior):
+                self._priors.inc(1)
+                logger.info(
+                    "specserve controller: acceptance prior for new replica %s from %d replica(s) of %s: %s",
+                    snapshot.replica_id,
+                    d.num_replicas,
+                    snapshot.model_id,
+                    [
+                        round(a / r, 3) if r else None
+                        for a, r in zip(d.accepted_per_pos, d.reached_per_pos, strict=True)
+                    ],
+                )
         return directives
 
     def memory_decisions(self) -> list[tuple[float, str, str, str]]:

@@ -18,7 +18,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 
 from specserve.memory import ClusterMemoryParams, DraftState, MemoryDirective, ReplicaMemory, plan_cluster
-from specserve.messages import PolicyDirective, ReplicaSnapshot
+from specserve.messages import AcceptancePrior, PolicyDirective, ReplicaSnapshot
 
 # Host-to-device bandwidth assumed for a node that reports none: PCIe 4.0 x16, about 25 GB/s in practice.
 DEFAULT_HOST_TO_DEVICE_BYTES_PER_S = 25e9
@@ -51,17 +51,38 @@ class ControllerState:
         # A cluster-wide policy also reaches replicas that register after it was set.
         self._cluster_policy: PolicyDirective | None = None
 
-    def push(self, snapshot: ReplicaSnapshot) -> list[PolicyDirective | MemoryDirective]:
-        """Record a replica's snapshot; return the directives waiting for it and its memory directive, if any."""
+    def push(self, snapshot: ReplicaSnapshot) -> list[PolicyDirective | AcceptancePrior | MemoryDirective]:
+        """Record a replica's snapshot; return the directives waiting for it and its memory directive, if any.
+
+        A replica new to the controller that has verified no draft yet also gets its deployment's acceptance
+        prior, after its policy (which the prior seeds)."""
         replica = snapshot.replica_id
         is_new = replica not in self._snapshots
         self._grants.pop(replica, None)  # this snapshot shows whether the last grant took
         self._snapshots[replica] = snapshot
         self._last_seen_s[replica] = self._clock()
-        pending: list[PolicyDirective | MemoryDirective] = list(self._pending.pop(replica, []))
+        pending: list[PolicyDirective | AcceptancePrior | MemoryDirective] = list(self._pending.pop(replica, []))
         if is_new and self._cluster_policy is not None and not pending:
             pending = [self._cluster_policy]
+        if is_new and not any(snapshot.engine.num_reached_per_pos) and (prior := self._prior_for(snapshot)):
+            pending.append(prior)
         return pending + self._plan_memory(replica)
+
+    def _prior_for(self, snapshot: ReplicaSnapshot) -> AcceptancePrior | None:
+        """The deployment's other live replicas' acceptance evidence, averaged: one typical replica's worth."""
+        peers = [
+            s.engine
+            for s in self.replicas()
+            if s.model_id == snapshot.model_id
+            and s.replica_id != snapshot.replica_id
+            and any(s.engine.acceptance_ema_reached_per_pos)
+        ]
+        width = min((len(e.acceptance_ema_reached_per_pos) for e in peers), default=0)
+        if not width:
+            return None
+        accepted = [sum(e.acceptance_ema_accepted_per_pos[p] for e in peers) / len(peers) for p in range(width)]
+        reached = [sum(e.acceptance_ema_reached_per_pos[p] for e in peers) / len(peers) for p in range(width)]
+        return AcceptancePrior(tuple(accepted), tuple(reached), len(peers))
 
     def _plan_memory(self, replica: str) -> list[MemoryDirective]:
         """Plan every live replica's transfers; hand out the pushing replica's part."""

@@ -3,6 +3,7 @@
     EngineCore --EngineTelemetry--> replica      a dict through vLLM's EngineCore utility call (msgpack)
     replica    --ReplicaSnapshot--> controller   a Ray actor call, about once a second
     controller --PolicyDirective--> replica      the reply to that call
+    controller --AcceptancePrior--> replica      the reply to a new replica's first call
 
 ``specserve.replicas`` and ``specserve.controller`` both import this package and never each other, so
 either side's internals can change alone. It imports no ray, vllm or torch: the CLI, the controller's
@@ -115,6 +116,10 @@ class EngineTelemetry:
     reload_granted: bool = False
     memory_reason: str = ""
     memory_coordinated: bool = False
+    # The telemetry estimator's evidence behind ``acceptance_ema_per_pos``: decayed accepted and reached counts
+    # per position. The controller averages them over a deployment's replicas into a new replica's prior.
+    acceptance_ema_accepted_per_pos: tuple[float, ...] = ()
+    acceptance_ema_reached_per_pos: tuple[float, ...] = ()
 
     @property
     def acceptance(self) -> float | None:
@@ -153,6 +158,20 @@ class PolicyDirective:
 
     # A policy spec NAME[:key=value,...], already validated by the CLI against the engine's max_k.
     policy: str
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptancePrior:
+    """Controller -> new replica: its deployment's acceptance evidence, to start from instead of a cold prior.
+
+    Decayed accepted and reached counts per draft position, averaged over the deployment's replicas that have
+    verified drafts: one typical replica's recent evidence, so the new replica's own steps outweigh it as soon
+    as they would outweigh a peer's history (one estimator half-life)."""
+
+    accepted_per_pos: tuple[float, ...]
+    reached_per_pos: tuple[float, ...]
+    # Replicas the evidence was averaged over: for the log and the decision's reason.
+    num_replicas: int
 
 
 def _freeze(value: Any) -> Any:

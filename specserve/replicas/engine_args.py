@@ -19,6 +19,8 @@ WORKER_EXTENSION_CLS = "specserve.replicas.draft_skip.DraftSkipWorkerExtension"
 SET_POLICY_UTILITY = "specserve_set_policy"
 TELEMETRY_UTILITY = "specserve_telemetry"
 STEP_LOG_UTILITY = "specserve_step_log"
+# The controller's acceptance prior for a new replica (decayed accepted and reached counts per position).
+SEED_ACCEPTANCE_UTILITY = "specserve_seed_acceptance"
 # Elastic draft memory (elastic_draft.py): offload the draft and grow the KV pool; reload it; read its state.
 OFFLOAD_DRAFT_UTILITY = "specserve_offload_draft"
 RELOAD_DRAFT_UTILITY = "specserve_reload_draft"

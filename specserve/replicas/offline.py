@@ -26,6 +26,7 @@ from specserve.replicas.engine_args import (
     MEMORY_DIRECTIVE_UTILITY,
     OFFLOAD_DRAFT_UTILITY,
     RELOAD_DRAFT_UTILITY,
+    SEED_ACCEPTANCE_UTILITY,
     SET_POLICY_UTILITY,
     STEP_LOG_UTILITY,
     TELEMETRY_UTILITY,
@@ -56,6 +57,11 @@ def offline_llm(**engine_kwargs: Any) -> Iterator[Any]:
 def set_policy(llm: Any, spec: str) -> str:
     """Switch the policy of an engine built with specserve's scheduler; returns the canonical spec."""
     return llm.llm_engine.engine_core.call_utility(SET_POLICY_UTILITY, spec)
+
+
+def seed_acceptance(llm: Any, accepted: list[float], reached: list[float]) -> None:
+    """Hand the engine a controller's acceptance prior (peers' decayed counts per position)."""
+    llm.llm_engine.engine_core.call_utility(SEED_ACCEPTANCE_UTILITY, accepted, reached)
 
 
 def offload_draft(llm: Any) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from vllm.logger import init_logger
@@ -37,6 +38,7 @@ from specserve.replicas.engine_args import (
     MEMORY_DIRECTIVE_UTILITY,
     OFFLOAD_DRAFT_UTILITY,
     RELOAD_DRAFT_UTILITY,
+    SEED_ACCEPTANCE_UTILITY,
     SET_POLICY_UTILITY,
     STEP_LOG_FIELDS,
     STEP_LOG_UTILITY,
@@ -262,6 +264,16 @@ class AdaptiveKScheduler(Scheduler):
         logger.info("specserve: policy set to %s", self.policy.spec)
         return self.policy.spec
 
+    def seed_acceptance(self, accepted: Sequence[float], reached: Sequence[float]) -> None:
+        """Peers' acceptance evidence, for an engine that has verified no draft yet: the policy and the telemetry
+        estimate start from it. Ignored once this engine has its own evidence, which says more about it."""
+        if self.counters.num_reached_per_pos and self.counters.num_reached_per_pos[0] > 0:
+            logger.info("specserve: acceptance prior ignored: this engine has verified drafts already")
+            return
+        self.acceptance.seed(accepted, reached)
+        self.policy.seed_acceptance(accepted, reached)
+        logger.info("specserve: acceptance prior %s", [round(a, 3) for a in self.acceptance.alphas()])
+
     def telemetry(self, since_step: int = 0) -> EngineTelemetry:
         """A pure read; ``since_step`` is the reader's cursor for step durations (see telemetry.py)."""
         pool = self.kv_cache_manager.block_pool
@@ -292,6 +304,8 @@ class AdaptiveKScheduler(Scheduler):
             num_catch_up_tokens=c.num_catch_up_tokens,
             policy_s=c.policy_s,
             policy_errors=dict(self.policy.errors),
+            acceptance_ema_accepted_per_pos=tuple(self.acceptance.accepted_counts())[: self.num_spec_tokens],
+            acceptance_ema_reached_per_pos=tuple(self.acceptance.num_reached())[: self.num_spec_tokens],
             **(self.elastic.telemetry() if self.elastic is not None else {}),
         )
 
@@ -318,6 +332,10 @@ def _scheduler(core: EngineCore) -> AdaptiveKScheduler:
 
 def _set_policy(self: EngineCore, spec: str) -> str:
     return _scheduler(self).set_policy(spec)
+
+
+def _seed_acceptance(self: EngineCore, accepted: list[float], reached: list[float]) -> None:
+    _scheduler(self).seed_acceptance(accepted, reached)
 
 
 def _telemetry(self: EngineCore, since_step: int = 0) -> dict[str, Any]:
@@ -391,4 +409,5 @@ setattr(EngineCore, MEMORY_COORDINATED_UTILITY, _memory_coordinated)
 if getattr(_original_post_step, "__name__", "") != _post_step.__name__:  # once per process
     EngineCore.post_step = _post_step
 setattr(EngineCore, TELEMETRY_UTILITY, _telemetry)
+setattr(EngineCore, SEED_ACCEPTANCE_UTILITY, _seed_acceptance)
 setattr(EngineCore, STEP_LOG_UTILITY, _step_log)

@@ -22,11 +22,18 @@ from ray import serve
 from ray.serve.llm.deployment import LLMServer
 
 from specserve.memory import MemoryDirective
-from specserve.messages import CONTROLLER_NAME, CONTROLLER_NAMESPACE, EngineTelemetry, ReplicaSnapshot
+from specserve.messages import (
+    CONTROLLER_NAME,
+    CONTROLLER_NAMESPACE,
+    AcceptancePrior,
+    EngineTelemetry,
+    ReplicaSnapshot,
+)
 from specserve.replicas.engine import SpecVLLMEngine
 from specserve.replicas.engine_args import (
     MEMORY_COORDINATED_UTILITY,
     MEMORY_DIRECTIVE_UTILITY,
+    SEED_ACCEPTANCE_UTILITY,
     SET_POLICY_UTILITY,
     TELEMETRY_UTILITY,
 )
@@ -101,6 +108,10 @@ class SpecLLMServer(LLMServer):
                 if isinstance(directive, MemoryDirective):
                     await self._engine_core().call_utility_async(MEMORY_DIRECTIVE_UTILITY, directive.kind)
                     logger.info("specserve: controller %s (%s)", directive.kind, directive.reason)
+                elif isinstance(directive, AcceptancePrior):
+                    prior = (list(directive.accepted_per_pos), list(directive.reached_per_pos))
+                    await self._engine_core().call_utility_async(SEED_ACCEPTANCE_UTILITY, *prior)
+                    logger.info("specserve: acceptance prior from %d replica(s)", directive.num_replicas)
                 else:
                     spec = await self.specserve_set_policy(directive.policy)
                     logger.info("specserve: controller set policy %s", spec)

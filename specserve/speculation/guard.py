@@ -96,6 +96,12 @@ class GuardedPolicy:
         except Exception as exc:
             self._failed(OBSERVE, f"warm_start raised {exc!r}", exc)
 
+    def seed_acceptance(self, accepted: Sequence[float], reached: Sequence[float]) -> None:
+        try:
+            self.policy.seed_acceptance(accepted, reached)
+        except Exception as exc:
+            self._failed(OBSERVE, f"seed_acceptance raised {exc!r}", exc)
+
     def describe(self) -> dict[str, float]:
         try:
             info = self.policy.describe()

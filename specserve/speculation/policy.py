@@ -47,6 +47,11 @@ class Policy(ABC):
         for record in history:
             self.observe(record)
 
+    def seed_acceptance(self, accepted: Sequence[float], reached: Sequence[float]) -> None:  # noqa: B027
+        """Start from acceptance evidence gathered elsewhere: the decayed accepted and reached counts per draft
+        position of peer replicas serving the same pair (the cluster controller's prior for a new replica).
+        The default ignores it: only policies that keep a per-position acceptance estimate can use it."""
+
     def describe(self) -> dict[str, float]:
         """Numbers worth showing an operator (estimates, model fit); empty by default."""
         return {}

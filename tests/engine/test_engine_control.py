@@ -16,6 +16,25 @@ def delta(after, before):
     return [a - b for a, b in zip(after, before, strict=True)]
 
 
+def test_a_fresh_engine_starts_from_a_controllers_acceptance_prior_and_ignores_one_once_it_has_drafted(engine):
+    # First in the module, on purpose: the prior is for an engine that has verified no draft yet.
+    from specserve.replicas.offline import seed_acceptance
+
+    assert not any(engine.telemetry().num_reached_per_pos), "runs before any test generates"
+    engine.set_policy("adaptive")
+    accepted, reached = [90.0, 81.0, 72.9, 65.6], [100.0, 90.0, 81.0, 72.9]  # peers at 0.9 per position
+    seed_acceptance(engine.llm, accepted, reached)
+    seeded = engine.telemetry()
+    assert list(seeded.acceptance_ema_reached_per_pos) == reached
+    assert seeded.acceptance_ema_per_pos == pytest.approx([0.9] * 4, abs=0.01)
+    assert seeded.policy_info["alpha_0"] == pytest.approx(0.9, abs=0.01)
+    engine.set_policy("fixed:k=4")
+    engine.generate(max_tokens=16)
+    drafted = engine.telemetry()
+    seed_acceptance(engine.llm, [0.0] * 4, [1000.0] * 4)  # would drag every estimate to 0 if taken
+    assert engine.telemetry().acceptance_ema_per_pos == drafted.acceptance_ema_per_pos
+
+
 def test_greedy_output_is_identical_whatever_k(engine):
     outputs = {}
     for spec in ("fixed:k=0", "fixed:k=4", "cycle:ks=4-0-2-1-3-0-0-4", "goodput"):

@@ -144,5 +144,17 @@ def test_a_failed_worker_takes_only_its_replica_and_serve_brings_it_up_on_a_new_
     joined_id = cluster.node_ids()[joined.node_manager_port]
     replicas = cluster.wait_replicas(lambda rs: len(rs) == 2, timeout_s=600)
     assert {r["node_id"] for r in replicas} == {survivor_id, joined_id}
+
+    # Before its first request, the new replica's acceptance estimate rests on the survivor's evidence (the
+    # controller's prior for a new replica of the deployment), not on a cold prior.
+    def seeded(replicas: list[dict]) -> bool:
+        engine = next((r["engine"] for r in replicas if r["node_id"] == joined_id), None)
+        return (
+            engine is not None
+            and any(engine["acceptance_ema_reached_per_pos"])
+            and not any(engine["num_reached_per_pos"])
+        )
+
+    cluster.wait_replicas(seeded, timeout_s=30)
     assert len(engines(joined)) == 1
     assert cluster.complete("for i in range(10):")

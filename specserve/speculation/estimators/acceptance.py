@@ -78,6 +78,24 @@ class PositionAcceptance:
             self._reached[pos] = self._decay * self._reached[pos] + reached[pos]
         self._alphas = self._solve()
 
+    def seed(self, accepted: Sequence[float], reached: Sequence[float]) -> None:
+        """Add evidence gathered elsewhere (a peer replica's decayed counts), as if observed before the first step;
+        positions past ``max_k`` are dropped, missing ones get none. Later steps decay it like any other."""
+        if len(accepted) != len(reached):
+            raise ValueError(f"accepted ({len(accepted)}) and reached ({len(reached)}) differ in length")
+        for pos, (a, r) in enumerate(zip(accepted[: self.max_k], reached[: self.max_k], strict=True)):
+            if not (math.isfinite(a) and math.isfinite(r) and 0.0 <= a <= r):
+                raise ValueError(
+                    f"position {pos}: accepted {a} and reached {r} must be finite, 0 <= accepted <= reached"
+                )
+            self._accepted[pos] += a
+            self._reached[pos] += r
+        self._alphas = self._solve()
+
+    def accepted_counts(self) -> list[float]:
+        """Decayed accepted count per position (with ``num_reached``, the evidence ``seed`` takes)."""
+        return list(self._accepted)
+
     def alphas(self) -> list[float]:
         """Conditional acceptance rate per position 0..max_k-1, each in [0, 1]."""
         return list(self._alphas)

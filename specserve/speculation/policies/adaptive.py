@@ -35,6 +35,7 @@ periodic probe while k is 0.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -171,6 +172,9 @@ class AdaptivePolicy(Policy):
         elif explorer.num_explorations > self._explorations_seen:
             explorer.interval_s = min(2.0 * explorer.interval_s, base * self.params.explore_backoff_max)
         self._explorations_seen = explorer.num_explorations
+
+    def seed_acceptance(self, accepted: Sequence[float], reached: Sequence[float]) -> None:
+        self.core.acceptance.seed(accepted, reached)
 
     def observe(self, record: StepRecord) -> None:
         # The residual is taken before the fit sees the step: out of sample, like the predictions it corrects.

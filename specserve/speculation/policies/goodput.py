@@ -24,6 +24,7 @@ acceptance estimate are shared with ``adaptive`` (``parts.goodput_core``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,6 +111,9 @@ class GoodputPolicy(Policy):
             return Decision(k=0)
         goodputs = self.core.goodputs(ctx.num_running, self.decode_seconds(ctx))
         return Decision(k=self.core.run(ctx.now_s, self.core.best_k(goodputs), goodputs))
+
+    def seed_acceptance(self, accepted: Sequence[float], reached: Sequence[float]) -> None:
+        self.core.acceptance.seed(accepted, reached)
 
     def observe(self, record: StepRecord) -> None:
         # Every step teaches the latency fit; only steps with drafts carry acceptance verdicts.

@@ -14,6 +14,9 @@ Private Ray interfaces touched (Ray 2.60):
   (subclassed; ``make_fastapi_ingress`` reads the body type from their annotations), ``_get_model_id``'s
   HTTPException 404 (answered here as OpenAI's error object).
 - ``ray/llm/_internal/common/errors.py`` ``VLLM_CLIENT_ERRORS``: vLLM's request errors.
+- ``ray/llm/_internal/serve/core/configs/openai_api_models.py`` ``OpenAIHTTPException`` (what the parent's routes
+  raise for an engine's error answer) and the "Message: ..., Internal exception: ..." form of its message; the
+  ``{"error": {..., "code": <int>}}`` events its streams end with on an engine error.
 """
 
 from __future__ import annotations
@@ -238,8 +241,7 @@ def server_failure(detail: str, retry_after_s: float) -> tuple[int, dict[str, An
     business, not a client's."""
     if any(marker in detail for marker in ENGINE_GONE):
         message = "the model replica's engine is unavailable (it failed and is being replaced); retry the request"
-        retry = f"{retry_after_s:g}"
-        return 503, error_body(503, message, code="engine_unavailable"), {"Retry-After": retry}
+        return 503, error_body(503, message, code="engine_unavailable"), retry_after(retry_after_s)
     return 500, error_body(500, "internal server error; the details are in the server's log"), {}
 
 
@@ -265,8 +267,13 @@ async def answered(call: Awaitable[Response], retry_after_s: float) -> Response:
 def overloaded(status: int, retry_after_s: float | None) -> JSONResponse:
     """A request refused past ``max_queued_requests``, as OpenAI's error object rather than Serve's plain text."""
     message = "the server is at capacity and its queue is full; retry the request later"
-    headers = {} if retry_after_s is None else {"Retry-After": str(max(0, math.ceil(retry_after_s)))}
+    headers = {} if retry_after_s is None else retry_after(retry_after_s)
     return JSONResponse(error_body(status, message, code="overloaded"), status_code=status, headers=headers)
+
+
+def retry_after(seconds: float) -> dict[str, str]:
+    """HTTP's Retry-After takes whole seconds: rounded up, as Serve's own header."""
+    return {"Retry-After": str(max(0, math.ceil(seconds)))}
 
 
 def _client_message(message: str) -> str:
@@ -305,9 +312,12 @@ def _clean_error_events(chunk: str | bytes, retry_after_s: float) -> str:
     events = []
     for event in text.split("\n\n"):
         payload = event.removeprefix("data: ")
-        if payload != event and payload.startswith("{"):
-            error = json.loads(payload).get("error")
-            code = error.get("code") if isinstance(error, dict) else None
+        try:
+            parsed = json.loads(payload) if payload != event and payload.startswith("{") else None
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and isinstance(error := parsed.get("error"), dict):
+            code = error.get("code")
             if isinstance(code, int) and code >= 500:
                 logger.error("specserve: stream failed: %s", error.get("message"))
                 _, body, _ = server_failure(str(error.get("message")), retry_after_s)

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from specserve.memory import ClusterMemoryParams, DraftState, MemoryDirective, ReplicaMemory, plan_cluster
 from specserve.messages import AcceptancePrior, PolicyDirective, ReplicaSnapshot
 
-# Host-to-device bandwidth assumed for a node that reports none: PCIe 4.0 x16, about 25 GB/s in practice.
+# Host-to-device bandwidth assumed for a node none of whose replicas has reloaded a draft yet: PCIe 4.0 x16,
+# about 25 GB/s in practice. Once one has, the node's measured reload rate replaces it (``node_bandwidths``).
 DEFAULT_HOST_TO_DEVICE_BYTES_PER_S = 25e9
 # Memory decisions kept for `ClusterController.memory_decisions` (the log has them all).
 MAX_DECISIONS = 64
@@ -86,15 +87,28 @@ class ControllerState:
 
     def _plan_memory(self, replica: str) -> list[MemoryDirective]:
         """Plan every live replica's transfers; hand out the pushing replica's part."""
-        memories = [self._memory_of(s) for s in self.replicas()]
-        bandwidth = {m.node_id: self._bandwidth.get(m.node_id, DEFAULT_HOST_TO_DEVICE_BYTES_PER_S) for m in memories}
-        mine = [d for d in plan_cluster(memories, bandwidth, self._memory) if d.replica_id == replica]
+        live = self.replicas()
+        memories = [self._memory_of(s) for s in live]
+        mine = [d for d in plan_cluster(memories, self.node_bandwidths(live), self._memory) if d.replica_id == replica]
         for directive in mine:
             if directive.kind.startswith("grant_"):
                 self._grants[replica] = directive.kind
             self.decisions.append((self._clock(), replica, directive.kind, directive.reason))
             self.decision_counts[directive.kind] += 1
         return mine
+
+    def node_bandwidths(self, live: list[ReplicaSnapshot] | None = None) -> dict[str, float]:
+        """Bytes per second a draft reload moves, per node: as configured; else as measured, the node's replicas'
+        reloaded bytes over their reloads' seconds (a reload that shared the link reads slow, so the measure errs
+        toward fewer concurrent reloads); else the PCIe default."""
+        moved: dict[str, list[float]] = {}
+        for s in live if live is not None else self.replicas():
+            totals = moved.setdefault(s.node_id, [0.0, 0.0])
+            if s.engine.reload_s > 0 and s.engine.bytes_reloaded > 0:
+                totals[0] += s.engine.bytes_reloaded
+                totals[1] += s.engine.reload_s
+        measured = {node: b / t if t > 0 else DEFAULT_HOST_TO_DEVICE_BYTES_PER_S for node, (b, t) in moved.items()}
+        return measured | self._bandwidth
 
     def _memory_of(self, snapshot: ReplicaSnapshot) -> ReplicaMemory:
         e, replica = snapshot.engine, snapshot.replica_id

@@ -113,13 +113,17 @@ def _plan_reloads(
             raise ValueError(f"no host-to-device bandwidth for node {node!r}")
         slots = transfer_slots(bandwidth[node], max(r.draft_bytes for r in members), params)
         busy = sum(map(_in_flight, members))
+        link = f"{bandwidth[node] / 1e9:.3g} GB/s"
         for position, r in enumerate(waiting):
             if busy < slots:
                 busy += 1
-                why = f"node {node}: {busy}/{slots} transfers with this one; gain rank {position + 1}"
+                why = f"node {node} ({link}): {busy}/{slots} transfers with this one; gain rank {position + 1}"
                 out.append(MemoryDirective(r.replica_id, "grant_reload", why))
             else:
-                why = f"node {node}: {busy}/{slots} transfers in flight; queued {position + 1 - slots} by expected gain"
+                why = (
+                    f"node {node} ({link}): {busy}/{slots} transfers in flight; "
+                    f"queued {position + 1 - slots} by expected gain"
+                )
                 out.append(MemoryDirective(r.replica_id, "queue_reload", why))
     return out
 

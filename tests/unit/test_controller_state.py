@@ -184,3 +184,32 @@ def test_a_grant_that_did_not_take_is_planned_again_at_the_replicas_next_push():
     assert kinds(state.push(memory_snapshot("a"))) == ["grant_reload"]
     assert kinds(state.push(memory_snapshot("a", reload_granted=True))) == [], "taken up: nothing more to grant"
     assert kinds(state.push(memory_snapshot("b"))) == ["queue_reload"], "a's reload is in flight"
+
+
+def test_a_nodes_measured_reload_rate_replaces_the_default_bandwidth_and_sets_its_transfer_slots():
+    # 1 GB drafts; a reload should take at most 0.1 s at its share of the link (ClusterMemoryParams' default).
+    state = ControllerState(Clock())
+    # n1 has reloaded a draft at 0.5 GB/s (2 s for 1 GB): one transfer at a time; n2 has not: 25 GB/s, 2 slots.
+    state.push(
+        memory_snapshot(
+            "done", node="n1", draft_state="resident", reload_wanted=False, bytes_reloaded=10**9, reload_s=2.0
+        )
+    )
+    assert state.node_bandwidths() == {"n1": 0.5e9}
+    assert kinds(state.push(memory_snapshot("a", node="n1"))) == ["grant_reload"]
+    assert kinds(state.push(memory_snapshot("b", node="n1"))) == ["queue_reload"]
+    assert kinds(state.push(memory_snapshot("c", node="n2"))) == ["grant_reload"]
+    assert kinds(state.push(memory_snapshot("d", node="n2"))) == ["grant_reload"]
+    assert kinds(state.push(memory_snapshot("e", node="n2"))) == ["queue_reload"]
+    assert state.node_bandwidths() == {"n1": 0.5e9, "n2": 25e9}
+    assert "0.5 GB/s" in state.decisions[0][3]
+
+
+def test_configured_bandwidth_wins_over_the_measured_one():
+    state = ControllerState(Clock(), node_bandwidth_bytes_per_s={"n1": 40e9})
+    state.push(
+        memory_snapshot(
+            "done", node="n1", draft_state="resident", reload_wanted=False, bytes_reloaded=10**9, reload_s=2.0
+        )
+    )
+    assert state.node_bandwidths() == {"n1": 40e9}

@@ -125,6 +125,10 @@ def test_an_offload_reload_cycle_under_load_keeps_greedy_output_and_grows_the_po
     assert memory["kv_blocks_total"] == BASELINE_BLOCKS
     assert (memory["num_offloads"], memory["num_reloads"]) == (1, 1)
     assert memory["last_reload_s"] > 0
+    # What the controller measures a node's reload rate from (bytes over seconds), in the engine's telemetry.
+    after = engine.telemetry()
+    assert after.bytes_reloaded - before.bytes_reloaded == after.draft_bytes > 0
+    assert after.reload_s - before.reload_s == pytest.approx(memory["last_reload_s"])
 
 
 def test_a_reload_under_load_migrates_live_blocks_and_rebuilds_the_draft_while_steps_go_on(engine, reference):

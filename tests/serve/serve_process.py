@@ -33,6 +33,27 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {_PORT_RANGE} after 100 tries")
 
 
+def _interruptible() -> None:
+    """A child inherits its parent's ignored and blocked signals across exec; a SIGINT ignored or blocked there
+    makes Ctrl-C (how `serve run` is told to stop) a no-op. The test process may have either by then (a library
+    loaded earlier in the suite), so the child starts with both reset."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def signal_state(pid: int) -> str:
+    """The kernel's view of a process's signals: pending, blocked, ignored and caught masks."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError as error:
+        return str(error)
+    return " ".join(
+        line.replace("\t", "=")
+        for line in status.splitlines()
+        if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))
+    )
+
+
 class TrackedProcess:
     """A command in a session of its own, its output kept, its whole process tree stoppable by PID."""
 
@@ -43,7 +64,13 @@ class TrackedProcess:
 
     def launch(self, cmd: list[str]) -> None:
         self.proc = subprocess.Popen(
-            cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            cmd,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            preexec_fn=_interruptible,
         )
         threading.Thread(target=self._read, daemon=True).start()
 

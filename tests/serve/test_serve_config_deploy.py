@@ -24,7 +24,7 @@ import pytest
 import requests
 import yaml
 from openai import OpenAI
-from serve_process import TrackedProcess, free_port, processes_under
+from serve_process import TrackedProcess, free_port, processes_under, signal_state
 
 from specserve.cluster.prometheus import PrometheusServer
 
@@ -124,13 +124,13 @@ def test_serve_run_deploys_it_and_status_and_prometheus_see_it(tmp_path, trained
         assert sample["value"][1] == str(config["applications"][0]["args"]["k_max"])
     finally:
         prometheus.stop()
-        hung = False
+        hung = ""
         if serve.proc.poll() is None:
             serve.proc.send_signal(signal.SIGINT)  # serve run's Ctrl-C: shuts Serve and its local cluster down
             try:
                 serve.proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
-                hung = True
+                hung = signal_state(serve.proc.pid)
                 tree = serve.descendants()  # before the abort: the dead leader's children are orphans after it
                 serve.proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack, then it dies
                 time.sleep(5)
@@ -144,6 +144,10 @@ def test_serve_run_deploys_it_and_status_and_prometheus_see_it(tmp_path, trained
         time.sleep(1)
     assert not processes_under(cluster_tmp), "serve run stops the cluster it started"
     if hung:
-        # Seen once, in a fresh-clone CI run on this 2-core machine: Ray's `serve run` still running 120 s after its
-        # Ctrl-C. That is Ray's CLI, not specserve's code: reported as an expected failure, with the log, not hidden.
-        pytest.xfail(f"serve run did not exit within 120 s of SIGINT (killed; its stacks last):\n{serve.tail(80)}")
+        # Seen in fresh-clone runs of the whole suite on this 2-core machine (never alone): Ray's `serve run` still in
+        # its sleep loop 120 s after its Ctrl-C, no KeyboardInterrupt raised. The child now starts with SIGINT
+        # unblocked and not ignored; should it hang still, its signal masks and stacks say why. Reported as an
+        # expected failure, with the log, not hidden.
+        pytest.xfail(
+            f"serve run did not exit within 120 s of SIGINT ({hung}; killed, its stacks last):\n{serve.tail(80)}"
+        )

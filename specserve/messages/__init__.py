@@ -85,6 +85,9 @@ class EngineTelemetry:
     # Draft lists cut to nothing before verification because the request's draft KV has a hole left by
     # skipped passes: such a request drafts again once a later pass has caught its draft KV up.
     num_drafts_cut_for_lag: int = 0
+    # Draft lists cut before verification to the prefix the policy's confidence rule keeps (``Decision.draft_stop``
+    # read position by position on the drafts' confidences; ``speculation/confident_prefix.py``).
+    num_drafts_cut_by_confidence: int = 0
     # Requests whose missed tokens a draft pass prepended (catch-up after skipped passes), and those tokens.
     num_requests_caught_up: int = 0
     num_catch_up_tokens: int = 0

@@ -51,7 +51,8 @@ import torch
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-from specserve.replicas import draft_memory, sampler_guard  # noqa: F401  (sampler_guard: installed on import)
+# sampler_guard and draft_signals install their wrappers on import.
+from specserve.replicas import draft_memory, draft_signals, sampler_guard  # noqa: F401
 from specserve.replicas.k0_skip import skipping_enabled, step_skips_draft_pass
 from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan
 
@@ -82,8 +83,13 @@ def _propose_or_skip(
         _counts["ran"] += 1
         if enabled:
             _install_catch_up(self, scheduler_output)
-        return _original_propose(self, scheduler_output, *args, **kwargs)
+        draft_signals.begin(self)
+        try:
+            return _original_propose(self, scheduler_output, *args, **kwargs)
+        finally:
+            draft_signals.end(self)
     _counts["skipped"] += 1
+    draft_signals.clear(self)
     self._draft_probs = None
     self._draft_prob_req_ids = None
     return torch.empty((len(self.input_batch.req_ids), 0), dtype=torch.int64, device=self.device)

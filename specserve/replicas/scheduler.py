@@ -26,7 +26,7 @@ from vllm.logger import init_logger
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.core import EngineCore
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
 from specserve.memory import ResidencyParams
 from specserve.messages import EngineTelemetry
@@ -46,6 +46,7 @@ from specserve.replicas.engine_args import (
     EngineControlConfig,
 )
 from specserve.replicas.k0_skip import resume_cost, skipping_enabled, step_skips_draft_pass
+from specserve.replicas.signalled_drafts import SignalledDraftTokenIds
 from specserve.replicas.telemetry import StepCounters
 from specserve.speculation import (
     Decision,
@@ -56,6 +57,7 @@ from specserve.speculation import (
     StepRecord,
     make_policy,
 )
+from specserve.speculation.confident_prefix import confident_prefix
 from specserve.speculation.context import build_step_context
 from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan
 
@@ -87,6 +89,7 @@ class AdaptiveKScheduler(Scheduler):
             max_k=self.num_spec_tokens,
             k0_runs_draft_pass=not self.skips_k0_draft_pass,
             resume_s_per_token=resume_cost(self.vllm_config) if self.skips_k0_draft_pass else None,
+            verifies_confident_prefix=self.num_spec_tokens > 0,
         )
         # Guarded: a policy that raises or answers nonsense costs a k = 0 step and a count, never the engine.
         self.policy = GuardedPolicy(make_policy(control.policy, self.traits), logger)
@@ -94,6 +97,8 @@ class AdaptiveKScheduler(Scheduler):
         # Telemetry's acceptance estimate is the same for every policy, so operators can compare them.
         self.acceptance = PositionAcceptance(max_k=max(self.num_spec_tokens, 1))
         self.k = 0
+        # request id -> (its pending drafts, their confidences, their entropies), from the worker (draft_signals.py).
+        self._signals: dict[str, tuple[list[int], list[float], list[float]]] = {}
         # Draft residency (elastic_draft.py): the draft may be offloaded and the KV pool grown into its bytes.
         self.elastic = ElasticDraft(self, _residency_params(control)) if self.num_spec_tokens > 0 else None
         self._step_ctx: StepContext | None = None
@@ -117,6 +122,8 @@ class AdaptiveKScheduler(Scheduler):
         if self.elastic is not None:
             self.elastic.before_schedule()
         self._truncate_drafts(k, dict(decision.max_k_per_request))
+        if decision.draft_stop is not None and k > 0:
+            self._verify_confident_prefix(decision)
         output = super().schedule(*args, **kwargs)
         if output.num_scheduled_tokens:
             output.num_spec_tokens_to_schedule = k
@@ -125,6 +132,18 @@ class AdaptiveKScheduler(Scheduler):
         else:
             self._step_ctx = None
         return output
+
+    def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
+        super().update_draft_token_ids(draft_token_ids)
+        self._signals = {}
+        if not isinstance(draft_token_ids, SignalledDraftTokenIds):
+            return
+        for req_id, confidences, entropies in zip(
+            draft_token_ids.req_ids, draft_token_ids.confidences, draft_token_ids.entropies, strict=True
+        ):
+            request = self.requests.get(req_id)
+            if request is not None and request.spec_token_ids:
+                self._signals[req_id] = (list(request.spec_token_ids), confidences, entropies)
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput):
         ctx = self._step_ctx
@@ -201,6 +220,27 @@ class AdaptiveKScheduler(Scheduler):
                 request.spec_token_ids = []
                 self.counters.num_drafts_cut_for_lag += 1
 
+    def _draft_signals(self, req_id: str, drafts: Sequence[int]) -> tuple[list[float], list[float]] | None:
+        """The confidences and entropies of ``drafts``, a prefix of what the worker last drafted for ``req_id``."""
+        kept = self._signals.get(req_id)
+        if kept is None or len(drafts) > len(kept[1]) or list(drafts) != kept[0][: len(drafts)]:
+            return None
+        return kept[1][: len(drafts)], kept[2][: len(drafts)]
+
+    def _verify_confident_prefix(self, decision: Decision) -> None:
+        """Cut every request's drafts to the prefix the step's rule keeps (``confident_prefix``)."""
+        with_drafts = [r for r in self.running if r.spec_token_ids]
+        signals = [self._draft_signals(r.request_id, r.spec_token_ids) for r in with_drafts]
+        confidences = [s[0] for s in signals if s is not None]
+        if not confidences or len(confidences) < len(with_drafts):
+            return  # a request without signals: the rule would read a batch it does not see
+        assert decision.draft_stop is not None
+        keep = confident_prefix(decision.draft_stop, confidences)
+        for request in with_drafts:
+            if len(request.spec_token_ids) > keep:
+                request.spec_token_ids = request.spec_token_ids[:keep]
+                self.counters.num_drafts_cut_by_confidence += 1
+
     def _track_draft_kv(
         self, skipped: bool, starts: dict[str, int], out: SchedulerOutput, result: ModelRunnerOutput
     ) -> None:
@@ -229,6 +269,9 @@ class AdaptiveKScheduler(Scheduler):
     def _record(self, ctx: StepContext, out: SchedulerOutput, result: ModelRunnerOutput, skipped: bool) -> StepRecord:
         drafted: list[int] = []
         accepted: list[int] = []
+        request_ids: list[str] = []
+        confidences: list[tuple[float, ...]] = []
+        entropies: list[tuple[float, ...]] = []
         sampled = result.sampled_token_ids
         invalid = out.num_invalid_spec_tokens or {}
         for req_id, draft_ids in out.scheduled_spec_decode_tokens.items():
@@ -239,6 +282,12 @@ class AdaptiveKScheduler(Scheduler):
             # Same counting as vLLM's SpecDecodingStats, so the totals agree with vllm:spec_decode_*.
             drafted.append(len(draft_ids) - invalid.get(req_id, 0))
             accepted.append(len(generated) - 1)
+            request_ids.append(req_id)
+            signals = self._draft_signals(req_id, draft_ids[: drafted[-1]])
+            confidences.append(tuple(signals[0]) if signals else ())
+            entropies.append(tuple(signals[1]) if signals else ())
+        if not any(confidences):  # no signals this step: none rather than a tuple of empties
+            confidences, entropies = [], []
         emitted = sum(len(tokens) for tokens in sampled) if sampled else 0
         k = out.num_spec_tokens_to_schedule
         return StepRecord(
@@ -252,6 +301,9 @@ class AdaptiveKScheduler(Scheduler):
             num_emitted_tokens=emitted,
             num_drafted_per_request=tuple(drafted),
             num_accepted_per_request=tuple(accepted),
+            request_ids=tuple(request_ids),
+            draft_confidence_per_request=tuple(confidences),
+            draft_entropy_per_request=tuple(entropies),
         )
 
     # -- run-time control (EngineCore utility methods below) --------------------------------------
@@ -298,6 +350,7 @@ class AdaptiveKScheduler(Scheduler):
             policy_info=self.policy.describe(),
             num_prefill_tokens_announced=c.num_prefill_tokens_announced,
             num_drafts_capped=c.num_drafts_capped,
+            num_drafts_cut_by_confidence=c.num_drafts_cut_by_confidence,
             num_steps_draft_skipped=c.num_steps_draft_skipped,
             num_drafts_cut_for_lag=c.num_drafts_cut_for_lag,
             num_requests_caught_up=c.num_requests_caught_up,

@@ -44,6 +44,8 @@ class StepCounters:
     num_steps_draft_skipped: int = 0
     # Draft lists cut to nothing because the request's draft KV has a hole (the lag rule).
     num_drafts_cut_for_lag: int = 0
+    # Draft lists cut before verification to their confident prefix (the policy's draft_stop on confidences).
+    num_drafts_cut_by_confidence: int = 0
     # Requests whose missed tokens a draft pass prepended, and those tokens (the catch-up's cost).
     num_requests_caught_up: int = 0
     num_catch_up_tokens: int = 0

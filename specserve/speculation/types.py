@@ -29,6 +29,10 @@ class EngineTraits:
     # The draft loop asks the step's ``Decision.draft_stop`` after every pass, with the pass's draft confidence
     # (the simulator with draft signals on). The vLLM engine cannot stop its draft loop early yet.
     asks_stop_drafting: bool = False
+    # The engine reads each draft's confidence before verifying it and asks ``Decision.draft_stop`` position by
+    # position, verifying only the prefix up to the stop (``confident_prefix``): vLLM, whose drafts are proposed a
+    # step ahead of their verification. The draft passes have run by then; the rule saves verification only.
+    verifies_confident_prefix: bool = False
     # The target verifies by vLLM V0's batch expansion: position j of each request is scored as its own sequence,
     # so a step with k drafts reads every request's KV k + 1 times (AdaSpec §4.1, Eq. 4). vLLM V1 scores all
     # positions in one pass.
@@ -78,12 +82,13 @@ class Decision:
 
     # Draft tokens to verify per request this step; 0 means no speculation.
     k: int
-    # Optional per-request caps below k (request id -> max drafts), for per-sequence policies. The
-    # simulator honours them; the vLLM engine applies only the batch-wide k so far.
+    # Optional per-request caps below k (request id -> max drafts), for per-sequence policies. The simulator
+    # honours them; the vLLM engine cuts each capped request's drafts before verification.
     max_k_per_request: tuple[tuple[str, int], ...] = ()
     # This step's early-stop rule, asked after every draft pass where the engine can stop its loop
-    # (``EngineTraits.asks_stop_drafting``); None drafts all k. It carries whatever state the rule needs, so
-    # the policy keeps none between ``choose`` and the draft loop.
+    # (``EngineTraits.asks_stop_drafting``), or after each position of the drafts about to be verified where it
+    # cannot (``verifies_confident_prefix``); None drafts and verifies all k. It carries whatever state the rule
+    # needs, so the policy keeps none between ``choose`` and the draft loop.
     draft_stop: DraftStop | None = None
 
 
@@ -109,9 +114,9 @@ class StepRecord:
     num_drafted_per_request: tuple[int, ...] = field(default=())
     num_accepted_per_request: tuple[int, ...] = field(default=())
     # Optional draft-side signals, aligned with the per-request tuples above, one value per drafted
-    # position. The simulator generates them consistently with acceptance; the vLLM engine does not
-    # expose them yet (empty). Confidence is the draft's probability of the token it drafted
-    # (AdaSpec, SpecKV); entropy is the draft distribution's entropy in nats (SpecKV); kl is
+    # position. The simulator generates them consistently with acceptance; the vLLM engine reads confidence
+    # and entropy from the draft's logits (kl stays empty there). Confidence is the draft's probability of the
+    # token it drafted (AdaSpec, SpecKV); entropy is the draft distribution's entropy in nats (SpecKV); kl is
     # KL(target || draft) at that position in nats (DSDE).
     request_ids: tuple[str, ...] = field(default=())
     draft_confidence_per_request: tuple[tuple[float, ...], ...] = field(default=())

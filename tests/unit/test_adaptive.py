@@ -35,12 +35,14 @@ def trained_policy(
     max_k: int = 4,
     asks_stop_drafting: bool = False,
     resume_s_per_token: float | None = None,
+    verifies_confident_prefix: bool = False,
 ) -> AdaptivePolicy:
     """A policy whose step-time fit has learned the kinked step cost (its correction has not: the steps go to the
     fit directly), then has observed steps with a steady acceptance of ``alpha``."""
     traits = EngineTraits(
         max_k=max_k,
         asks_stop_drafting=asks_stop_drafting,
+        verifies_confident_prefix=verifies_confident_prefix,
         k0_runs_draft_pass=resume_s_per_token is None,
         resume_s_per_token=resume_s_per_token,
     )
@@ -129,6 +131,34 @@ def test_confidences_stop_the_draft_loop_only_where_the_engine_asks() -> None:
     assert asked.describe()["num_early_stops"] == 1.0
     off = trained_policy(spec + ",confidence_stop=false", max_k=8, asks_stop_drafting=True).choose(ctx(32))
     assert off.k == plain.k and off.draft_stop is None
+
+
+def test_where_drafts_are_verified_a_step_later_the_rule_cuts_them_without_granting_more() -> None:
+    spec = "adaptive:explore_interval_s=inf,early_stop_extra=2"
+
+    def depth(rule, confidence: float, k: int) -> int:
+        return next((pos + 1 for pos in range(k) if rule.after_pass(pos, confidence)), k)
+
+    for batch in (8, 32, 64):
+        plain = trained_policy(spec, max_k=8).choose(ctx(batch))
+        engine = trained_policy(spec, max_k=8, verifies_confident_prefix=True)
+        decision = engine.choose(ctx(batch))
+        assert decision.k == plain.k > 0  # the passes are paid whatever is verified: no drafts beyond k
+        assert depth(decision.draft_stop, 0.99, decision.k) == decision.k
+        # Priced with k passes in every row, a draft costs the verifier only its tokens: at the same confidence
+        # the rule verifies at least as deep as the draft loop's rule drafts.
+        for confidence in (0.01, 0.3, 0.5, 0.8):
+            verify = engine.choose(ctx(batch)).draft_stop
+            loop = trained_policy(spec, max_k=8, asks_stop_drafting=True).choose(ctx(batch)).draft_stop
+            assert depth(verify, confidence, decision.k) >= depth(loop, confidence, decision.k)
+    # Past the ridge point verifying costs its FLOPs: unsure drafts are cut to their first position.
+    assert trained_policy(spec, max_k=8, verifies_confident_prefix=True).choose(ctx(64)).draft_stop.after_pass(0, 0.01)
+    # Below it verification is almost free: the same drafts are verified further.
+    assert (
+        not trained_policy(spec, max_k=8, verifies_confident_prefix=True).choose(ctx(8)).draft_stop.after_pass(0, 0.01)
+    )
+    off = trained_policy(spec + ",confidence_stop=false", max_k=8, verifies_confident_prefix=True).choose(ctx(32))
+    assert off.draft_stop is None
 
 
 def test_an_exploration_down_to_zero_is_not_extended() -> None:

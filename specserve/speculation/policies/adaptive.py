@@ -22,10 +22,12 @@
    resumes only if the predicted gain over k = 0 repays that within ``resume_payback_s``. Nightjar prices the
    same switch per token in its Eq. 4; a payback time keeps it in the goodput objective's units.
 6. **Confidence-driven draft length** (``parts.early_stop``), where the engine asks after each draft pass
-   (``EngineTraits.asks_stop_drafting``; the simulator, not vLLM yet): the step is granted up to
-   ``early_stop_extra`` drafts beyond k, and its ``Decision.draft_stop`` ends the loop once the drafts'
-   confidences say further passes lower the same objective. AdaSpec's execute-correct loop (§5.1) stops early
-   only; letting sure drafts run on is where a batch of one gains most.
+   (``EngineTraits.asks_stop_drafting``; the simulator): the step is granted up to ``early_stop_extra`` drafts
+   beyond k, and its ``Decision.draft_stop`` ends the loop once the drafts' confidences say further passes lower
+   the same objective. AdaSpec's execute-correct loop (§5.1) stops early only; letting sure drafts run on is
+   where a batch of one gains most. vLLM drafts a step ahead of verifying (``verifies_confident_prefix``): there
+   the same rule, priced with the step's k passes whatever it verifies, cuts the drafts before verification to
+   their confident prefix (SpecDec++'s threshold, here the objective's own).
 
 No separate SLO guard: for a fixed batch, maximising B * l(k) / D(k) is minimising the decodes' TPOT
 D(k) / l(k), which is what AdaSpec's SLO-aware efficiency (§5.3) protects.
@@ -152,6 +154,12 @@ class AdaptivePolicy(Policy):
             budget = min(run_k + self.params.early_stop_extra, self.max_k)
             stop = ConfidenceStop(ctx.num_running, seconds, self.core.acceptance.alphas(), budget, self._early_stops)
             return Decision(k=budget, draft_stop=stop)
+        if k > 0 and run_k > 0 and self.params.confidence_stop and self.traits.verifies_confident_prefix:
+            # The drafts to verify were made last step; this step drafts run_k whatever it verifies, so the rule
+            # prices verifying n of them with run_k passes in every row.
+            verify = np.maximum(self.decode_seconds_all(ctx, passes=run_k), MIN_STEP_S).tolist()
+            stop = ConfidenceStop(ctx.num_running, verify, self.core.acceptance.alphas(), run_k, self._early_stops)
+            return Decision(k=run_k, draft_stop=stop)
         return Decision(k=run_k)
 
     def _resume_pays(self, ctx: StepContext, gain_tokens_per_s: float, k0_tokens_per_s: float) -> bool:
@@ -185,15 +193,18 @@ class AdaptivePolicy(Policy):
         self.core.observe(record)
         self._lag.observe(record.k, record.num_draft_passes, record.num_batched_tokens, record.num_running)
 
-    def decode_seconds_all(self, ctx: StepContext) -> np.ndarray:
+    def decode_seconds_all(self, ctx: StepContext, passes: int | None = None) -> np.ndarray:
         """Per k = 0 .. max_k, the step's time the decodes are charged with: all of it minus the prefill's own
-        marginal cost."""
+        marginal cost. ``passes``: every row runs that many draft passes (k drafts verified each), else k."""
         batch, prefill = ctx.num_running, ctx.num_prefill_tokens
         ks = np.arange(self.max_k + 1)
-        passes = np.where(ks > 0, ks, int(self.traits.k0_runs_draft_pass))
-        step_s = self.latency.predict_many(ctx.num_context_tokens, prefill + batch * (ks + 1), passes, batch)
+        draft_passes = np.where(ks > 0, ks, int(self.traits.k0_runs_draft_pass)) if passes is None else ks * 0 + passes
+        step_s = self.latency.predict_many(ctx.num_context_tokens, prefill + batch * (ks + 1), draft_passes, batch)
         prefill_s = self.latency.batched_token_seconds(prefill) if prefill else 0.0
-        return step_s - prefill_s + np.array(self.correction.corrections_s(batch, self.max_k + 1))
+        corrections = np.array(self.correction.corrections_s(batch, self.max_k + 1))
+        if passes is not None:  # the residual is kept per k run; here that is ``passes`` in every row
+            corrections = np.full_like(corrections, corrections[min(passes, self.max_k)])
+        return step_s - prefill_s + corrections
 
     def decode_seconds(self, ctx: StepContext, k: int) -> float:
         return float(self.decode_seconds_all(ctx)[k])

@@ -1,0 +1,127 @@
+"""Worker side of draft confidences: what the draft thought of each token it drafted (vLLM 0.32.0).
+
+AdaSpec's trimming and early stop and SpecKV's acceptance predictor read, per drafted position, the draft's
+probability of the token it drafted (its confidence) and the entropy of its distribution. vLLM keeps the draft's
+distribution only for probabilistic drafting (``_last_draft_probs``); greedy drafting takes an argmax of the
+logits and drops them. This module wraps the proposer's per-pass sampler so that every pass also records, per
+request, the softmax probability of the drafted token and the entropy in nats (from the same logits, computed
+once), and hands them to the scheduler with the draft token ids: ``take_draft_token_ids`` returns a
+``SignalledDraftTokenIds`` (``signalled_drafts.py``), a subclass that crosses the executor's process boundary as
+the parent does (pickled, so the extra fields travel).
+
+Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
+
+- ``v1/spec_decode/llm_base_proposer.py:479`` ``SpecDecodeBaseProposer._sample_draft_tokens(hidden_states,
+  sampling_metadata)``: wrapped; called once per draft pass from ``propose`` (630, 651, 762). Its greedy branch
+  (``_greedy_sample``, 439) is ``compute_logits(...).argmax(-1)``, which the wrapper reproduces with the logits
+  kept; the local-argmax and heterogeneous-vocabulary variants keep vLLM's method and record nothing.
+- ``SpecDecodeBaseProposer._enable_probabilistic_draft_probs``, ``use_local_argmax_reduction``,
+  ``use_heterogeneous_vocab``, ``model.compute_logits``: read.
+- ``v1/worker/gpu_model_runner.py:4627`` ``GPUModelRunner.take_draft_token_ids``: wrapped; its
+  ``DraftTokenIds(req_ids, draft_token_ids)`` (``v1/outputs.py:367``) is extended, not changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.v1.outputs import DraftTokenIds
+from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+from specserve.replicas.signalled_drafts import SignalledDraftTokenIds
+
+# On the proposer: this propose call's passes, each a (confidence, entropy) pair of [rows] tensors.
+_PASSES_ATTR = "_specserve_pass_signals"
+# On the runner: the last propose call's signals, (req_ids, confidence, entropy) with [num_reqs, passes] tensors.
+_SIGNALS_ATTR = "_specserve_draft_signals"
+
+
+def begin(runner: GPUModelRunner) -> None:
+    """A propose call starts: its passes record into a fresh list."""
+    setattr(runner, _SIGNALS_ATTR, None)
+    drafter = getattr(runner, "drafter", None)
+    if isinstance(drafter, SpecDecodeBaseProposer):
+        setattr(drafter, _PASSES_ATTR, [])
+
+
+def end(runner: GPUModelRunner) -> None:
+    """The propose call ran: keep its passes' signals, one row per request of the input batch."""
+    drafter = getattr(runner, "drafter", None)
+    passes = getattr(drafter, _PASSES_ATTR, None)
+    if drafter is not None:
+        setattr(drafter, _PASSES_ATTR, None)
+    req_ids = list(runner.input_batch.req_ids)
+    if not passes or not req_ids:
+        return
+    num_reqs = len(req_ids)
+    try:
+        # Sequential passes give a row per request each (first num_reqs rows; any after are padding); a parallel
+        # drafter's single pass gives num_reqs * k rows, request-major.
+        confidence = torch.cat(
+            [c[: num_reqs * max(1, c.shape[0] // num_reqs)].view(num_reqs, -1) for c, _ in passes], 1
+        )
+        entropy = torch.cat([e[: num_reqs * max(1, e.shape[0] // num_reqs)].view(num_reqs, -1) for _, e in passes], 1)
+    except RuntimeError:  # a shape this reading does not know: no signals rather than wrong ones
+        return
+    setattr(runner, _SIGNALS_ATTR, (req_ids, confidence, entropy))
+
+
+def clear(runner: GPUModelRunner) -> None:
+    """A step that drafted nothing (k = 0 skipped the pass): no signals for it."""
+    setattr(runner, _SIGNALS_ATTR, None)
+
+
+def _signals(logits: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    confidence = log_probs.gather(-1, token_ids.view(-1, 1).long()).squeeze(-1).exp()
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return confidence, entropy
+
+
+_original_sample = SpecDecodeBaseProposer._sample_draft_tokens
+
+
+def _sample_with_signals(self: SpecDecodeBaseProposer, hidden_states: torch.Tensor, sampling_metadata: Any) -> Any:
+    passes = getattr(self, _PASSES_ATTR, None)
+    if passes is None or self.use_local_argmax_reduction or self.use_heterogeneous_vocab:
+        return _original_sample(self, hidden_states, sampling_metadata)
+    if not self._enable_probabilistic_draft_probs or sampling_metadata.all_greedy:
+        # vLLM's greedy branch, with the logits kept for the signals.
+        logits = self.model.compute_logits(hidden_states)
+        token_ids = logits.argmax(dim=-1)
+        passes.append(_signals(logits, token_ids))
+        return token_ids, None
+    token_ids, probs = _original_sample(self, hidden_states, sampling_metadata)
+    if probs is not None:
+        log_probs = probs.float().clamp_min(1e-30).log()
+        confidence = probs.gather(-1, token_ids.view(-1, 1).long()).squeeze(-1).float()
+        passes.append((confidence, -(probs.float() * log_probs).sum(-1)))
+    return token_ids, probs
+
+
+_original_take = GPUModelRunner.take_draft_token_ids
+
+
+def _take_with_signals(self: GPUModelRunner) -> DraftTokenIds | None:
+    taken = _original_take(self)
+    signals = getattr(self, _SIGNALS_ATTR, None)
+    if taken is None or signals is None:
+        return taken
+    req_ids, confidence, entropy = signals
+    if list(taken.req_ids) != req_ids:
+        return taken
+    width = max((len(ids) for ids in taken.draft_token_ids), default=0)
+    return SignalledDraftTokenIds(
+        req_ids=taken.req_ids,
+        draft_token_ids=taken.draft_token_ids,
+        confidences=confidence[:, :width].tolist(),
+        entropies=entropy[:, :width].tolist(),
+    )
+
+
+if getattr(_original_sample, "__name__", "") != _sample_with_signals.__name__:  # once per process
+    SpecDecodeBaseProposer._sample_draft_tokens = _sample_with_signals
+if getattr(_original_take, "__name__", "") != _take_with_signals.__name__:
+    GPUModelRunner.take_draft_token_ids = _take_with_signals

@@ -27,7 +27,9 @@
    the same objective. AdaSpec's execute-correct loop (§5.1) stops early only; letting sure drafts run on is
    where a batch of one gains most. vLLM drafts a step ahead of verifying (``verifies_confident_prefix``): there
    the same rule, priced with the step's k passes whatever it verifies, cuts the drafts before verification to
-   their confident prefix (SpecDec++'s threshold, here the objective's own).
+   their confident prefix (SpecDec++'s threshold, here the objective's own). A confidence is read as the
+   acceptance drafts of that confidence have had (``estimators.confidence_calibration``), not as AdaSpec's Eq. 7
+   takes it: real drafts are rarely calibrated (the tiny trained draft's 0.05 was accepted 65 % of the time).
 
 No separate SLO guard: for a fixed batch, maximising B * l(k) / D(k) is minimising the decodes' TPOT
 D(k) / l(k), which is what AdaSpec's SLO-aware efficiency (§5.3) protects.
@@ -37,12 +39,13 @@ periodic probe while k is 0.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from specserve.speculation.estimators.bucket_correction import BucketCorrection
+from specserve.speculation.estimators.confidence_calibration import ConfidenceCalibration
 from specserve.speculation.estimators.step_latency import HINGED, StepLatencyModel
 from specserve.speculation.policies.parts.early_stop import ConfidenceStop, StopCounter
 from specserve.speculation.policies.parts.goodput_core import MIN_STEP_S, GoodputCore
@@ -75,6 +78,9 @@ class AdaptiveParams:
     confidence_stop: bool = True
     # Drafts granted beyond k when confidences may stop the loop.
     early_stop_extra: int = 2
+    # Read a confidence as the acceptance drafts of that confidence have had (``estimators.confidence_calibration``)
+    # rather than as the acceptance itself; false is AdaSpec's Eq. 7 as written.
+    calibrate_confidence: bool = True
     # Seconds within which the predicted gain of resuming must repay the draft's catch-up (module docstring, 5).
     resume_payback_s: float = 1.0
 
@@ -122,6 +128,7 @@ class AdaptivePolicy(Policy):
         # Refitted every 8 steps: a 17-coefficient solve per step would cost more than the rest of the policy.
         self.latency = StepLatencyModel(HINGED, half_life_steps=params.latency_half_life_steps, refit_every=8)
         self.correction = BucketCorrection(params.correction_memory)
+        self.calibration = ConfidenceCalibration() if params.calibrate_confidence else None
         # The k the policy itself chose last (exploration and probe steps aside).
         self._k = 0
         self._explorations_seen = 0
@@ -152,13 +159,17 @@ class AdaptivePolicy(Policy):
         # A probe (k = 0 chosen) or an exploration down to 0 runs as it is; a speculating step may run on.
         if k > 0 and run_k > 0 and self.params.confidence_stop and self.traits.asks_stop_drafting:
             budget = min(run_k + self.params.early_stop_extra, self.max_k)
-            stop = ConfidenceStop(ctx.num_running, seconds, self.core.acceptance.alphas(), budget, self._early_stops)
+            stop = ConfidenceStop(
+                ctx.num_running, seconds, self.core.acceptance.alphas(), budget, self._early_stops, self._calibrate
+            )
             return Decision(k=budget, draft_stop=stop)
         if k > 0 and run_k > 0 and self.params.confidence_stop and self.traits.verifies_confident_prefix:
             # The drafts to verify were made last step; this step drafts run_k whatever it verifies, so the rule
             # prices verifying n of them with run_k passes in every row.
             verify = np.maximum(self.decode_seconds_all(ctx, passes=run_k), MIN_STEP_S).tolist()
-            stop = ConfidenceStop(ctx.num_running, verify, self.core.acceptance.alphas(), run_k, self._early_stops)
+            stop = ConfidenceStop(
+                ctx.num_running, verify, self.core.acceptance.alphas(), run_k, self._early_stops, self._calibrate
+            )
             return Decision(k=run_k, draft_stop=stop)
         return Decision(k=run_k)
 
@@ -191,6 +202,8 @@ class AdaptivePolicy(Policy):
         k_run = max(record.num_drafted_per_request, default=0) or record.k
         self.correction.observe(record.num_running, k_run, record.duration_s - predicted_s)
         self.core.observe(record)
+        if self.calibration is not None:
+            self.calibration.observe(record)
         self._lag.observe(record.k, record.num_draft_passes, record.num_batched_tokens, record.num_running)
 
     def decode_seconds_all(self, ctx: StepContext, passes: int | None = None) -> np.ndarray:
@@ -206,12 +219,18 @@ class AdaptivePolicy(Policy):
             corrections = np.full_like(corrections, corrections[min(passes, self.max_k)])
         return step_s - prefill_s + corrections
 
+    @property
+    def _calibrate(self) -> Callable[[float], float] | None:
+        return self.calibration.acceptance if self.calibration is not None else None
+
     def decode_seconds(self, ctx: StepContext, k: int) -> float:
         return float(self.decode_seconds_all(ctx)[k])
 
     def describe(self) -> dict[str, float]:
         out = self.core.describe(self.latency)
         out["num_early_stops"] = float(self._early_stops.count)
+        if self.calibration is not None:
+            out["calibration_drafts_seen"] = self.calibration.seen()
         out["draft_lag_tokens"] = float(self._lag.tokens)
         out["num_resumes_deferred"] = float(self.num_resumes_deferred)
         return out

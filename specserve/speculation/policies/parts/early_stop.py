@@ -16,7 +16,7 @@ pass (the ``DraftStop`` contract); the product of means is AdaSpec's approximati
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 class StopCounter:
@@ -37,9 +37,11 @@ class ConfidenceStop:
         alphas: Sequence[float],
         max_passes: int,
         counter: StopCounter | None = None,
+        calibrate: Callable[[float], float] | None = None,
     ) -> None:
         """``decode_seconds[n]``: the decodes' time with n passes, n = 0..max_passes at least;
-        ``alphas[j]``: the predicted conditional acceptance at position j, for positions not yet drafted."""
+        ``alphas[j]``: the predicted conditional acceptance at position j, for positions not yet drafted;
+        ``calibrate``: a confidence's acceptance (``estimators.confidence_calibration``), else the confidence."""
         if not 1 <= max_passes < len(decode_seconds):
             raise ValueError(f"max_passes={max_passes} needs decode_seconds for 0..{max_passes}")
         self.counter = counter
@@ -47,12 +49,13 @@ class ConfidenceStop:
         self.decode_seconds = list(decode_seconds)
         self.alphas = list(alphas)
         self.max_passes = max_passes
+        self.calibrate = calibrate
         self._emitted = float(num_running)  # one bonus or correction token per request
         self._survive = 1.0
 
     def after_pass(self, position: int, confidence: float) -> bool:
         """Pass ``position`` (0-based) ran with batch-mean confidence ``confidence``: True stops the loop."""
-        self._survive *= confidence
+        self._survive *= self.calibrate(confidence) if self.calibrate is not None else confidence
         self._emitted += self.num_running * self._survive
         done = position + 1
         if done >= self.max_passes:

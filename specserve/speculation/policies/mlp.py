@@ -16,9 +16,9 @@ Choices the paper leaves open (it evaluates offline, at batch size 1):
   request over its drafted tokens and averaged over the step's requests (one prediction per candidate
   instead of one per request; the batch shares one k). Per-request gamma is not produced.
 - Until a step with draft signals has been observed the policy behaves exactly like ``goodput`` with its
-  defaults, which it feeds every record. The vLLM engine exposes no draft signals yet, so there ``mlp`` is
-  ``goodput``. If the candidates include 0 and the policy picks it, the features go stale until the
-  latency fit or the batch moves the choice.
+  defaults, which it feeds every record. The vLLM engine reports both signals from the draft's logits
+  (``replicas/draft_signals.py``). If the candidates include 0 and the policy picks it, the features go stale
+  until the latency fit or the batch moves the choice.
 - The cost objective's T(gamma) leaves out the step's prefill chunk, as ``goodput`` does (its module docstring):
   the chunk runs whatever gamma is, and charged to T it makes long drafts look like they amortise it.
 

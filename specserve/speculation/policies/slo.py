@@ -12,8 +12,9 @@ The estimator is in ``estimators.slo_efficiency``, the searches in ``parts.slo_s
    ``Decision.max_k_per_request``; if every request was trimmed, k itself drops to the longest kept draft.
 3. **Early stop** (§5.1, the execute-correct half): where the engine asks (``EngineTraits.asks_stop_drafting``),
    the decision's ``draft_stop`` replaces the prediction with each pass's real batch-mean confidence and stops
-   at the first drop in f, or when the next pass is predicted not to pay. Only the simulator asks; on the vLLM
-   engine the policy is steps 1-2.
+   at the first drop in f, or when the next pass is predicted not to pay. Only the simulator asks; the vLLM
+   engine reports the confidences (c-bar and trimming work there) but drafts a step before it verifies, so there
+   the policy is steps 1-2.
 
 Differences from the paper, each forced by where the decision is taken:
 - The latency model is TurboSpec's online fit (``StepLatencyModel``, ``LINEAR``) instead of an offline-profiled

@@ -51,8 +51,8 @@ import torch
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-# sampler_guard and draft_signals install their wrappers on import.
-from specserve.replicas import draft_memory, draft_signals, sampler_guard  # noqa: F401
+# sampler_guard, draft_signals and plain_step install their wrappers on import.
+from specserve.replicas import draft_memory, draft_signals, plain_step, sampler_guard  # noqa: F401
 from specserve.replicas.k0_skip import skipping_enabled, step_skips_draft_pass
 from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan
 
@@ -205,8 +205,8 @@ class DraftSkipWorkerExtension:
 
     def specserve_draft_pass_counts(self) -> dict[str, int]:
         """Draft passes this worker skipped and ran (``propose_draft_token_ids`` calls), requests it caught
-        up and the missed tokens it fed the draft, since it started."""
-        return dict(_counts)
+        up and the missed tokens it fed the draft, and skipped steps it ran as plain steps, since it started."""
+        return {**_counts, **plain_step.counts}
 
     def specserve_propose_times(self) -> list[tuple[int, int, float]]:
         """The latest passes' (requests, catch-up tokens, propose seconds), oldest first; then forgets them."""

@@ -32,7 +32,7 @@ def delta(after, before):
 def test_engine_reports_that_k0_skips_the_draft_pass(engine):
     assert engine.telemetry().max_k == 4
     counts = engine.draft_pass_counts()
-    assert set(counts) == {"skipped", "ran", "caught_up", "catch_up_tokens"}
+    assert set(counts) == {"skipped", "ran", "caught_up", "catch_up_tokens", "plain_steps"}
 
 
 def test_k0_decode_steps_skip_the_draft_and_are_counted(engine):
@@ -46,6 +46,8 @@ def test_k0_decode_steps_skip_the_draft_and_are_counted(engine):
     # Only the steps that prefill the four prompts run the draft; they usually share one step, but the engine
     # may start stepping before the last prompt reaches it. Every other step is a k=0 decode and skips.
     assert worker_after["skipped"] - worker_before["skipped"] == skipped, "the worker skipped what was counted"
+    # A skipped step verifies no draft either: it samples as an engine without speculation does.
+    assert worker_after["plain_steps"] - worker_before["plain_steps"] == skipped
     assert skipped + ran == steps and 1 <= ran <= len(PROMPTS)
     assert skipped >= 24 - len(PROMPTS), "24 tokens each: at least 20 decode-only steps"
 
@@ -64,6 +66,10 @@ def test_greedy_output_is_unchanged_through_long_k0_stretches(engine, cycle):
     # cycle's position when the prompts arrive is not fixed, so that step may be at k=0 or not).
     assert k0_steps - 1 <= skipped <= k0_steps and skipped > 0
     assert worker_after["skipped"] - worker_before["skipped"] == skipped
+    # The first k = 0 step after k > 0 verifies the drafts made before it, through the rejection sampler; the rest
+    # of a stretch samples as a plain engine.
+    plain = worker_after["plain_steps"] - worker_before["plain_steps"]
+    assert 0 < plain <= skipped
     # Each run of six k = 0 steps leaves five positions per request unwritten; the next pass caught every
     # request up over them (the budget has room for all), and both engine processes counted the same.
     caught_up = after.num_requests_caught_up - before.num_requests_caught_up
@@ -126,3 +132,4 @@ def test_skipping_can_be_turned_off(never_skipping):
     assert telemetry.num_steps_draft_skipped == telemetry.num_drafts_cut_for_lag == counts["skipped"] == 0
     assert telemetry.num_requests_caught_up == counts["caught_up"] == 0
     assert counts["ran"] == telemetry.num_steps > 0
+    assert counts["plain_steps"] == 0

@@ -1,0 +1,74 @@
+"""A step that skips the draft pass runs as a step of an engine without speculation (vLLM 0.32.0).
+
+Skipping the draft's forward at k = 0 (``draft_skip.py``) left a speculative engine's k = 0 step 4-6 % slower
+than a plain engine's on perf pair S. Profiled, most of the rest was vLLM's speculative bookkeeping for a step
+with no drafts: ``_prepare_inputs`` builds spec-decode metadata whenever the engine has a speculative config,
+so the step samples through the rejection sampler (with zero drafts per request) instead of the plain sampler.
+On a step the k = 0 rule skips and that verifies no draft, this module hides the speculative config from
+``_prepare_inputs`` for that one call: no metadata, logits at the last token of each request, the plain
+sampler, and the plain output bookkeeping. The rest of the step is unchanged (the drafter's own skip returns
+the empty drafts vLLM's k = 0 path returns).
+
+Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
+
+- ``v1/worker/gpu_model_runner.py:1920`` ``GPUModelRunner._prepare_inputs(scheduler_output,
+  num_scheduled_tokens)``: wrapped; it reads ``self.speculative_config`` once (2184) to choose between the
+  plain and the spec-decode inputs, and returns ``spec_decode_metadata`` None on the plain branch, which
+  ``_sample`` (4340) and ``_bookkeeping_sync`` (4947) handle as for an engine without speculation.
+- ``GPUModelRunner.num_decode_draft_tokens`` (a CpuGpuBuffer, 2228-2230): set as the spec branch sets it for
+  a step without drafts (0 for decode rows, -1 for prompt chunks), for the attention backends that read it.
+- ``GPUModelRunner.input_batch.num_reqs`` / ``num_computed_tokens_cpu`` / ``num_prompt_tokens``.
+- ``SchedulerOutput.scheduled_spec_decode_tokens``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+from specserve.replicas import draft_memory
+from specserve.replicas.k0_skip import skipping_enabled, step_skips_draft_pass
+
+_ENABLED_ATTR = "_specserve_plain_k0_steps"
+# Steps that ran as plain steps on this worker (read by tests through the worker extension).
+counts = {"plain_steps": 0}
+
+_original_prepare = GPUModelRunner._prepare_inputs
+
+
+def _prepare_plain_when_skipped(
+    self: GPUModelRunner, scheduler_output: SchedulerOutput, num_scheduled_tokens: np.ndarray
+) -> Any:
+    enabled = getattr(self, _ENABLED_ATTR, None)
+    if enabled is None:
+        enabled = skipping_enabled(self.vllm_config)
+        setattr(self, _ENABLED_ATTR, enabled)
+    plain = (
+        enabled
+        and not scheduler_output.scheduled_spec_decode_tokens
+        and step_skips_draft_pass(enabled, scheduler_output, draft_memory.draft_resident(self))
+    )
+    if not plain:
+        return _original_prepare(self, scheduler_output, num_scheduled_tokens)
+    speculative_config = self.speculative_config
+    self.speculative_config = None
+    try:
+        result = _original_prepare(self, scheduler_output, num_scheduled_tokens)
+    finally:
+        self.speculative_config = speculative_config
+    num_reqs = self.input_batch.num_reqs
+    decodes = (self.input_batch.num_computed_tokens_cpu[:num_reqs] >= self.input_batch.num_prompt_tokens[:num_reqs]) & (
+        num_scheduled_tokens[:num_reqs] == 1
+    )
+    self.num_decode_draft_tokens.np[:num_reqs] = np.where(decodes, 0, -1)
+    self.num_decode_draft_tokens.np[num_reqs:].fill(-1)
+    self.num_decode_draft_tokens.copy_to_gpu()
+    counts["plain_steps"] += 1
+    return result
+
+
+if getattr(_original_prepare, "__name__", "") != _prepare_plain_when_skipped.__name__:  # once per process
+    GPUModelRunner._prepare_inputs = _prepare_plain_when_skipped

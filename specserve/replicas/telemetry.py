@@ -65,11 +65,12 @@ class StepCounters:
         self.num_steps += 1
         self.num_emitted_tokens += record.num_emitted_tokens
         self.num_steps_by_k[min(record.k, self.max_k)] += 1
-        drafted, reached, accepted = record.per_position(self.max_k)
-        for pos in range(self.max_k):
-            self.num_drafted_per_pos[pos] += drafted[pos]
-            self.num_reached_per_pos[pos] += reached[pos]
-            self.num_accepted_per_pos[pos] += accepted[pos]
+        if record.num_drafted_per_request:  # a step that verified no draft adds nothing per position
+            drafted, reached, accepted = record.per_position(self.max_k)
+            for pos in range(self.max_k):
+                self.num_drafted_per_pos[pos] += drafted[pos]
+                self.num_reached_per_pos[pos] += reached[pos]
+                self.num_accepted_per_pos[pos] += accepted[pos]
         self.recent_steps.append(record)
 
     def records_since(self, step: int) -> tuple[StepRecord, ...]:

@@ -157,6 +157,8 @@ def _check(decision: object, max_k: int, ctx: StepContext) -> str:
     k = decision.k
     if not _is_int(k) or not 0 <= k <= max_k:
         return f"choose returned k={k!r}, not an int in 0..{max_k}"
+    if not decision.max_k_per_request:
+        return ""
     running = set(ctx.request_ids)
     for item in decision.max_k_per_request:
         rid, cap = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
@@ -166,8 +168,8 @@ def _check(decision: object, max_k: int, ctx: StepContext) -> str:
 
 
 def _is_int(value: object) -> bool:
-    # numpy's integers count; bool is an int to Python but never a k.
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    # numpy's integers count; bool is an int to Python but never a k. Checked every step: plain ints first.
+    return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
 
 
 def _finite(value: object) -> bool:

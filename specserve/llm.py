@@ -67,6 +67,10 @@ class Speculation(BaseModel):
     draft_offload: bool = Field(
         False, description="Elastic draft memory: lend the draft's bytes to the KV cache while k stays 0 under load."
     )
+    draft_signals: bool = Field(
+        True,
+        description="Compute the draft's confidence and entropy per drafted token for the policies that read them.",
+    )
     offload_low_free_ratio: float = Field(
         0.10, gt=0, lt=1, description="With draft_offload: offload when free KV blocks stay below this share."
     )
@@ -113,6 +117,7 @@ def speculative_llm_config_kwargs(
             # vLLM carries the last row's k on to larger batches, so vLLM's own default batch size needs no number.
             max_num_seqs=user.get("max_num_seqs", 1),
             skip_k0_draft_pass=spec.skip_k0_draft_pass,
+            draft_signals=spec.draft_signals,
             policy_modules=spec.policy_modules,
             draft_offload=(
                 DraftOffload(spec.offload_low_free_ratio, spec.offload_window_steps) if spec.draft_offload else None

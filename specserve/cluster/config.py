@@ -62,6 +62,11 @@ class ServeConfig(BaseModel):
         description="Skip the draft's forward pass on k = 0 decode steps and catch its KV up when k > 0 "
         "resumes; false: vLLM's own behaviour (the draft runs every step).",
     )
+    draft_signals: bool = Field(
+        True,
+        description="Compute, in each engine's worker, the draft's confidence and entropy per drafted token from "
+        "its logits (slo, mlp and adaptive read them); false saves a softmax over the vocabulary per draft pass.",
+    )
     draft_offload: bool = Field(
         False,
         description="Elastic draft memory (Nightjar's triggers): offload the draft and grow the KV cache into its "

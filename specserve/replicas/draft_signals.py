@@ -30,20 +30,32 @@ from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+from specserve.replicas.engine_args import ADDITIONAL_CONFIG_KEY, EngineControlConfig
 from specserve.replicas.signalled_drafts import SignalledDraftTokenIds
 
 # On the proposer: this propose call's passes, each a (confidence, entropy) pair of [rows] tensors.
 _PASSES_ATTR = "_specserve_pass_signals"
+# On the runner: whether this engine computes signals (``EngineControlConfig.draft_signals``), read once.
+_WANTED_ATTR = "_specserve_draft_signals_wanted"
 # On the runner: the last propose call's signals, (req_ids, confidence, entropy) with [num_reqs, passes] tensors.
 _SIGNALS_ATTR = "_specserve_draft_signals"
 
 
 def begin(runner: GPUModelRunner) -> None:
-    """A propose call starts: its passes record into a fresh list."""
+    """A propose call starts: its passes record into a fresh list (where the engine was asked for signals)."""
     setattr(runner, _SIGNALS_ATTR, None)
     drafter = getattr(runner, "drafter", None)
-    if isinstance(drafter, SpecDecodeBaseProposer):
+    if isinstance(drafter, SpecDecodeBaseProposer) and _wanted(runner):
         setattr(drafter, _PASSES_ATTR, [])
+
+
+def _wanted(runner: GPUModelRunner) -> bool:
+    wanted = getattr(runner, _WANTED_ATTR, None)
+    if wanted is None:
+        data = (runner.vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
+        wanted = bool(data) and EngineControlConfig.from_additional_config(data).draft_signals
+        setattr(runner, _WANTED_ATTR, wanted)
+    return wanted
 
 
 def end(runner: GPUModelRunner) -> None:

@@ -64,6 +64,9 @@ class EngineControlConfig:
     policy_modules: tuple[str, ...] = ()
     # Elastic draft memory under Nightjar's triggers (elastic_draft.py); None: offload only when asked.
     draft_offload: DraftOffload | None = None
+    # The draft's confidence and entropy per drafted token, computed from its logits in the worker
+    # (draft_signals.py) for the policies that read them; false saves a softmax over the vocabulary per pass.
+    draft_signals: bool = True
 
     def to_additional_config(self) -> dict[str, Any]:
         offload = self.draft_offload
@@ -72,6 +75,7 @@ class EngineControlConfig:
             "skip_k0_draft_pass": self.skip_k0_draft_pass,
             "policy_modules": list(self.policy_modules),
             "draft_offload": None if offload is None else [offload.low_free_ratio, offload.window_steps],
+            "draft_signals": self.draft_signals,
         }
 
     @classmethod
@@ -86,6 +90,7 @@ class EngineControlConfig:
             skip_k0_draft_pass=bool(data.get("skip_k0_draft_pass", True)),
             policy_modules=tuple(data.get("policy_modules", ())),
             draft_offload=DraftOffload(*data["draft_offload"]) if data.get("draft_offload") else None,
+            draft_signals=bool(data.get("draft_signals", True)),
         )
 
 
@@ -110,6 +115,8 @@ class EngineSpec:
     policy_modules: tuple[str, ...] = ()
     # See EngineControlConfig.draft_offload.
     draft_offload: DraftOffload | None = None
+    # See EngineControlConfig.draft_signals.
+    draft_signals: bool = True
     extra: tuple[tuple[str, Any], ...] = ()
 
 
@@ -131,7 +138,7 @@ def speculative_engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
         worker_extension_cls=WORKER_EXTENSION_CLS,
         additional_config={
             ADDITIONAL_CONFIG_KEY: EngineControlConfig(
-                spec.policy, spec.skip_k0_draft_pass, spec.policy_modules, spec.draft_offload
+                spec.policy, spec.skip_k0_draft_pass, spec.policy_modules, spec.draft_offload, spec.draft_signals
             ).to_additional_config()
         },
         speculative_config={

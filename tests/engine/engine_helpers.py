@@ -80,6 +80,7 @@ def running_engine(
     skip_k0_draft_pass: bool = True,
     policy_modules: tuple[str, ...] = (),
     draft_offload: DraftOffload | None = None,
+    draft_signals: bool = True,
     **engine_kwargs: Any,
 ) -> Iterator[Engine]:
     kwargs = speculative_engine_kwargs(
@@ -92,6 +93,7 @@ def running_engine(
             skip_k0_draft_pass=skip_k0_draft_pass,
             policy_modules=policy_modules,
             draft_offload=draft_offload,
+            draft_signals=draft_signals,
         )
     )
     kwargs.update(engine_kwargs)

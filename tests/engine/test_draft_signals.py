@@ -42,6 +42,20 @@ def test_a_confidence_threshold_verifies_only_the_confident_prefix_and_the_outpu
     assert drafted[3] / drafted[0] < base[3] / base[0]
 
 
+def test_an_engine_asked_for_no_signals_computes_none_and_cuts_nothing(trained_pair):
+    with running_engine(
+        trained_pair, policy="fixed:k=0", policy_modules=("signal_policies",), draft_signals=False
+    ) as engine:
+        reference = engine.generate(max_tokens=32)
+        engine.set_policy("test-signal-recorder:k=4")
+        assert engine.generate(max_tokens=32) == reference
+        seen = engine.telemetry().policy_info
+        assert seen["accepted_n"] == seen["rejected_n"] == 0
+        engine.set_policy("test-threshold:k=4,threshold=0.9")
+        assert engine.generate(max_tokens=32) == reference
+        assert engine.telemetry().num_drafts_cut_by_confidence == 0
+
+
 @pytest.mark.parametrize("policy", ["adaptive", "slo", "mlp"])
 def test_confidence_policies_keep_greedy_output(engine, policy):
     engine.set_policy("fixed:k=0")

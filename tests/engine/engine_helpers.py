@@ -31,6 +31,18 @@ class Engine:
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [list(output.outputs[0].token_ids) for output in outputs]
 
+    def against_fixed_k(self, policy: str, k: int = 4, max_tokens: int = 48) -> list[EngineTelemetry]:
+        """Greedy output under ``fixed:k=K`` and then under ``policy`` equals plain decoding's (checked here); the
+        telemetry before the fixed-k run, between the two and after ``policy``'s."""
+        self.set_policy("fixed:k=0")
+        reference = self.generate(max_tokens=max_tokens)
+        readings = [self.telemetry()]
+        for spec in (f"fixed:k={k}", policy):
+            self.set_policy(spec)
+            assert self.generate(max_tokens=max_tokens) == reference, f"{spec} changed the greedy output"
+            readings.append(self.telemetry())
+        return readings
+
     def vllm_counters(self) -> dict[str, object]:
         return {metric.name: metric for metric in self.llm.get_metrics()}
 

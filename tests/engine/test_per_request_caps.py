@@ -14,15 +14,7 @@ def engine(trained_pair):
 
 
 def test_capped_requests_verify_only_their_prefix_and_the_output_is_unchanged(engine):
-    engine.set_policy("fixed:k=0")
-    reference = engine.generate(max_tokens=40)
-    engine.set_policy("fixed:k=4")
-    uncapped_before = engine.telemetry()
-    assert engine.generate(max_tokens=40) == reference
-    uncapped = engine.telemetry()
-    engine.set_policy("test-alternate-cap:k=4,cap=1")
-    assert engine.generate(max_tokens=40) == reference
-    capped = engine.telemetry()
+    uncapped_before, uncapped, capped = engine.against_fixed_k("test-alternate-cap:k=4,cap=1", max_tokens=40)
     assert uncapped.num_drafts_capped == uncapped_before.num_drafts_capped
     assert capped.num_drafts_capped > uncapped.num_drafts_capped
     # Half the requests stop at one draft, so deep positions are drafted far less often than position 0.

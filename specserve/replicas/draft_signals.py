@@ -16,7 +16,8 @@ Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
   (``_greedy_sample``, 439) is ``compute_logits(...).argmax(-1)``, which the wrapper reproduces with the logits
   kept; the local-argmax and heterogeneous-vocabulary variants keep vLLM's method and record nothing.
 - ``SpecDecodeBaseProposer._enable_probabilistic_draft_probs``, ``use_local_argmax_reduction``,
-  ``use_heterogeneous_vocab``, ``model.compute_logits``: read.
+  ``use_heterogeneous_vocab``, ``parallel_drafting``, ``num_speculative_tokens``, ``model.compute_logits``: read.
+- ``GPUModelRunner.drafter``, ``input_batch.req_ids``, ``vllm_config.additional_config``: read.
 - ``v1/worker/gpu_model_runner.py:4627`` ``GPUModelRunner.take_draft_token_ids``: wrapped; its
   ``DraftTokenIds(req_ids, draft_token_ids)`` (``v1/outputs.py:367``) is extended, not changed.
 """
@@ -65,16 +66,15 @@ def end(runner: GPUModelRunner) -> None:
     if drafter is not None:
         setattr(drafter, _PASSES_ATTR, None)
     req_ids = list(runner.input_batch.req_ids)
-    if not passes or not req_ids:
+    if drafter is None or not passes or not req_ids:
         return
     num_reqs = len(req_ids)
+    # A sequential pass gives a row per request (the first num_reqs; rows after them are batch padding); a
+    # parallel drafter's one pass gives k rows per request, request-major.
+    width = int(drafter.num_speculative_tokens) if getattr(drafter, "parallel_drafting", False) else 1
     try:
-        # Sequential passes give a row per request each (first num_reqs rows; any after are padding); a parallel
-        # drafter's single pass gives num_reqs * k rows, request-major.
-        confidence = torch.cat(
-            [c[: num_reqs * max(1, c.shape[0] // num_reqs)].view(num_reqs, -1) for c, _ in passes], 1
-        )
-        entropy = torch.cat([e[: num_reqs * max(1, e.shape[0] // num_reqs)].view(num_reqs, -1) for _, e in passes], 1)
+        confidence = torch.cat([c[: num_reqs * width].view(num_reqs, width) for c, _ in passes], 1)
+        entropy = torch.cat([e[: num_reqs * width].view(num_reqs, width) for _, e in passes], 1)
     except RuntimeError:  # a shape this reading does not know: no signals rather than wrong ones
         return
     setattr(runner, _SIGNALS_ATTR, (req_ids, confidence, entropy))

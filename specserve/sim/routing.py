@@ -86,6 +86,9 @@ class Router:
         self.batch = batch
         # (class, route) -> requests; class "batch" or "latency", route a Route's value or "least_outstanding".
         self.counts: Counter[tuple[str, str]] = Counter()
+        # class -> requests that landed on a replica of the kind speculation_aware prefers for it, under either
+        # rule: how far the rule moved traffic.
+        self.matched: Counter[str] = Counter()
 
     def route(self, request: int, replicas: Sequence[R]) -> R:
         batch = bool(self.batch[request])
@@ -94,5 +97,7 @@ class Router:
         else:
             replica, route = speculation_aware(replicas, batch, self.cfg.max_imbalance)
             how = route.value
-        self.counts["batch" if batch else "latency", how] += 1
+        cls = "batch" if batch else "latency"
+        self.counts[cls, how] += 1
+        self.matched[cls] += replica.kv_expanded if batch else replica.draft_resident
         return replica

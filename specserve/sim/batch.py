@@ -20,6 +20,8 @@ class RequestTable:
         self.arrival_s = workload.arrival_s
         self.prompt_tokens = workload.prompt_tokens
         self.output_tokens = workload.output_tokens
+        # The class its client gave it at arrival: batch work (True) or latency-sensitive (False).
+        self.batch = workload.is_batch()
         # Stable id per request for policies that keep per-request state (StepContext.request_ids): its
         # workload row as a string, in an object array so a batch's ids are one fancy index away.
         self.request_ids = np.array([str(i) for i in range(n)], dtype=object)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specserve.sim.profiles import LengthDistribution
 
@@ -131,10 +131,18 @@ class LengthsConfig(_Closed):
     output_tokens: LengthDistribution
 
 
-class WorkloadConfig(_Closed):
+class StreamConfig(_Closed):
     dataset: str = Field("sharegpt", description="length distributions from profiles/datasets.yaml")
     lengths: LengthsConfig | None = Field(None, description="inline lengths instead of the dataset's")
     arrivals: Arrivals
+
+
+class WorkloadConfig(StreamConfig):
+    batch: StreamConfig | None = Field(
+        None,
+        description="a second stream of requests that their clients mark as batch work (throughput, not latency), "
+        "merged with the first by arrival; the class is what the speculation-aware router reads (routing.py)",
+    )
 
 
 class Regime(_Closed):
@@ -205,19 +213,43 @@ class MemoryConfig(_Closed):
     min_resident: int = Field(0, ge=0, description="planner: replicas that keep their draft resident")
 
 
+class RouterConfig(_Closed):
+    """How arrivals are spread over the replicas (routing.py)."""
+
+    kind: Literal["least_outstanding", "speculation_aware"] = Field(
+        "least_outstanding",
+        description="'least_outstanding': the replica with the fewest running + waiting requests; "
+        "'speculation_aware': latency-sensitive requests to the least-loaded replica whose draft is resident, batch "
+        "requests (workload.batch) to the least-loaded one whose draft is offloaded, each within max_imbalance",
+    )
+    max_imbalance: int = Field(
+        8,
+        ge=0,
+        description="speculation_aware: the preferred replica may hold at most this many outstanding requests more "
+        "than the least-loaded one; beyond it the request goes to the least-loaded one",
+    )
+
+
 class Scenario(_Closed):
     name: str
     description: str = ""
     hardware: str = Field(description="name in profiles/hardware.yaml")
     pair: str = Field(description="name in profiles/pairs.yaml")
     tp: int | None = Field(None, gt=0, description="tensor-parallel size; default: the pair's")
-    num_replicas: int = Field(1, gt=0, description="engines behind a least-outstanding-requests router")
+    num_replicas: int = Field(1, gt=0, description="engines behind the router")
+    router: RouterConfig = Field(default_factory=RouterConfig, description="a mapping, or just the router's kind")
     engine: EngineConfig = Field(default_factory=EngineConfig)
     latency: LatencyConfig = Field(default_factory=LatencyConfig)
     workload: WorkloadConfig
     acceptance: AcceptanceConfig
     slo: SloConfig | None = None
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+
+    @field_validator("router", mode="before")
+    @classmethod
+    def _router_by_kind(cls, value: object) -> object:
+        # `router: speculation_aware` is short for `router: {kind: speculation_aware}`.
+        return {"kind": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _regimes_sorted(self) -> Scenario:

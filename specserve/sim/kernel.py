@@ -1,4 +1,4 @@
-"""The discrete-event loop: arrivals, a router, and replicas stepping back to back in virtual time.
+"""The discrete-event loop: arrivals, a router (routing.py), and replicas stepping back to back in virtual time.
 
 One ``Simulator`` per run, with its own event queue and RNG streams (house rule 9: no global simulator).
 The seed fans out into independent streams (numpy SeedSequence.spawn): the workload and each request's
@@ -25,6 +25,7 @@ from specserve.sim.events import EventQueue, Phase
 from specserve.sim.latency import StepTimer
 from specserve.sim.oracle import Truth, build_policy
 from specserve.sim.replica import Replica
+from specserve.sim.routing import Router
 from specserve.sim.scenario import ResolvedScenario, ScenarioError
 from specserve.sim.signals import SignalModel
 from specserve.sim.steps import StepListener
@@ -63,6 +64,8 @@ class SimResult:
     trace: list[TraceEntry] = field(default_factory=list)
     # Draft offload and reload, when the scenario enables it (memory.offload).
     memory: DraftMemorySim | None = None
+    # The router, with its count of every route taken (routing.py).
+    router: Router | None = None
 
 
 def _without_truth(factory: PolicyFactory) -> Callable[[EngineTraits, Truth], Policy]:
@@ -129,14 +132,22 @@ class Simulator:
             )
             replicas.append(truth.replica)
         memory = DraftMemorySim(scenario.memory, self.resolved, replicas) if scenario.memory.offload else None
+        router = Router(scenario.router, table.batch)
         trace: list[TraceEntry] = []
-        end_s = self._loop(workload, replicas, trace, memory)
+        end_s = self._loop(workload, replicas, router, trace, memory)
         spec = self.policy_spec or replicas[0].policy.spec
         wall_s = time.perf_counter() - started
-        return SimResult(self.resolved, spec, self.seed, workload, table, replicas, end_s, wall_s, trace, memory)
+        return SimResult(
+            self.resolved, spec, self.seed, workload, table, replicas, end_s, wall_s, trace, memory, router
+        )
 
     def _loop(
-        self, workload: Workload, replicas: list[Replica], trace: list[TraceEntry], memory: DraftMemorySim | None
+        self,
+        workload: Workload,
+        replicas: list[Replica],
+        router: Router,
+        trace: list[TraceEntry],
+        memory: DraftMemorySim | None,
     ) -> float:
         queue = EventQueue()
         busy = [False] * len(replicas)
@@ -156,7 +167,7 @@ class Simulator:
             if len(trace) < self.max_trace_events:
                 trace.append(TraceEntry(now_s, event.phase.name, event.replica, event.request))
             if event.phase is Phase.ARRIVAL:
-                replica = min(replicas, key=lambda r: r.num_outstanding)
+                replica = router.route(event.request, replicas)
                 replica.add(event.request)
                 if event.request + 1 < len(arrivals):
                     queue.push(arrivals[event.request + 1], Phase.ARRIVAL, request=event.request + 1)

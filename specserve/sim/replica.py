@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specserve.memory import ResidencyMachine
+from specserve.memory import DraftState, ResidencyMachine
 from specserve.sim.batch import RequestTable, RunningBatch
 from specserve.sim.config import EngineConfig
 from specserve.sim.drafting import Drafter, Drafts, StopHook
@@ -95,6 +95,11 @@ class Replica:
     @property
     def draft_resident(self) -> bool:
         return self.memory is None or self.memory.draft_resident
+
+    @property
+    def kv_expanded(self) -> bool:
+        """The draft is offloaded and its blocks are in the KV pool (not while either is still moving)."""
+        return self.memory is not None and self.memory.state is DraftState.OFFLOADED
 
     @property
     def num_outstanding(self) -> int:

@@ -9,15 +9,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 from pydantic import ValidationError
 
-from specserve.sim.config import Scenario, TraceArrivals
+from specserve.sim.config import Scenario, StreamConfig, TraceArrivals
 from specserve.sim.latency import LinearForward, StepTimer, roofline_timer
 from specserve.sim.profiles import GIB, HardwareProfile, ModelProfile, PairProfile, ProfileError, lookup
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "scenarios"
+_Stream = TypeVar("_Stream", bound=StreamConfig)
 
 
 class ScenarioError(ValueError):
@@ -43,11 +45,17 @@ def load_scenario(ref: str) -> Scenario:
         raise ScenarioError(f"scenario file {str(path)!r} must hold a mapping")
     raw.setdefault("name", path.stem)
     scenario = parse_scenario(raw, source=str(path))
-    arrivals = scenario.workload.arrivals
+    workload = _traces_from(scenario.workload, path.parent)
+    if workload.batch is not None and (batch := _traces_from(workload.batch, path.parent)) is not workload.batch:
+        workload = workload.model_copy(update={"batch": batch})
+    return scenario if workload is scenario.workload else scenario.model_copy(update={"workload": workload})
+
+
+def _traces_from(stream: _Stream, folder: Path) -> _Stream:
+    arrivals = stream.arrivals
     if isinstance(arrivals, TraceArrivals) and not Path(arrivals.path).is_absolute():
-        absolute = TraceArrivals(kind="trace", path=str(path.parent / arrivals.path))
-        scenario = scenario.model_copy(update={"workload": scenario.workload.model_copy(update={"arrivals": absolute})})
-    return scenario
+        return stream.model_copy(update={"arrivals": TraceArrivals(kind="trace", path=str(folder / arrivals.path))})
+    return stream
 
 
 def parse_scenario(raw: dict, source: str = "<dict>") -> Scenario:

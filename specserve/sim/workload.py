@@ -19,6 +19,7 @@ from specserve.sim.config import (
     PiecewiseArrivals,
     PoissonArrivals,
     RateSegment,
+    StreamConfig,
     TraceArrivals,
     WorkloadConfig,
 )
@@ -32,9 +33,14 @@ class Workload:
     arrival_s: np.ndarray  # float64 seconds from the start of the run
     prompt_tokens: np.ndarray  # int64
     output_tokens: np.ndarray  # int64, at least 1
+    # bool: the client marked the request as batch work (workload.batch); None: every request is latency-sensitive.
+    batch: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
+
+    def is_batch(self) -> np.ndarray:
+        return self.batch if self.batch is not None else np.zeros(len(self), dtype=bool)
 
 
 def rate_segments(arrivals: object) -> list[RateSegment]:
@@ -114,16 +120,34 @@ def read_trace(path: Path) -> Workload:
 
 
 def build_workload(cfg: WorkloadConfig, base_dir: Path, max_model_len: int, rng: np.random.Generator) -> Workload:
-    if isinstance(cfg.arrivals, TraceArrivals):
-        path = Path(cfg.arrivals.path)
-        workload = read_trace(path if path.is_absolute() else base_dir / path)
-    else:
-        arrival = poisson_arrivals(rate_segments(cfg.arrivals), rng)
-        lengths = cfg.lengths or lookup("dataset", cfg.dataset)
-        prompt = sample_lengths(lengths.prompt_tokens, len(arrival), rng)
-        output = sample_lengths(lengths.output_tokens, len(arrival), rng)
-        workload = Workload(arrival, prompt, output)
+    workload = _stream(cfg, base_dir, rng)
+    # The batch stream draws after the first, so a scenario without one draws exactly what it always did.
+    if cfg.batch is not None:
+        workload = _merge(workload, _stream(cfg.batch, base_dir, rng))
     # Every request must fit the model's context: prompt first, then as much output as is left.
     prompt = np.minimum(workload.prompt_tokens, max_model_len - 1)
     output = np.clip(workload.output_tokens, 1, max_model_len - prompt)
-    return Workload(workload.arrival_s, prompt, output)
+    return Workload(workload.arrival_s, prompt, output, workload.batch)
+
+
+def _stream(cfg: StreamConfig, base_dir: Path, rng: np.random.Generator) -> Workload:
+    if isinstance(cfg.arrivals, TraceArrivals):
+        path = Path(cfg.arrivals.path)
+        return read_trace(path if path.is_absolute() else base_dir / path)
+    arrival = poisson_arrivals(rate_segments(cfg.arrivals), rng)
+    lengths = cfg.lengths or lookup("dataset", cfg.dataset)
+    prompt = sample_lengths(lengths.prompt_tokens, len(arrival), rng)
+    output = sample_lengths(lengths.output_tokens, len(arrival), rng)
+    return Workload(arrival, prompt, output)
+
+
+def _merge(interactive: Workload, batch: Workload) -> Workload:
+    """One stream sorted by arrival (ties: the interactive request first), each request keeping its class."""
+    order = np.argsort(np.concatenate((interactive.arrival_s, batch.arrival_s)), kind="stable")
+    flags = np.concatenate((np.zeros(len(interactive), dtype=bool), np.ones(len(batch), dtype=bool)))
+    return Workload(
+        np.concatenate((interactive.arrival_s, batch.arrival_s))[order],
+        np.concatenate((interactive.prompt_tokens, batch.prompt_tokens))[order],
+        np.concatenate((interactive.output_tokens, batch.output_tokens))[order],
+        flags[order],
+    )

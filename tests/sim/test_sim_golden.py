@@ -18,6 +18,7 @@ import pytest
 from sim_helpers import small_scenario
 
 from specserve.sim import StepStats, simulate, summarize
+from specserve.sim.config import RouterConfig
 from specserve.speculation import StepRecord
 
 SEED = 11
@@ -111,6 +112,18 @@ def test_golden_runs(policy: str) -> None:
         accepted,
     )
     assert result.table.replica.tolist() == routed
+
+
+def test_the_default_router_is_least_outstanding_and_pinned() -> None:
+    """Naming the default router (routing.py) changes nothing: the same routes, end and tokens as the golden run."""
+    end_s, steps, tokens, drafted, accepted, routed = GOLDEN_RUNS["fixed:k=2"]
+    scenario = golden_scenario()
+    assert scenario.router.kind == "least_outstanding"
+    result = simulate(scenario.model_copy(update={"router": RouterConfig(kind="least_outstanding")}), "fixed:k=2", SEED)
+    assert result.end_s == pytest.approx(end_s, rel=1e-12)
+    assert [len(r.series_k) for r in result.replicas] == steps
+    assert result.table.replica.tolist() == routed
+    assert result.router is not None and sum(result.router.counts.values()) == len(routed)
 
 
 def test_event_order_is_time_then_phase_then_insertion() -> None:

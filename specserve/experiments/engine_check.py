@@ -161,7 +161,9 @@ def simulate_trace(trace: Path, timer: StepTimer, acceptance: AcceptanceConfig, 
         ),
         latency=LatencyConfig(),
         workload=WorkloadConfig(arrivals=TraceArrivals(kind="trace", path=str(trace.resolve()))),
-        # The engine gives the policy no draft signals; neither does this run.
+        # The engine's draft signals only cut drafts before verification (on the perf pair the calibrated rule cut
+        # almost none, bench/confident_prefix.py); the simulator's draft loop would use them to stop passes, a
+        # mechanism the engine does not have, so this run keeps them off.
         acceptance=acceptance.model_copy(update={"signals": SignalsConfig(enabled=False)}),
     )
     steps: list[dict] = []

@@ -27,7 +27,8 @@ class EngineTraits:
     # replicas/, the draft's forward cost in the simulator); None: not known, policies fall back to their own.
     resume_s_per_token: float | None = None
     # The draft loop asks the step's ``Decision.draft_stop`` after every pass, with the pass's draft confidence
-    # (the simulator with draft signals on). The vLLM engine cannot stop its draft loop early yet.
+    # (the simulator with draft signals on). vLLM's draft loop cannot be stopped from the scheduler: see
+    # ``verifies_confident_prefix``.
     asks_stop_drafting: bool = False
     # The engine reads each draft's confidence before verifying it and asks ``Decision.draft_stop`` position by
     # position, verifying only the prefix up to the stop (``confident_prefix``): vLLM, whose drafts are proposed a

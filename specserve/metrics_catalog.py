@@ -62,6 +62,7 @@ STATE = "state"  # draft residency: resident, offloaded, contracting
 DIRECTION = "direction"  # draft transfer: offload, reload
 WHERE = "where"  # a policy error: choose, observe, bad_k, describe (speculation/guard.py)
 KIND = "kind"  # controller decision: grant_reload, queue_reload, grant_offload, refuse_offload
+REASON = "reason"  # drafts cut before verification: cap, lag, confidence
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +136,13 @@ POLICY_ERRORS = _replica(
     "Policy failures the engine absorbed (the step ran at k=0), by where: choose, observe, bad_k, describe.",
     WHERE,
 )
+DRAFTS_CUT = _replica(
+    "specserve_drafts_cut_total",
+    Kind.COUNTER,
+    "Requests' draft lists cut before verification, by reason: cap (the policy's per-request cap), lag (the "
+    "draft's KV has a hole after skipped passes), confidence (the policy's rule kept a confident prefix).",
+    REASON,
+)
 STEP_DURATION = _replica(
     "specserve_step_duration_seconds", Kind.HISTOGRAM, "Wall time of one engine step.", boundaries=STEP_BOUNDARIES_S
 )
@@ -193,6 +201,7 @@ REPLICA_METRICS: tuple[Metric, ...] = (
     EMITTED_TOKENS,
     POLICY_SECONDS,
     POLICY_ERRORS,
+    DRAFTS_CUT,
     STEP_DURATION,
     KV_BLOCKS_TOTAL,
     KV_BLOCKS_FREE,

@@ -29,6 +29,7 @@ class ReplicaMetrics:
         self._emitted = _counter(catalog.EMITTED_TOKENS, tags)
         self._policy_time = _counter(catalog.POLICY_SECONDS, tags)
         self._policy_errors = _counter(catalog.POLICY_ERRORS, tags)
+        self._drafts_cut = _counter(catalog.DRAFTS_CUT, tags)
         self._step_time = _histogram(catalog.STEP_DURATION, tags)
         self._kv_total = _gauge(catalog.KV_BLOCKS_TOTAL, tags)
         self._kv_free = _gauge(catalog.KV_BLOCKS_FREE, tags)
@@ -82,6 +83,14 @@ class ReplicaMetrics:
             delta = count - (before.policy_errors.get(where, 0) if before else 0)
             if delta > 0:
                 self._policy_errors.inc(delta, tags={catalog.WHERE: where})
+        for reason, field in (
+            ("cap", "num_drafts_capped"),
+            ("lag", "num_drafts_cut_for_lag"),
+            ("confidence", "num_drafts_cut_by_confidence"),
+        ):
+            delta = getattr(now, field) - (getattr(before, field) if before else 0)
+            if delta > 0:
+                self._drafts_cut.inc(delta, tags={catalog.REASON: reason})
         for duration in now.step_durations_s:
             self._step_time.observe(duration)
         self._update_memory(now, before)

@@ -48,6 +48,7 @@ EXPORTED_NAMES = {
     "ray_specserve_emitted_tokens_total",
     "ray_specserve_policy_seconds_total",
     "ray_specserve_policy_errors_total",
+    "ray_specserve_drafts_cut_total",
     "ray_specserve_step_duration_seconds",
     "ray_specserve_kv_blocks_total",
     "ray_specserve_kv_blocks_free",
@@ -98,3 +99,35 @@ def test_the_replica_registers_exactly_the_catalogs_replica_metrics(monkeypatch)
     replica_metrics.ReplicaMetrics(model="m", replica="r")
     expected = {m.name: (m.kind.value, m.labels, m.boundaries) for m in catalog.REPLICA_METRICS}
     assert recorder.registered == expected
+
+
+def test_drafts_cut_are_exported_as_deltas_by_reason(monkeypatch):
+    from telemetry_samples import engine_telemetry
+
+    from specserve.replicas import metrics as replica_metrics
+
+    incs: list[tuple[str, float, dict]] = []
+
+    class _Metric:
+        def __init__(self, name, description="", tag_keys=(), boundaries=()):
+            self.name = name
+
+        def set_default_tags(self, tags):
+            pass
+
+        def inc(self, value=1.0, tags=None):
+            incs.append((self.name, value, dict(tags or {})))
+
+        def set(self, value, tags=None):
+            pass
+
+        def observe(self, value, tags=None):
+            pass
+
+    for kind in ("Gauge", "Counter", "Histogram"):
+        monkeypatch.setattr(replica_metrics.metrics, kind, _Metric)
+    exported = replica_metrics.ReplicaMetrics(model="m", replica="r")
+    exported.update(engine_telemetry(num_drafts_capped=2, num_drafts_cut_for_lag=0, num_drafts_cut_by_confidence=5))
+    exported.update(engine_telemetry(num_drafts_capped=2, num_drafts_cut_for_lag=1, num_drafts_cut_by_confidence=9))
+    cut = [(value, tags[catalog.REASON]) for name, value, tags in incs if name == catalog.DRAFTS_CUT.name]
+    assert cut == [(2, "cap"), (5, "confidence"), (1, "lag"), (4, "confidence")]

@@ -85,8 +85,8 @@ def clear(runner: GPUModelRunner) -> None:
     setattr(runner, _SIGNALS_ATTR, None)
 
 
-def _signals(logits: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
+def _signals(log_probs: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the probability of the drafted token, and the distribution's entropy in nats."""
     confidence = log_probs.gather(-1, token_ids.view(-1, 1).long()).squeeze(-1).exp()
     entropy = -(log_probs.exp() * log_probs).sum(-1)
     return confidence, entropy
@@ -103,13 +103,11 @@ def _sample_with_signals(self: SpecDecodeBaseProposer, hidden_states: torch.Tens
         # vLLM's greedy branch, with the logits kept for the signals.
         logits = self.model.compute_logits(hidden_states)
         token_ids = logits.argmax(dim=-1)
-        passes.append(_signals(logits, token_ids))
+        passes.append(_signals(torch.log_softmax(logits.float(), dim=-1), token_ids))
         return token_ids, None
     token_ids, probs = _original_sample(self, hidden_states, sampling_metadata)
     if probs is not None:
-        log_probs = probs.float().clamp_min(1e-30).log()
-        confidence = probs.gather(-1, token_ids.view(-1, 1).long()).squeeze(-1).float()
-        passes.append((confidence, -(probs.float() * log_probs).sum(-1)))
+        passes.append(_signals(probs.float().clamp_min(1e-30).log(), token_ids))
     return token_ids, probs
 
 

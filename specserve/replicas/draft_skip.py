@@ -53,7 +53,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 # sampler_guard, draft_signals and plain_step install their wrappers on import.
 from specserve.replicas import draft_memory, draft_signals, plain_step, sampler_guard  # noqa: F401
-from specserve.replicas.k0_skip import skipping_enabled, step_skips_draft_pass
+from specserve.replicas.k0_skip import runner_skips, step_skips_draft_pass
 from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan
 
 # Per worker process: draft passes skipped and run, requests caught up and their tokens, read by tests
@@ -62,7 +62,6 @@ _counts = {"skipped": 0, "ran": 0, "caught_up": 0, "catch_up_tokens": 0}
 # Per pass that ran on this worker: (requests, catch-up tokens, seconds in the drafter's propose), the raw
 # material of the catch-up cost profile (bench/catch_up_cost.py).
 _propose_times: deque[tuple[int, int, float]] = deque(maxlen=4096)
-_ENABLED_ATTR = "_specserve_skips_k0_draft_pass"
 _TRACKER_ATTR = "_specserve_draft_kv"
 # The draft rebuild under way (draft_memory.DraftLoader), if any.
 _LOADER_ATTR = "_specserve_draft_loader"
@@ -75,10 +74,7 @@ _original_propose = GPUModelRunner.propose_draft_token_ids
 def _propose_or_skip(
     self: GPUModelRunner, scheduler_output: SchedulerOutput, *args: Any, **kwargs: Any
 ) -> list[list[int]] | torch.Tensor:
-    enabled = getattr(self, _ENABLED_ATTR, None)
-    if enabled is None:
-        enabled = skipping_enabled(self.vllm_config)
-        setattr(self, _ENABLED_ATTR, enabled)
+    enabled = runner_skips(self)
     if not step_skips_draft_pass(enabled, scheduler_output, draft_memory.draft_resident(self)):
         _counts["ran"] += 1
         if enabled:

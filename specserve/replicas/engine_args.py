@@ -138,7 +138,11 @@ def speculative_engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
         worker_extension_cls=WORKER_EXTENSION_CLS,
         additional_config={
             ADDITIONAL_CONFIG_KEY: EngineControlConfig(
-                spec.policy, spec.skip_k0_draft_pass, spec.policy_modules, spec.draft_offload, spec.draft_signals
+                policy=spec.policy,
+                skip_k0_draft_pass=spec.skip_k0_draft_pass,
+                policy_modules=spec.policy_modules,
+                draft_offload=spec.draft_offload,
+                draft_signals=spec.draft_signals,
             ).to_additional_config()
         },
         speculative_config={

@@ -39,6 +39,18 @@ def skipping_enabled(vllm_config: Any) -> bool:
     return EngineControlConfig.from_additional_config(data).skip_k0_draft_pass
 
 
+_RUNNER_ATTR = "_specserve_skips_k0_draft_pass"
+
+
+def runner_skips(runner: Any) -> bool:
+    """``skipping_enabled`` for a worker's model runner, read from its config once and kept on it."""
+    enabled = getattr(runner, _RUNNER_ATTR, None)
+    if enabled is None:
+        enabled = skipping_enabled(runner.vllm_config)
+        setattr(runner, _RUNNER_ATTR, enabled)
+    return enabled
+
+
 CATCH_UP_PROFILE = Path(__file__).with_name("catch_up_cpu.json")
 
 

@@ -73,12 +73,8 @@ class ReplicaMetrics:
         _add_deltas(self._reached, position, now.num_reached_per_pos, before.num_reached_per_pos if before else ())
         _add_deltas(self._accepted, position, now.num_accepted_per_pos, before.num_accepted_per_pos if before else ())
         _add_deltas(self._steps, catalog.K, now.num_steps_by_k, before.num_steps_by_k if before else ())
-        emitted = now.num_emitted_tokens - (before.num_emitted_tokens if before else 0)
-        if emitted > 0:
-            self._emitted.inc(emitted)
-        policy_s = now.policy_s - (before.policy_s if before else 0.0)
-        if policy_s > 0:
-            self._policy_time.inc(policy_s)
+        _add_field_delta(self._emitted, "num_emitted_tokens", now, before)
+        _add_field_delta(self._policy_time, "policy_s", now, before)
         for where, count in now.policy_errors.items():
             delta = count - (before.policy_errors.get(where, 0) if before else 0)
             if delta > 0:
@@ -88,9 +84,7 @@ class ReplicaMetrics:
             ("lag", "num_drafts_cut_for_lag"),
             ("confidence", "num_drafts_cut_by_confidence"),
         ):
-            delta = getattr(now, field) - (getattr(before, field) if before else 0)
-            if delta > 0:
-                self._drafts_cut.inc(delta, tags={catalog.REASON: reason})
+            _add_field_delta(self._drafts_cut, field, now, before, {catalog.REASON: reason})
         for duration in now.step_durations_s:
             self._step_time.observe(duration)
         self._update_memory(now, before)
@@ -112,17 +106,13 @@ class ReplicaMetrics:
                 (self._transfer_s, seconds),
                 (self._transfer_bytes, moved),
             ):
-                delta = getattr(now, field) - (getattr(before, field) if before else 0)
-                if delta > 0:
-                    counter.inc(delta, tags={catalog.DIRECTION: direction})
+                _add_field_delta(counter, field, now, before, {catalog.DIRECTION: direction})
         for counter, field in (
             (self._reload_failures, "num_reload_failures"),
             (self._migrated, "blocks_migrated"),
             (self._migrate_s, "migrate_s"),
         ):
-            delta = getattr(now, field) - (getattr(before, field) if before else 0)
-            if delta > 0:
-                counter.inc(delta)
+            _add_field_delta(counter, field, now, before)
 
 
 def _gauge(metric: catalog.Metric, tags: dict[str, str]) -> metrics.Gauge:
@@ -143,6 +133,19 @@ def _histogram(metric: catalog.Metric, tags: dict[str, str]) -> metrics.Histogra
     )
     histogram.set_default_tags(tags)
     return histogram
+
+
+def _add_field_delta(
+    counter: metrics.Counter,
+    field: str,
+    now: EngineTelemetry,
+    before: EngineTelemetry | None,
+    tags: dict[str, str] | None = None,
+) -> None:
+    """Add what the cumulative telemetry ``field`` grew by since ``before`` (None before the first read)."""
+    delta = getattr(now, field) - (getattr(before, field) if before else 0)
+    if delta > 0:
+        counter.inc(delta, tags=tags)
 
 
 def _add_deltas(counter: metrics.Counter, key: str, now: tuple[int, ...], before: tuple[int, ...]) -> None:

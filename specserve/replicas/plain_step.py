@@ -30,9 +30,8 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from specserve.replicas import draft_memory
-from specserve.replicas.k0_skip import skipping_enabled, step_skips_draft_pass
+from specserve.replicas.k0_skip import runner_skips, step_skips_draft_pass
 
-_ENABLED_ATTR = "_specserve_plain_k0_steps"
 # Steps that ran as plain steps on this worker (read by tests through the worker extension).
 counts = {"plain_steps": 0}
 
@@ -42,10 +41,7 @@ _original_prepare = GPUModelRunner._prepare_inputs
 def _prepare_plain_when_skipped(
     self: GPUModelRunner, scheduler_output: SchedulerOutput, num_scheduled_tokens: np.ndarray
 ) -> Any:
-    enabled = getattr(self, _ENABLED_ATTR, None)
-    if enabled is None:
-        enabled = skipping_enabled(self.vllm_config)
-        setattr(self, _ENABLED_ATTR, enabled)
+    enabled = runner_skips(self)
     plain = (
         enabled
         and not scheduler_output.scheduled_spec_decode_tokens

@@ -50,6 +50,7 @@ from specserve.replicas.signalled_drafts import SignalledDraftTokenIds
 from specserve.replicas.telemetry import StepCounters
 from specserve.speculation import (
     Decision,
+    DraftStop,
     EngineTraits,
     GuardedPolicy,
     PositionAcceptance,
@@ -123,7 +124,7 @@ class AdaptiveKScheduler(Scheduler):
             self.elastic.before_schedule()
         self._truncate_drafts(k, dict(decision.max_k_per_request))
         if decision.draft_stop is not None and k > 0:
-            self._verify_confident_prefix(decision)
+            self._verify_confident_prefix(decision.draft_stop)
         output = super().schedule(*args, **kwargs)
         if output.num_scheduled_tokens:
             output.num_spec_tokens_to_schedule = k
@@ -227,15 +228,14 @@ class AdaptiveKScheduler(Scheduler):
             return None
         return kept[1][: len(drafts)], kept[2][: len(drafts)]
 
-    def _verify_confident_prefix(self, decision: Decision) -> None:
+    def _verify_confident_prefix(self, stop: DraftStop) -> None:
         """Cut every request's drafts to the prefix the step's rule keeps (``confident_prefix``)."""
         with_drafts = [r for r in self.running if r.spec_token_ids]
         signals = [self._draft_signals(r.request_id, r.spec_token_ids) for r in with_drafts]
         confidences = [s[0] for s in signals if s is not None]
         if not confidences or len(confidences) < len(with_drafts):
             return  # a request without signals: the rule would read a batch it does not see
-        assert decision.draft_stop is not None
-        keep = confident_prefix(decision.draft_stop, confidences)
+        keep = confident_prefix(stop, confidences)
         for request in with_drafts:
             if len(request.spec_token_ids) > keep:
                 request.spec_token_ids = request.spec_token_ids[:keep]

@@ -211,7 +211,10 @@ class AdaptivePolicy(Policy):
         marginal cost. ``passes``: every row runs that many draft passes (k drafts verified each), else k."""
         batch, prefill = ctx.num_running, ctx.num_prefill_tokens
         ks = np.arange(self.max_k + 1)
-        draft_passes = np.where(ks > 0, ks, int(self.traits.k0_runs_draft_pass)) if passes is None else ks * 0 + passes
+        if passes is None:
+            draft_passes = np.where(ks > 0, ks, int(self.traits.k0_runs_draft_pass))
+        else:
+            draft_passes = np.full_like(ks, passes)
         step_s = self.latency.predict_many(ctx.num_context_tokens, prefill + batch * (ks + 1), draft_passes, batch)
         prefill_s = self.latency.batched_token_seconds(prefill) if prefill else 0.0
         corrections = np.array(self.correction.corrections_s(batch, self.max_k + 1))

@@ -2,14 +2,15 @@
 requests stream, against the same requests decoded without speculation.
 
     PYTHONPATH=$PWD .venv/bin/python bench/elastic_draft.py [--pair perf --size S --agreement 0.6 | --pair trained]
-        [--requests 16] [--max-tokens 160] [--blocks 40] [--out FILE]
+        [--requests 16] [--max-tokens 160] [--blocks 40] [--block-size 128] [--out FILE]
 
 One engine (fixed k = 4, a KV pool of ``--blocks`` blocks so the requests press on it). The requests arrive
 two per step; once the slowest has 8 tokens the draft is offloaded and the pool grown by the draft's bytes;
 at half its tokens the draft is reloaded (the grown region's live blocks migrate below it, the pool is cut, and
 the draft is rebuilt on a worker thread while steps go on). Reported: outputs equal to plain decoding and none
-lost, the worker's resident memory freed by the drop against the draft's bytes, the pool's growth in bytes
-against the same, the blocks migrated, the reload's time, the steps that ran meanwhile and the longest gap
+lost, the worker's resident memory freed by the drop against the draft's bytes, the KV buffer's growth in bytes
+against the same (the expanded pool's blocks hold no draft pages: the draft's share of every block is lent too),
+the target's KV capacity in blocks before and after, the blocks migrated, the reload's time, the steps that ran meanwhile and the longest gap
 between two steps then (against the run's median gap), and how long after the reload the requests drafted
 again (catch-up). The EngineCore steps on its own, so the times
 between marks are read from this process and include up to a few steps of slack.
@@ -80,7 +81,8 @@ def main() -> None:
     add_perf_options(parser, size="S", agreement=0.6)
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=160)
-    parser.add_argument("--blocks", type=int, default=40, help="the KV pool's baseline blocks (128 tokens each)")
+    parser.add_argument("--blocks", type=int, default=40, help="the KV pool's baseline blocks")
+    parser.add_argument("--block-size", type=int, default=128, help="tokens per KV block (vLLM's CPU default: 128)")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
 
@@ -92,7 +94,7 @@ def main() -> None:
     pair = cached_pair(args.pair, **options)
     prompts = [PROMPTS[i % len(PROMPTS)] + "#" * (i // len(PROMPTS)) for i in range(args.requests)]
     spec = EngineSpec(target=str(pair.target), draft=str(pair.draft), policy="fixed:k=4", max_k=4, max_num_seqs=16)
-    kwargs = {**speculative_engine_kwargs(spec), "num_gpu_blocks_override": args.blocks}
+    kwargs = {**speculative_engine_kwargs(spec), "num_gpu_blocks_override": args.blocks, "block_size": args.block_size}
     marks: dict[str, Any] = {}
     with engine_env.applied(engine_env.engine_env(tempfile.mkdtemp(prefix="specserve-elastic-bench-"))):
         with offline.offline_llm(**kwargs) as llm:
@@ -125,13 +127,15 @@ def main() -> None:
             steps = offline.read_step_log(llm, since_step=start.num_steps)
     offloaded = marks["offloaded"]
     grown_blocks = offloaded["kv_blocks_total"] - offloaded["kv_blocks_baseline"]
-    bytes_per_block = offloaded["bytes_per_block"]
+    buffer_baseline = offloaded["kv_blocks_baseline"] * offloaded["bytes_per_block"]
+    buffer_expanded = offloaded["kv_blocks_total"] * (offloaded["bytes_per_block"] - offloaded["draft_kv_bytes_per_block"])
     report = {
         "what": "one offload -> expand -> contract -> reload cycle on a real vLLM engine while requests stream (CPU)",
         "pair": {"kind": args.pair, **options},
         "requests": args.requests,
         "max_tokens": args.max_tokens,
         "baseline_blocks": args.blocks,
+        "block_size": args.block_size,
         "outputs_identical_to_plain_decoding": tokens == reference,
         # Per differing request: (request, first differing position); empty when identical.
         "first_differences": first_differences(tokens, reference),
@@ -139,9 +143,13 @@ def main() -> None:
         "draft_bytes": offloaded["draft_bytes"],
         "worker_rss_freed_bytes": offloaded["last_rss_freed_bytes"],
         "rss_freed_over_draft_bytes": offloaded["last_rss_freed_bytes"] / offloaded["draft_bytes"],
+        "bytes_per_block": offloaded["bytes_per_block"],
+        "draft_kv_bytes_per_block": offloaded["draft_kv_bytes_per_block"],
         "pool_grown_blocks": grown_blocks,
-        "pool_grown_bytes": grown_blocks * bytes_per_block,
-        "pool_grown_over_draft_bytes": grown_blocks * bytes_per_block / offloaded["draft_bytes"],
+        "pool_blocks_expanded_over_baseline": offloaded["kv_blocks_total"] / offloaded["kv_blocks_baseline"],
+        "kv_buffer_bytes_baseline": buffer_baseline,
+        "kv_buffer_bytes_expanded": buffer_expanded,
+        "kv_buffer_grown_over_draft_bytes": (buffer_expanded - buffer_baseline) / offloaded["draft_bytes"],
         "offload_s": memory["offload_s"],
         "blocks_migrated": memory["blocks_migrated"],
         "migrate_s": memory["migrate_s"],

@@ -17,6 +17,8 @@ pass sees a half-changed model or cache.
 - **Resize.** The KV cache is one backing buffer, each layer a constant-stride region of ``num_blocks``
   pages (layout LBHNC): growing or shrinking reallocates it and copies the pages that stay, then rebinds
   every layer, target and draft. Shrinking keeps blocks ``[0, num_blocks)``; the scheduler has emptied the rest.
+  While the draft is away the buffer is laid out without the draft's layers (their share of every block is
+  lent to the pool); the contraction lays them out again, empty.
 
 Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
 
@@ -30,7 +32,7 @@ Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
   ``layer_stride``, ``block_stride``, ``layers``; ``kv_cache_groups``), ``.kv_caches``, ``.attn_groups``,
   ``._kernel_block_sizes``, ``.device``, ``.cache_config.get_resolved_kv_cache_layout()``.
 - ``v1/worker/utils.py``: ``allocate_kv_cache`` (564), ``bind_kv_cache`` (811), ``map_kv_caches_to_kernel_blocks``
-  (460).
+  (460), ``clear_layer_kv_caches`` (888).
 - ``config.set_current_vllm_config``: the draft's layers read the current config while they are built.
 - ``Attention.bind_kv_cache`` and attributes set after construction (``v1/attention/backends/cpu_attn.py:157``:
   ``isa``; ``is_draft_layer``).
@@ -52,6 +54,7 @@ import torch
 _DRAFT_PREFIX = "draft_model."
 # The dropped draft's attention layers, by name: their KV views are rebound (and resized) while it is away.
 _SAVED_LAYERS_ATTR = "_specserve_dropped_draft_layers"
+_FULL_KV_CONFIG_ATTR = "_specserve_full_kv_config"
 
 
 def rss_bytes() -> int:
@@ -70,11 +73,32 @@ def draft_resident(runner: Any) -> bool:
     return drafter is not None and drafter.model is not None
 
 
-def kv_bytes_per_block(runner: Any) -> int:
-    """Bytes one KV block takes over every layer, target and draft (the backing buffer's size per block)."""
-    config = runner.kv_cache_config
-    (size,) = {tensor.size for tensor in config.kv_cache_tensors}
-    return int(size // config.num_blocks)
+def _full_kv_config(runner: Any) -> Any:
+    """The KV layout with the draft's layers, as vLLM made it: kept once, so that a pool resized without the draft's
+    pages (``resize_kv(..., lend_draft_kv=True)``) can be laid out with them again."""
+    full = getattr(runner, _FULL_KV_CONFIG_ATTR, None)
+    if full is None:
+        full = deepcopy(runner.kv_cache_config)
+        setattr(runner, _FULL_KV_CONFIG_ATTR, full)
+    return full
+
+
+def kv_layout(runner: Any) -> dict[str, int]:
+    """Bytes of one KV block over every layer, target and draft (``bytes_per_block``), the draft layers' share of
+    it (``draft_kv_bytes_per_block``), and the backing buffer's bytes now (``buffer_bytes``)."""
+    full = _full_kv_config(runner)
+    (size,) = {tensor.size for tensor in full.kv_cache_tensors}
+    draft = sum(
+        tensor.block_stride * sum(name.startswith(_DRAFT_PREFIX) for name in tensor.layers)
+        for tensor in full.kv_cache_tensors
+    )
+    (buffer,) = {tensor.size for tensor in runner.kv_cache_config.kv_cache_tensors}
+    return {
+        "num_blocks": int(runner.kv_cache_config.num_blocks),
+        "bytes_per_block": int(size // full.num_blocks),
+        "draft_kv_bytes_per_block": int(draft),
+        "buffer_bytes": int(buffer),
+    }
 
 
 def drop_draft(runner: Any) -> dict[str, float]:
@@ -178,12 +202,11 @@ def migrate_blocks(runner: Any, moves: list[tuple[int, int]]) -> dict[str, float
     destinations = torch.tensor([destination for _, destination in moves], dtype=torch.long)
     forward_context = {**runner.compilation_config.static_forward_context, **getattr(runner, _SAVED_LAYERS_ATTR, {})}
     caches = {}  # layers that share a cache share its pages: copy them once
-    for group in runner.kv_cache_config.kv_cache_groups:
-        for name in group.layer_names:
-            kv = forward_context[name].kv_cache
-            if kv.shape[0] != runner.kv_cache_config.num_blocks:  # checked for every layer before any copy
-                raise RuntimeError(f"layer {name} binds kernel blocks of another size; cannot migrate its blocks")
-            caches[kv.data_ptr()] = kv
+    for name in _paged_layers(runner.kv_cache_config):  # a lent draft's layers have no pages to move
+        kv = forward_context[name].kv_cache
+        if kv.shape[0] != runner.kv_cache_config.num_blocks:  # checked for every layer before any copy
+            raise RuntimeError(f"layer {name} binds kernel blocks of another size; cannot migrate its blocks")
+        caches[kv.data_ptr()] = kv
     for kv in caches.values():
         kv[destinations] = kv[sources]
     remap = dict(moves)
@@ -199,23 +222,44 @@ def migrate_blocks(runner: Any, moves: list[tuple[int, int]]) -> dict[str, float
     return {"seconds": time.perf_counter() - started}
 
 
-def resize_kv(runner: Any, num_blocks: int) -> dict[str, float]:
-    """Reallocate the KV cache for ``num_blocks`` blocks, keeping the pages of blocks below both sizes."""
-    from vllm.v1.worker.utils import allocate_kv_cache, bind_kv_cache, map_kv_caches_to_kernel_blocks
+def _paged_layers(config: Any) -> list[str]:
+    return [name for tensor in config.kv_cache_tensors for name in tensor.layers]
+
+
+def resize_kv(runner: Any, num_blocks: int, lend_draft_kv: bool = False) -> dict[str, float]:
+    """Reallocate the KV cache for ``num_blocks`` blocks, keeping the pages of blocks below both sizes.
+
+    With ``lend_draft_kv`` (the draft is away) the buffer holds the target's layers only: the draft's pages of
+    every block are lent to the pool too, and the draft's layers bind an empty cache until a resize without it
+    lays their pages out again (zeroed: a rebuilt draft catches its KV up over every request's context).
+    """
+    from vllm.v1.worker.utils import (
+        allocate_kv_cache,
+        bind_kv_cache,
+        clear_layer_kv_caches,
+        map_kv_caches_to_kernel_blocks,
+    )
 
     old_config = runner.kv_cache_config
     old_n = old_config.num_blocks
     if num_blocks < 2:
         raise ValueError(f"num_blocks={num_blocks}: the pool needs the null block and one more")
+    saved_draft_layers = getattr(runner, _SAVED_LAYERS_ATTR, {})
+    if lend_draft_kv and draft_resident(runner):
+        raise RuntimeError("cannot lend the draft's KV pages while the draft is resident")
     started = time.perf_counter()
-    forward_context = {**runner.compilation_config.static_forward_context, **getattr(runner, _SAVED_LAYERS_ATTR, {})}
-    names = [name for group in old_config.kv_cache_groups for name in group.layer_names]
-    config = deepcopy(old_config)
-    config.num_blocks = num_blocks
-    offset = 0
-    for tensor in config.kv_cache_tensors:  # layer-outermost: every layer's region scales with the blocks
+    forward_context = {**runner.compilation_config.static_forward_context, **saved_draft_layers}
+    for tensor in old_config.kv_cache_tensors:
         if tensor.layer_stride != tensor.block_stride * old_n:
             raise RuntimeError("the KV cache is not laid out layer-outermost (LBHNC); cannot resize it")
+    config = deepcopy(_full_kv_config(runner))
+    config.num_blocks = num_blocks
+    if lend_draft_kv:
+        for tensor in config.kv_cache_tensors:
+            tensor.layers = [name for name in tensor.layers if not name.startswith(_DRAFT_PREFIX)]
+        config.kv_cache_tensors = [tensor for tensor in config.kv_cache_tensors if tensor.layers]
+    offset = 0
+    for tensor in config.kv_cache_tensors:  # layer-outermost: every layer's region scales with the blocks
         tensor.layer_stride = tensor.block_stride * num_blocks
         tensor.offset = offset
         offset += tensor.layer_stride * len(tensor.layers)
@@ -225,7 +269,7 @@ def resize_kv(runner: Any, num_blocks: int) -> dict[str, float]:
         config, runner.device, runner.cache_config.get_resolved_kv_cache_layout(), runner._kernel_block_sizes
     )
     kept = min(old_n, num_blocks)
-    for name in names:
+    for name in set(_paged_layers(old_config)) & kv_caches.keys():
         if forward_context[name].kv_cache.shape[0] != old_n:
             raise RuntimeError(f"layer {name} binds kernel blocks of another size; cannot resize its cache")
         kv_caches[name][:kept].copy_(forward_context[name].kv_cache[:kept])
@@ -240,5 +284,7 @@ def resize_kv(runner: Any, num_blocks: int) -> dict[str, float]:
         kv_cache_groups=config.kv_cache_groups,
         layer_kv_caches=map_kv_caches_to_kernel_blocks(kv_caches, groups),
     )
+    if lend_draft_kv:  # their views still point into the old buffer, which must go
+        clear_layer_kv_caches(layer for name, layer in forward_context.items() if name not in kv_caches)
     runner.kv_cache_config = config
     return {"seconds": time.perf_counter() - started}

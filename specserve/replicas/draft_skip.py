@@ -214,11 +214,7 @@ class DraftSkipWorkerExtension:
 
     def specserve_kv_layout(self) -> dict[str, int]:
         runner = self.model_runner  # type: ignore[attr-defined]
-        return {
-            "num_blocks": int(runner.kv_cache_config.num_blocks),
-            "bytes_per_block": draft_memory.kv_bytes_per_block(runner),
-            "draft_resident": int(draft_memory.draft_resident(runner)),
-        }
+        return {**draft_memory.kv_layout(runner), "draft_resident": int(draft_memory.draft_resident(runner))}
 
     def specserve_drop_draft(self) -> dict[str, float]:
         runner = self.model_runner  # type: ignore[attr-defined]
@@ -251,5 +247,5 @@ class DraftSkipWorkerExtension:
     def specserve_migrate_blocks(self, moves: list[tuple[int, int]]) -> dict[str, float]:
         return draft_memory.migrate_blocks(self.model_runner, moves)  # type: ignore[attr-defined]
 
-    def specserve_resize_kv(self, num_blocks: int) -> dict[str, float]:
-        return draft_memory.resize_kv(self.model_runner, num_blocks)  # type: ignore[attr-defined]
+    def specserve_resize_kv(self, num_blocks: int, lend_draft_kv: bool = False) -> dict[str, float]:
+        return draft_memory.resize_kv(self.model_runner, num_blocks, lend_draft_kv)  # type: ignore[attr-defined]

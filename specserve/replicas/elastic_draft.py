@@ -14,8 +14,10 @@ blocks withheld, its live ones migrated to free blocks below it, Nightjar §6.4;
 too few free blocks are left below to take them); ``reloading`` (the pool cut back to its baseline, the draft
 rebuilt on a worker thread while steps go on at k = 0, swapped in between two steps once built).
 
-The draft's bytes are what its checkpoint's tensors take at the engine's dtype; the draft-equivalent blocks
-are those bytes over one block's bytes (every layer, target and draft), rounded up.
+The draft's bytes are what its checkpoint's tensors take at the engine's dtype. A block holds a page of every
+layer, target and draft; while the draft is away the worker lays the buffer out without the draft's pages, so
+the offload lends the draft's weights and its share of every baseline block, and the draft-equivalent blocks are
+those bytes over a target-only block's bytes, rounded up (``KvCapacity`` with ``draft_kv_bytes_per_block``).
 """
 
 from __future__ import annotations
@@ -120,7 +122,10 @@ class ElasticDraft:
         except (OSError, ValueError) as exc:  # a hub id, or another format: serving goes on, offload is refused
             logger.warning("specserve: the draft's size is unknown (%s); it will not be offloaded", exc)
             self.draft_bytes = 0
-        self.bytes_per_block = 0  # the worker's, read at the first offload
+        # The worker's block layout (bytes of a block over every layer, and the draft layers' share of them),
+        # read at the first offload or the triggers' first step.
+        self.bytes_per_block = 0
+        self.draft_kv_bytes_per_block = 0
         self.counters = MemoryCounters()
         self._reload_started = 0.0
         self._reload_steps = (0, 0)
@@ -140,11 +145,10 @@ class ElasticDraft:
         if not self.scheduler.skips_k0_draft_pass:
             raise RuntimeError("offloading the draft needs skip_k0_draft_pass: the draft's KV must be able to lag")
         started = time.perf_counter()
-        (layout,) = core.collective_rpc("specserve_kv_layout")[:1]
+        self._read_layout(core)
         (dropped,) = core.collective_rpc("specserve_drop_draft")[:1]
         self.state = OFFLOADED  # from here on no step may run the draft
         self.scheduler.draft_kv.draft_upto.clear()
-        self.bytes_per_block = layout["bytes_per_block"]
         total = self._grow(core)
         c = self.counters
         c.num_offloads += 1
@@ -163,7 +167,12 @@ class ElasticDraft:
         self._contract(core)
 
     def capacity(self) -> KvCapacity:
-        return KvCapacity(self.baseline_blocks, self.draft_bytes, self.bytes_per_block)
+        return KvCapacity(self.baseline_blocks, self.draft_bytes, self.bytes_per_block, self.draft_kv_bytes_per_block)
+
+    def _read_layout(self, core: Any) -> None:
+        (layout,) = core.collective_rpc("specserve_kv_layout")[:1]
+        self.bytes_per_block = layout["bytes_per_block"]
+        self.draft_kv_bytes_per_block = layout["draft_kv_bytes_per_block"]
 
     def before_schedule(self) -> None:
         """While contracting, or while the triggers wait for the grown blocks to drain before a reload, keep
@@ -206,7 +215,7 @@ class ElasticDraft:
 
     def _follow_triggers(self, core: Any) -> None:
         if self.machine is None:
-            self.bytes_per_block = core.collective_rpc("specserve_kv_layout")[0]["bytes_per_block"]
+            self._read_layout(core)
             self.machine = ResidencyMachine(self.capacity(), self.auto, self_grant=not self.coordinated)
         machine, scheduler = self.machine, self.scheduler
         if machine.state in (DraftState.RESIDENT, DraftState.OFFLOADED) and machine.state.value != self.state:
@@ -266,7 +275,7 @@ class ElasticDraft:
             self.counters.migrate_s += time.perf_counter() - started
         self._reload_started = time.perf_counter()
         self._reload_steps = self._step_counts()
-        core.collective_rpc("specserve_resize_kv", args=(self.baseline_blocks,))
+        core.collective_rpc("specserve_resize_kv", args=(self.baseline_blocks, False))  # the draft's pages again
         kv_pool.shrink(self.scheduler, self.baseline_blocks)
         self.state = RELOADING
         self._log("reloading", f"pool back at {self.baseline_blocks} blocks ({plan.num_moved} migrated)")
@@ -290,9 +299,10 @@ class ElasticDraft:
             self.machine.reload_done(time.monotonic(), ok=False)
 
     def _grow(self, core: Any) -> int:
-        """Lend the draft's bytes to the KV cache: the worker's tensors first, then the scheduler's pool."""
+        """Lend the draft's bytes (weights and KV pages) to the KV cache: the worker's tensors first, then the
+        scheduler's pool."""
         total = self.capacity().num_expanded_blocks
-        core.collective_rpc("specserve_resize_kv", args=(total,))
+        core.collective_rpc("specserve_resize_kv", args=(total, True))
         kv_pool.grow(self.scheduler, total)
         return total
 
@@ -340,6 +350,7 @@ class ElasticDraft:
             "state": self.state,
             "draft_bytes": self.draft_bytes,
             "bytes_per_block": self.bytes_per_block,
+            "draft_kv_bytes_per_block": self.draft_kv_bytes_per_block,
             "kv_blocks_baseline": self.baseline_blocks,
             "kv_blocks_total": pool.num_gpu_blocks,
             "kv_blocks_free": pool.get_num_free_blocks(),

@@ -46,6 +46,11 @@ class Engine:
     def vllm_counters(self) -> dict[str, object]:
         return {metric.name: metric for metric in self.llm.get_metrics()}
 
+    def kv_layout(self) -> dict[str, int]:
+        """The worker's KV blocks, their bytes over every layer and the draft's share, and the buffer's bytes."""
+        (layout,) = self.llm.collective_rpc("specserve_kv_layout")
+        return layout
+
     def draft_pass_counts(self) -> dict[str, int]:
         """Draft passes the worker skipped and ran (specserve's worker extension; one worker at TP=1)."""
         (counts,) = self.llm.collective_rpc("specserve_draft_pass_counts")

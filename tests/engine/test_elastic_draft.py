@@ -81,6 +81,8 @@ def test_an_offload_reload_cycle_under_load_keeps_greedy_output_and_grows_the_po
     def watch():
         now = engine.telemetry()
         if now.draft_state == "offloaded":
+            if "during" not in seen:
+                seen["layout_during"] = engine.kv_layout()
             seen["during"] = now
             used = now.num_kv_blocks_total - now.num_kv_blocks_free
             seen["most_used"] = max(seen.get("most_used", 0), used)
@@ -89,7 +91,7 @@ def test_an_offload_reload_cycle_under_load_keeps_greedy_output_and_grows_the_po
         seen["reloading"] = offline.reload_draft(engine.llm)
         add(LATER)
 
-    worker_before, before = engine.draft_pass_counts(), engine.telemetry()
+    worker_before, before, layout_before = engine.draft_pass_counts(), engine.telemetry(), engine.kv_layout()
     tokens = drive(engine, {8: offload, 140: reload}, every_step=watch)
     assert tokens == reference, "offload, expansion, contraction or reload changed the greedy output"
     end, worker_end = engine.telemetry(), engine.draft_pass_counts()
@@ -102,6 +104,18 @@ def test_an_offload_reload_cycle_under_load_keeps_greedy_output_and_grows_the_po
     # Past 128 tokens every request holds two blocks: they took blocks of the grown region, more than the
     # baseline pool could give.
     assert seen["most_used"] > BASELINE_BLOCKS - 1
+
+    # The worker's KV buffer while the draft was away: the grown pool's blocks hold the target's pages only, so
+    # the buffer grew by the draft's weights (to within a block), and the draft's pages of every block were lent
+    # too: more blocks than the weights alone buy.
+    layout = seen["layout_during"]
+    target_block = layout["bytes_per_block"] - layout["draft_kv_bytes_per_block"]
+    assert 0 < layout["draft_kv_bytes_per_block"] < layout["bytes_per_block"] == layout_before["bytes_per_block"]
+    assert layout_before["buffer_bytes"] == BASELINE_BLOCKS * layout["bytes_per_block"]
+    assert layout["buffer_bytes"] == (BASELINE_BLOCKS + extra) * target_block
+    grown = layout["buffer_bytes"] - layout_before["buffer_bytes"]
+    assert offloaded["draft_bytes"] <= grown < offloaded["draft_bytes"] + target_block
+    assert extra > -(-offloaded["draft_bytes"] // layout["bytes_per_block"])
 
     # While the draft was away every step ran k = 0 and skipped the draft pass, prefills too; over the run
     # the worker skipped exactly the passes the scheduler counted as skipped.
@@ -123,6 +137,7 @@ def test_an_offload_reload_cycle_under_load_keeps_greedy_output_and_grows_the_po
     # Back to where it started: resident, the pool at its baseline, one transfer each way.
     memory = offline.wait_for_draft(engine.llm, ("resident",))
     assert memory["kv_blocks_total"] == BASELINE_BLOCKS
+    assert engine.kv_layout()["buffer_bytes"] == layout_before["buffer_bytes"]  # the draft's pages are back
     assert (memory["num_offloads"], memory["num_reloads"]) == (1, 1)
     assert memory["last_reload_s"] > 0
     # What the controller measures a node's reload rate from (bytes over seconds), in the engine's telemetry.

@@ -61,3 +61,21 @@ def test_migration_refuses_blocks_on_the_wrong_side_of_the_boundary() -> None:
 
 def test_an_empty_extra_region_needs_no_moves() -> None:
     assert plan_migration(100, live_extra=[], free_base=[]).moves == ()
+
+
+def test_lending_the_drafts_kv_share_adds_its_pages_of_every_baseline_block() -> None:
+    # 100-byte blocks of which the draft's layers hold 20: the expanded pool's blocks are 80 bytes, and the offload
+    # lends the 300 weight bytes plus 20 bytes of each of the 10 baseline blocks: 500 bytes, 7 blocks (6.25 rounded up).
+    capacity = KvCapacity(10, draft_bytes=300, bytes_per_block=100, draft_kv_bytes_per_block=20)
+    assert capacity.target_bytes_per_block == 80
+    assert capacity.lent_bytes == 500
+    assert capacity.num_draft_blocks == 7
+    # The expanded buffer (target-only blocks) is never smaller than the baseline buffer plus the weights.
+    assert capacity.num_expanded_blocks * 80 >= 10 * 100 + 300
+    assert capacity.num_draft_blocks > KvCapacity(10, draft_bytes=300, bytes_per_block=100).num_draft_blocks
+
+
+@pytest.mark.parametrize("share", [-1, 100, 120])
+def test_capacity_rejects_a_draft_kv_share_outside_the_block(share: int) -> None:
+    with pytest.raises(ValueError, match="draft_kv_bytes_per_block"):
+        KvCapacity(10, draft_bytes=300, bytes_per_block=100, draft_kv_bytes_per_block=share)

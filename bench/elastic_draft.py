@@ -10,8 +10,8 @@ at half its tokens the draft is reloaded (the grown region's live blocks migrate
 the draft is rebuilt on a worker thread while steps go on). Reported: outputs equal to plain decoding and none
 lost, the worker's resident memory freed by the drop against the draft's bytes, the KV buffer's growth in bytes
 against the same (the expanded pool's blocks hold no draft pages: the draft's share of every block is lent too),
-the target's KV capacity in blocks before and after, the blocks migrated, the reload's time, the steps that ran meanwhile and the longest gap
-between two steps then (against the run's median gap), and how long after the reload the requests drafted
+the target's KV capacity in blocks before and after, the blocks migrated, the reload's time, the steps that ran
+meanwhile and the longest gap between two steps then (against the run's median gap), and how long after the reload the requests drafted
 again (catch-up). The EngineCore steps on its own, so the times
 between marks are read from this process and include up to a few steps of slack.
 """
@@ -128,7 +128,8 @@ def main() -> None:
     offloaded = marks["offloaded"]
     grown_blocks = offloaded["kv_blocks_total"] - offloaded["kv_blocks_baseline"]
     buffer_baseline = offloaded["kv_blocks_baseline"] * offloaded["bytes_per_block"]
-    buffer_expanded = offloaded["kv_blocks_total"] * (offloaded["bytes_per_block"] - offloaded["draft_kv_bytes_per_block"])
+    target_block = offloaded["bytes_per_block"] - offloaded["draft_kv_bytes_per_block"]
+    buffer_expanded = offloaded["kv_blocks_total"] * target_block
     report = {
         "what": "one offload -> expand -> contract -> reload cycle on a real vLLM engine while requests stream (CPU)",
         "pair": {"kind": args.pair, **options},

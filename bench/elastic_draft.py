@@ -11,9 +11,9 @@ the draft is rebuilt on a worker thread while steps go on). Reported: outputs eq
 lost, the worker's resident memory freed by the drop against the draft's bytes, the KV buffer's growth in bytes
 against the same (the expanded pool's blocks hold no draft pages: the draft's share of every block is lent too),
 the target's KV capacity in blocks before and after, the blocks migrated, the reload's time, the steps that ran
-meanwhile and the longest gap between two steps then (against the run's median gap), and how long after the reload the requests drafted
-again (catch-up). The EngineCore steps on its own, so the times
-between marks are read from this process and include up to a few steps of slack.
+meanwhile and the longest gap between two steps then (against the run's median gap), and how long after the
+reload the requests drafted again (catch-up). The EngineCore steps on its own, so the times between marks are
+read from this process and include up to a few steps of slack.
 """
 
 from __future__ import annotations

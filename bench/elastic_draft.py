@@ -2,7 +2,7 @@
 requests stream, against the same requests decoded without speculation.
 
     PYTHONPATH=$PWD .venv/bin/python bench/elastic_draft.py [--pair perf --size S --agreement 0.6 | --pair trained]
-        [--requests 16] [--max-tokens 160] [--blocks 40] [--block-size 128] [--out FILE]
+        [--requests 16] [--max-tokens 160] [--blocks 40] [--block-size 128] [--dtype bfloat16] [--out FILE]
 
 One engine (fixed k = 4, a KV pool of ``--blocks`` blocks so the requests press on it). The requests arrive
 two per step; once the slowest has 8 tokens the draft is offloaded and the pool grown by the draft's bytes;
@@ -83,6 +83,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--blocks", type=int, default=40, help="the KV pool's baseline blocks")
     parser.add_argument("--block-size", type=int, default=128, help="tokens per KV block (vLLM's CPU default: 128)")
+    parser.add_argument(
+        "--dtype",
+        default="bfloat16",
+        help="the engine's dtype; float32 takes the target's near-ties out of the output check (see the README)",
+    )
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
 
@@ -93,7 +98,14 @@ def main() -> None:
     options = {"size": args.size, "agreement": args.agreement} if args.pair == "perf" else {}
     pair = cached_pair(args.pair, **options)
     prompts = [PROMPTS[i % len(PROMPTS)] + "#" * (i // len(PROMPTS)) for i in range(args.requests)]
-    spec = EngineSpec(target=str(pair.target), draft=str(pair.draft), policy="fixed:k=4", max_k=4, max_num_seqs=16)
+    spec = EngineSpec(
+        target=str(pair.target),
+        draft=str(pair.draft),
+        policy="fixed:k=4",
+        max_k=4,
+        max_num_seqs=16,
+        dtype=args.dtype,
+    )
     kwargs = {**speculative_engine_kwargs(spec), "num_gpu_blocks_override": args.blocks, "block_size": args.block_size}
     marks: dict[str, Any] = {}
     with engine_env.applied(engine_env.engine_env(tempfile.mkdtemp(prefix="specserve-elastic-bench-"))):
@@ -137,6 +149,7 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "baseline_blocks": args.blocks,
         "block_size": args.block_size,
+        "dtype": args.dtype,
         "outputs_identical_to_plain_decoding": tokens == reference,
         # Per differing request: (request, first differing position); empty when identical.
         "first_differences": first_differences(tokens, reference),

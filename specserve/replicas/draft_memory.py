@@ -285,6 +285,6 @@ def resize_kv(runner: Any, num_blocks: int, lend_draft_kv: bool = False) -> dict
         layer_kv_caches=map_kv_caches_to_kernel_blocks(kv_caches, groups),
     )
     if lend_draft_kv:  # their views still point into the old buffer, which must go
-        clear_layer_kv_caches(layer for name, layer in forward_context.items() if name not in kv_caches)
+        clear_layer_kv_caches(layer for name, layer in saved_draft_layers.items() if name not in kv_caches)
     runner.kv_cache_config = config
     return {"seconds": time.perf_counter() - started}

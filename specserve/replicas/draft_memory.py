@@ -41,7 +41,6 @@ Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
 from __future__ import annotations
 
 import ctypes
-import gc
 import os
 import threading
 import time
@@ -58,8 +57,11 @@ _FULL_KV_CONFIG_ATTR = "_specserve_full_kv_config"
 
 
 def rss_bytes() -> int:
-    """This process's resident memory after a collection and a trim: what the operating system would see."""
-    gc.collect()
+    """This process's resident memory after a trim (freed heap pages handed back): what the operating system sees.
+
+    No garbage collection: a full collection of an engine's heap takes 0.4-0.6 s on this CPU, inside the pause
+    between two steps, and the draft's modules go by reference counting (``drop_draft`` keeps no cycle to them).
+    """
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except OSError:  # not glibc: the number is only less tight
@@ -152,6 +154,14 @@ class DraftLoader:
 
     def _build(self) -> None:
         from vllm.config import set_current_vllm_config
+
+        # On a CPU the build competes with the steps for the cores: at the lowest priority (which the threads it
+        # starts inherit) it takes what the steps leave. Measured on perf pair S: 5-6 steps ran during the build
+        # instead of 1, and the longest pause between two steps fell from 0.78 s to 0.40-0.43 s.
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:  # not permitted here: the build competes at the engine's priority
+            pass
 
         forward_context = self.runner.compilation_config.static_forward_context
         old_layers: dict[str, Any] = getattr(self.runner, _SAVED_LAYERS_ATTR)

@@ -108,6 +108,9 @@ def test_an_offload_reload_cycle_under_load_keeps_greedy_output_and_grows_the_po
     # The worker's KV buffer while the draft was away: the grown pool's blocks hold the target's pages only, so
     # the buffer grew by the draft's weights (to within a block), and the draft's pages of every block were lent
     # too: more blocks than the weights alone buy.
+    # The drop gave the draft's bytes back to the operating system (no collection runs in the pause: the draft's
+    # modules must go by reference counting alone).
+    assert offloaded["last_rss_freed_bytes"] >= 0.9 * offloaded["draft_bytes"]
     layout = seen["layout_during"]
     target_block = layout["bytes_per_block"] - layout["draft_kv_bytes_per_block"]
     assert 0 < layout["draft_kv_bytes_per_block"] < layout["bytes_per_block"] == layout_before["bytes_per_block"]

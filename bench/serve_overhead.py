@@ -7,16 +7,18 @@ Ways to serve the same pair at the same fixed k:
 
 - ``bare``: vLLM's ``AsyncLLM`` in this process with the draft model at ``num_speculative_tokens = k``: no
   specserve scheduler, worker extension or policy, no HTTP, no Ray. Requests go straight to ``generate``.
-- ``uni`` / ``mp``: ``specserve serve --config CONFIG --policy fixed:k=K --k-max K`` in its own session (stopped by its
-  PID with SIGINT), loaded by ``specserve bench run`` over HTTP: Ray Serve's proxy and OpenAI ingress, the
-  replica, our scheduler and policy, streaming. ``uni`` and ``mp`` are the two ``cpu_executor`` settings
-  (``specserve/replicas/engine.py``): the worker inside the EngineCore process, or in a process of its own.
+- ``uni`` / ``mp``: ``specserve serve --config CONFIG --policy fixed:k=K --k-max K`` in its own session
+  (stopped by its PID with SIGINT), loaded by ``specserve bench run``'s closed loop over HTTP (run in this
+  process): Ray Serve's proxy and OpenAI ingress, the replica, our scheduler and policy, streaming. ``uni`` and
+  ``mp`` are the two ``cpu_executor`` settings (``specserve/replicas/engine.py``): the worker inside the
+  EngineCore process, or in a process of its own.
 - ``vllm``: vLLM's own OpenAI server (``vllm.entrypoints.openai.api_server``) with the same engine arguments
   as ``bare``, loaded the same way over HTTP: what HTTP and vLLM's OpenAI layer cost without Ray Serve.
 
 Both get the same closed-loop load (the same prompts: ``bench.prompts.Prompter`` with one seed, greedy,
 ``ignore_eos``). Each round starts each way once, the order alternating between rounds; the JSON gives output
-tokens/s and mean end-to-end latency per way and concurrency, and each served way's paired ratio to bare.
+tokens/s and mean end-to-end latency per way and concurrency, each served way's paired ratio to bare, and the
+CPU time per output token of every process involved, by role (``specserve.bench.cpu_share``).
 On a machine with few cores the client, Ray's processes and the engine share them, so the ratio there is an
 upper bound on the overhead a GPU node with spare cores would see.
 """
@@ -38,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from specserve.bench.cpu_share import CpuTally
 from specserve.bench.stats import spread
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +84,11 @@ async def closed_loop(engine: Any, prompts: list[str], concurrency: int, max_tok
     started = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
     elapsed = time.perf_counter() - started
-    return {"output_tokens_per_s": sum(tokens) / elapsed, "mean_e2e_ms": 1e3 * statistics.mean(e2e)}
+    return {
+        "output_tokens_per_s": sum(tokens) / elapsed,
+        "mean_e2e_ms": 1e3 * statistics.mean(e2e),
+        "output_tokens": sum(tokens),
+    }
 
 
 def run_bare(config: dict[str, Any], args: argparse.Namespace) -> dict[int, dict[str, float]]:
@@ -107,7 +114,11 @@ def run_bare(config: dict[str, Any], args: argparse.Namespace) -> dict[int, dict
                 await closed_loop(engine, warm, max(args.concurrency), args.output_len)
                 for c in args.concurrency:
                     prompts = [Prompter(args.seed + c).prompt(args.input_len) for _ in range(args.num_requests)]
+                    tally = CpuTally(os.getpid(), root_role="load generator + AsyncLLM front end")
+                    tally.start()
                     results[c] = await closed_loop(engine, prompts, c, args.output_len)
+                    tally.stop()
+                    results[c]["cpu"] = tally.report(int(results[c].pop("output_tokens")))
                     print(f"bare c={c}: {results[c]}", file=sys.stderr, flush=True)
 
             asyncio.run(all_points())
@@ -148,26 +159,57 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
     results: dict[int, dict[str, float]] = {}
     try:
         url = wait_for_endpoint(Path(log.name), proc, url, timeout_s=600)
-        bench = [sys.executable, "-m", "specserve.cluster.cli", "bench", "run", "--url", url, "--json"]
-        common = ["--input-len", str(args.input_len), "--output-len", str(args.output_len), "--no-progress"]
-        subprocess.run(
-            [*bench, *common, "--concurrency", str(max(args.concurrency)), "--num-requests", str(args.warmup)],
-            check=True,
-            capture_output=True,
-        )
+        load = ServedLoad(url, args)
+        load.run(max(args.concurrency), args.warmup, args.seed)
+        root_role = "vLLM API server" if way == "vllm" else "specserve serve driver"
         for c in args.concurrency:
-            load = ["--concurrency", str(c), "--num-requests", str(args.num_requests), "--seed", str(args.seed + c)]
-            out = subprocess.run([*bench, *common, *load], check=True, capture_output=True, text=True).stdout
-            report = json.loads(out)
+            # This process is the load generator: its CPU counts beside the server's processes.
+            tally = CpuTally(proc.pid, root_role=root_role, extra={os.getpid(): "load generator"})
+            tally.start()
+            report = load.run(c, args.num_requests, args.seed + c)
+            tally.stop()
+            tokens = report["throughput"]["output_tokens_per_s"] * report["duration_s"]
             results[c] = {
                 "output_tokens_per_s": report["throughput"]["output_tokens_per_s"],
                 "mean_e2e_ms": report["e2e_ms"]["mean"],
+                "cpu": tally.report(round(tokens)),
             }
             print(f"{way} c={c}: {results[c]}", file=sys.stderr, flush=True)
     finally:
         stop_server(proc)
         log.close()
     return results
+
+
+class ServedLoad:
+    """``specserve bench run``'s closed loop, in this process, so that a CPU tally brackets the load alone."""
+
+    def __init__(self, url: str, args: argparse.Namespace) -> None:
+        from specserve.bench import client
+        from specserve.bench.cli import base_url
+
+        self.args = args
+        url = base_url(url)
+        model = asyncio.run(client.first_model(url, 60.0))
+        target = client.Target(url, model, "completions", True, 0.0, 300.0)
+        ignore_eos, note = asyncio.run(client.probe(target))
+        if not ignore_eos:
+            raise RuntimeError(f"the server does not take ignore_eos: {note}")
+        self.target = target
+
+    def run(self, concurrency: int, num_requests: int, seed: int) -> dict[str, Any]:
+        from specserve.bench import client, report
+        from specserve.bench.load import closed_plan
+        from specserve.bench.prompts import Prompter
+
+        args = self.args
+        plan = closed_plan(concurrency, args.input_len, args.output_len, num_requests, None)
+        runner = client.Runner(self.target, Prompter(seed), progress=False)
+        outcomes, duration_s = asyncio.run(runner.run(plan))
+        result = report.summarize(outcomes, duration_s, {})
+        if result["requests"]["failed"]:
+            raise RuntimeError(f"{result['requests']['failed']} requests failed: {result.get('errors')}")
+        return result
 
 
 def stop_server(proc: subprocess.Popen) -> None:
@@ -206,6 +248,12 @@ def wait_for_endpoint(log_path: Path, proc: subprocess.Popen, url: str | None, t
 def ratios(rounds: list[dict[str, Any]], way: str, concurrency: list[int], metric: str) -> dict[str, dict[str, float]]:
     """Per concurrency, ``way`` / bare of ``metric`` taken within each round."""
     return {str(c): spread([r[way][c][metric] / r["bare"][c][metric] for r in rounds]) for c in concurrency}
+
+
+def cpu_by_role(rounds: list[dict[str, Any]], way: str, concurrency: int) -> dict[str, float]:
+    points = [r[way][concurrency]["cpu"]["cpu_ms_per_output_token"] for r in rounds]
+    roles = sorted({role for point in points for role in point})
+    return {role: round(statistics.median(point.get(role, 0.0) for point in points), 3) for role in roles}
 
 
 def main() -> None:
@@ -247,6 +295,11 @@ def main() -> None:
         "over_bare_tokens_per_s": {way: ratios(rounds, way, args.concurrency, "output_tokens_per_s") for way in served},
         "over_bare_mean_e2e": {way: ratios(rounds, way, args.concurrency, "mean_e2e_ms") for way in served},
         "per_round": [{way: {str(c): v for c, v in r[way].items()} for way in r} for r in rounds],
+        # CPU milliseconds per output token by role (engine, HTTP proxy, ingress, serve replica, Ray's own
+        # processes, the load generator), medians over rounds: who else ran on the engine's cores.
+        "cpu_ms_per_output_token": {
+            way: {str(c): cpu_by_role(rounds, way, c) for c in args.concurrency} for way in ways
+        },
     }
     text = json.dumps(report, indent=2)
     print(text)

@@ -1,0 +1,115 @@
+"""Where a served load's CPU time goes: the CPU seconds of every process in a tree, grouped by role.
+
+On a machine with few cores the engine shares them with the HTTP proxy, the ingress, Ray's own processes and
+the load generator, so a throughput gap between two ways of serving the same engine is explained by who else
+ran. ``CpuTally`` reads ``psutil`` CPU times (user + system) of a process and its descendants before and after a
+load; processes that started or ended in between count from zero or are lost (their time is not in the tally).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import psutil
+
+# Ray names its worker processes after the actor they host (``ray::ServeReplica:app:LLMServer...``);
+# vLLM names the engine's processes ``VLLM::EngineCore`` / ``VLLM::Worker...``. First match wins.
+ROLES = (
+    ("EngineCore", "engine"),
+    ("Worker", "engine"),
+    ("LLMServer", "serve replica (LLMServer)"),
+    ("Ingress", "ingress"),
+    ("ProxyActor", "HTTP proxy"),
+    ("ServeController", "Ray system"),
+    ("raylet", "Ray system"),
+    ("gcs_server", "Ray system"),
+    ("dashboard", "Ray system"),
+    ("log_monitor", "Ray system"),
+    ("monitor", "Ray system"),
+    ("ray::", "Ray system"),
+)
+
+
+def role_of(process: psutil.Process) -> str:
+    try:
+        title = " ".join(process.cmdline()) or process.name()
+    except psutil.Error:
+        return "gone"
+    for needle, role in ROLES:
+        if needle in title:
+            return role
+    return "other"
+
+
+def cpu_seconds(root_pid: int, root_role: str = "") -> dict[int, tuple[str, float]]:
+    """pid -> (role, user + system CPU seconds) for ``root_pid`` (its role ``root_role`` if given) and every
+    descendant."""
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        root = psutil.Process(root_pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return out
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        role = root_role if process.pid == root_pid and root_role else role_of(process)
+        out[process.pid] = (role, times.user + times.system)
+    return out
+
+
+@dataclass
+class CpuTally:
+    """CPU seconds by role over one load: ``start()``, run the load, ``stop()``."""
+
+    root_pid: int
+    root_role: str = ""
+    extra: dict[int, str] = field(default_factory=dict)  # processes outside the tree (pid -> role)
+    roles: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
+    _before: dict[int, tuple[str, float]] = field(default_factory=dict)
+    _started: float = 0.0
+
+    def start(self) -> None:
+        import time
+
+        self._before = self._read()
+        self._started = time.perf_counter()
+
+    def stop(self) -> dict[str, float]:
+        import time
+
+        self.wall_s = time.perf_counter() - self._started
+        after = self._read()
+        roles: dict[str, float] = defaultdict(float)
+        for pid, (role, seconds) in after.items():
+            roles[role] += seconds - self._before.get(pid, (role, 0.0))[1]
+        self.roles = {role: round(seconds, 3) for role, seconds in sorted(roles.items()) if seconds > 0.0005}
+        return self.roles
+
+    def _read(self) -> dict[int, tuple[str, float]]:
+        out = cpu_seconds(self.root_pid, self.root_role)
+        for pid, role in self.extra.items():
+            try:
+                times = psutil.Process(pid).cpu_times()
+            except psutil.Error:
+                continue
+            out[pid] = (role, times.user + times.system)
+        return out
+
+    def report(self, output_tokens: int) -> dict[str, object]:
+        total = sum(self.roles.values())
+        return {
+            "wall_s": round(self.wall_s, 3),
+            "cpu_s_by_role": self.roles,
+            "cores_busy": round(total / self.wall_s, 3) if self.wall_s else 0.0,
+            "engine_share_of_cpu": round(self.roles.get("engine", 0.0) / total, 3) if total else 0.0,
+            "cpu_ms_per_output_token": {
+                role: round(1e3 * seconds / output_tokens, 3) for role, seconds in self.roles.items()
+            }
+            if output_tokens
+            else {},
+        }

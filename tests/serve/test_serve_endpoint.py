@@ -252,6 +252,13 @@ def test_a_one_rank_cpu_engine_runs_its_worker_inside_the_engine_core(server):
     assert not any(name.startswith("VLLM::Worker") for name in names), names
 
 
+def test_the_engine_computes_on_every_core_not_the_one_ray_gives_a_cpu_less_replica(server):
+    # Serve's replicas reserve no CPU, for which Ray sets OMP_NUM_THREADS=1; the EngineCore inherits the
+    # replica's environment, so without specserve's own setting the model ran on one core of this machine.
+    (engine,) = [p for p in server.descendants() if p.name().startswith("VLLM::EngineCor")]
+    assert engine.environ().get("OMP_NUM_THREADS") == str(os.cpu_count())
+
+
 def test_sigterm_stops_everything(server):
     tree = server.descendants()
     assert len(tree) >= 5, "Ray, Serve and the engine run under the serve process"

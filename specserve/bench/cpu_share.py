@@ -21,13 +21,14 @@ ROLES = (
     ("LLMServer", "serve replica (LLMServer)"),
     ("Ingress", "ingress"),
     ("ProxyActor", "HTTP proxy"),
-    ("ServeController", "Ray system"),
-    ("raylet", "Ray system"),
-    ("gcs_server", "Ray system"),
-    ("dashboard", "Ray system"),
-    ("log_monitor", "Ray system"),
-    ("monitor", "Ray system"),
-    ("ray::", "Ray system"),
+    ("ServeController", "Ray: Serve controller"),
+    ("ClusterController", "specserve controller"),
+    ("raylet", "Ray: raylet"),
+    ("gcs_server", "Ray: GCS"),
+    ("dashboard", "Ray: dashboard"),
+    ("log_monitor", "Ray: log monitor"),
+    ("runtime_env", "Ray: runtime env agent"),
+    ("ray::", "Ray: other actors"),
 )
 
 

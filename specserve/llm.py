@@ -81,6 +81,9 @@ class Speculation(BaseModel):
         "uni", description="CPU engines of one rank: `uni` runs vLLM's worker inside its EngineCore; `mp`: Ray's."
     )
     kv_cache_space_gib: int = Field(1, ge=1, description="CPU only: KV cache size per engine, GiB.")
+    cpu_threads: int | None = Field(
+        None, ge=1, description="CPU only: OpenMP threads per engine rank. Default: Ray's 1 in a Serve replica."
+    )
 
     @model_validator(mode="after")
     def _policy_parses(self) -> Speculation:
@@ -138,7 +141,12 @@ def speculative_llm_config_kwargs(
     }
     if not on_gpu:
         kwargs["accelerator_config"] = {"kind": "cpu"}
-        env = engine_env(None, tp=user.get("tensor_parallel_size", 1), kv_cache_space_gib=spec.kv_cache_space_gib)
+        env = engine_env(
+            None,
+            tp=user.get("tensor_parallel_size", 1),
+            kv_cache_space_gib=spec.kv_cache_space_gib,
+            cpu_threads=spec.cpu_threads,
+        )
         kwargs["runtime_env"] = {"env_vars": env}
     return kwargs
 

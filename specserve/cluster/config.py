@@ -150,6 +150,12 @@ class ServeConfig(BaseModel):
     kv_cache_space_gib: int = Field(
         1, ge=1, description="CPU only: KV cache size per engine, GiB (VLLM_CPU_KVCACHE_SPACE)."
     )
+    cpu_threads: int | None = Field(
+        None,
+        ge=1,
+        description="CPU only: OpenMP threads per engine rank (OMP_NUM_THREADS). Default: Ray's 1, as it gives an "
+        "actor that reserves no CPU, which Serve's replicas are.",
+    )
     cpu_executor: Literal["uni", "mp"] = Field(
         "uni",
         description="CPU engines of one rank: `uni` runs vLLM's worker inside its EngineCore process; `mp` is Ray "

@@ -52,7 +52,13 @@ def resolve(config: ServeConfig, tmp_dir: str) -> ResolvedServe:
     target, draft = model_pair(config)
     on_gpu = has_gpu()
     # vLLM's caches and IPC sockets go under tmp_dir, which `serve` deletes on exit.
-    env = engine_env(tmp_dir, tp=config.tp, kv_cache_space_gib=config.kv_cache_space_gib, on_gpu=on_gpu)
+    env = engine_env(
+        tmp_dir,
+        tp=config.tp,
+        kv_cache_space_gib=config.kv_cache_space_gib,
+        cpu_threads=config.cpu_threads,
+        on_gpu=on_gpu,
+    )
     return ResolvedServe(config, target, draft, on_gpu, env)
 
 

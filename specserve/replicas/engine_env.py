@@ -26,6 +26,7 @@ def engine_env(
     tp: int = 1,
     num_cpus: int | None = None,
     kv_cache_space_gib: int = 1,
+    cpu_threads: int | None = None,
     on_gpu: bool = False,
 ) -> dict[str, str]:
     """Variables for an engine of ``tp`` ranks on a machine of ``num_cpus`` cores (default: this one's).
@@ -40,14 +41,11 @@ def engine_env(
         return env
     # Without it the CPU backend reserves most of the machine's RAM for the KV cache.
     env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_space_gib)
-    cores = num_cpus or os.cpu_count() or 1
-    env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(tp, cores)
+    env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(tp, num_cpus or os.cpu_count() or 1)
     # Ray sets OMP_NUM_THREADS=1 in an actor that reserves no CPU (serve's replicas reserve none), and the
-    # EngineCore the replica spawns inherits it: the engine then computes on one core whatever the machine has
-    # (measured on 2 cores: the served engine busy 0.97 cores against the bare engine's 1.99). Each rank gets
-    # its share of the cores instead, as the thread binding gives it. Not read from this process's environment:
-    # an application builder runs inside a Ray worker, where Ray has set it to 1.
-    env["OMP_NUM_THREADS"] = str(max(1, cores // tp))
+    # EngineCore the replica spawns inherits it: without ``cpu_threads`` a served engine computes on one core.
+    if cpu_threads is not None:
+        env["OMP_NUM_THREADS"] = str(cpu_threads)
     if (iomp := intel_openmp()) is not None:
         env["LD_PRELOAD"] = iomp
     return env

@@ -27,7 +27,8 @@ def server(tmp_path_factory, trained_pair):
     env = dict(os.environ, SPECSERVE_STATE_DIR=str(state_dir))
     env.pop("RAY_ADDRESS", None)
     config = tmp_path_factory.mktemp("config") / "serve.yaml"
-    config.write_text("draft_offload: true\n")  # the triggers never fire on this idle pool; the grants flow
+    # draft_offload: the triggers never fire on this idle pool; the grants flow. cpu_threads: one per core.
+    config.write_text(f"draft_offload: true\ncpu_threads: {os.cpu_count()}\n")
     args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--k-max", "4", "--config", str(config)]
     if prometheus.PrometheusServer.binary() is not None:
         args += ["--prometheus-port", str(free_port())]  # as `make serve` runs it
@@ -252,9 +253,9 @@ def test_a_one_rank_cpu_engine_runs_its_worker_inside_the_engine_core(server):
     assert not any(name.startswith("VLLM::Worker") for name in names), names
 
 
-def test_the_engine_computes_on_every_core_not_the_one_ray_gives_a_cpu_less_replica(server):
+def test_cpu_threads_reach_the_engine_past_the_one_ray_gives_a_cpu_less_replica(server):
     # Serve's replicas reserve no CPU, for which Ray sets OMP_NUM_THREADS=1; the EngineCore inherits the
-    # replica's environment, so without specserve's own setting the model ran on one core of this machine.
+    # replica's environment, so without `cpu_threads` the model runs on one core of this machine.
     (engine,) = [p for p in server.descendants() if p.name().startswith("VLLM::EngineCor")]
     assert engine.environ().get("OMP_NUM_THREADS") == str(os.cpu_count())
 

@@ -139,9 +139,9 @@ def test_engine_environment_is_one_definition_with_the_differences_as_parameters
     assert cpu["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert cpu["VLLM_CPU_OMP_THREADS_BIND"] == "0-1|2-3"
     assert engine_env(tmp_path, num_cpus=2)["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
-    # Each rank computes on its share of the cores: Ray would otherwise give a replica's engine one thread.
-    assert cpu["OMP_NUM_THREADS"] == "2"
-    assert engine_env(tmp_path, num_cpus=2)["OMP_NUM_THREADS"] == "2"
+    # Threads only when asked: otherwise a Serve replica's engine keeps what Ray gives it.
+    assert "OMP_NUM_THREADS" not in cpu
+    assert engine_env(tmp_path, num_cpus=2, cpu_threads=2)["OMP_NUM_THREADS"] == "2"
     assert engine_env(tmp_path, on_gpu=True) == {
         "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
         "TMPDIR": str(tmp_path),

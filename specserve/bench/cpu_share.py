@@ -73,6 +73,8 @@ class CpuTally:
     wall_s: float = 0.0
     _before: dict[int, tuple[str, float]] = field(default_factory=dict)
     _started: float = 0.0
+    # The role each process was last seen with: an ended, unreaped child has no command line to read.
+    _roles: dict[int, str] = field(default_factory=dict)
 
     def start(self) -> None:
         import time
@@ -99,6 +101,11 @@ class CpuTally:
             except psutil.Error:
                 continue
             out[pid] = (role, times.user + times.system)
+        for pid, (role, seconds) in out.items():
+            if role == "gone":
+                out[pid] = (self._roles.get(pid, role), seconds)
+            else:
+                self._roles[pid] = role
         return out
 
     def report(self, output_tokens: int) -> dict[str, object]:

@@ -1,0 +1,52 @@
+"""The benchmarks' CPU tally: a process tree's CPU seconds over a load, by role."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from specserve.bench.cpu_share import CpuTally
+
+# About a second of one core's work, whatever else the machine runs.
+BURN = "sum(i * i for i in range(15_000_000))"
+
+
+def burn(*labels: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", BURN, *labels])
+
+
+def test_a_childs_cpu_time_counts_under_the_role_its_command_line_names():
+    tally = CpuTally(os.getpid(), root_role="test process")
+    tally.start()
+    child = burn("ProxyActor")
+    try:
+        # Read while it runs: a child that has ended and been reaped is no longer in the tree. The last read may
+        # find it ended but not yet reaped, with no command line left: it keeps the role it was seen with.
+        while child.poll() is None:
+            roles = tally.stop()
+            time.sleep(0.05)
+    finally:
+        child.wait()
+    assert roles.get("HTTP proxy", 0.0) > 0.0
+    assert set(roles) <= {"HTTP proxy", "test process"}
+
+
+def test_the_report_divides_by_the_output_tokens_and_the_wall_time():
+    tally = CpuTally(os.getpid())
+    tally.roles, tally.wall_s = {"engine": 3.0, "HTTP proxy": 1.0}, 2.0
+    report = tally.report(output_tokens=1000)
+    assert report["cores_busy"] == 2.0
+    assert report["engine_share_of_cpu"] == 0.75
+    assert report["cpu_ms_per_output_token"] == {"engine": 3.0, "HTTP proxy": 1.0}
+    assert tally.report(output_tokens=0)["cpu_ms_per_output_token"] == {}
+
+
+@pytest.mark.parametrize("pid", [2**22 + 12345])
+def test_a_tree_that_is_gone_tallies_nothing(pid):
+    tally = CpuTally(pid)
+    tally.start()
+    assert tally.stop() == {}

@@ -8,6 +8,7 @@ load; processes that started or ended in between count from zero or are lost (th
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -77,14 +78,10 @@ class CpuTally:
     _roles: dict[int, str] = field(default_factory=dict)
 
     def start(self) -> None:
-        import time
-
         self._before = self._read()
         self._started = time.perf_counter()
 
     def stop(self) -> dict[str, float]:
-        import time
-
         self.wall_s = time.perf_counter() - self._started
         after = self._read()
         roles: dict[str, float] = defaultdict(float)

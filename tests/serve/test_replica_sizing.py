@@ -20,6 +20,8 @@ def serve_env(tmp_path) -> dict[str, str]:
     return env
 
 
+# Two engines starting on two cores take two minutes; the multinode tier serves two replicas in every `make test`.
+@pytest.mark.slow
 def test_two_replicas_start_on_this_machine_and_both_serve(tmp_path, trained_pair):
     args = ["--replicas", "2", "--port", str(free_port()), "--metrics-port", str(free_port())]
     process = ServeProcess(args, serve_env(tmp_path), tmp_path / "serve.log")

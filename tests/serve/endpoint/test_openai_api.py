@@ -1,4 +1,5 @@
-"""Serve tier: `specserve serve` as a subprocess, used over real HTTP with the official openai client."""
+"""Serve tier: the package's `specserve serve`, used over real HTTP with the official openai client, and its
+control plane (status, policy set, metrics, Prometheus)."""
 
 from __future__ import annotations
 
@@ -8,41 +9,14 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 import requests
-from openai import OpenAI
-from serve_process import ServeProcess, free_port
 
 from specserve import metrics_catalog as catalog
 from specserve.cluster import prometheus
 
 MODEL = "specserve-tiny"
 NO_PROMETHEUS = "Debian's prometheus is not installed (scripts/install.sh installs it when run as root)"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, trained_pair):
-    state_dir = tmp_path_factory.mktemp("state")
-    env = dict(os.environ, SPECSERVE_STATE_DIR=str(state_dir))
-    env.pop("RAY_ADDRESS", None)
-    config = tmp_path_factory.mktemp("config") / "serve.yaml"
-    # draft_offload: the triggers never fire on this idle pool; the grants flow. cpu_threads: one per core.
-    config.write_text(f"draft_offload: true\ncpu_threads: {os.cpu_count()}\n")
-    args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--k-max", "4", "--config", str(config)]
-    if prometheus.PrometheusServer.binary() is not None:
-        args += ["--prometheus-port", str(free_port())]  # as `make serve` runs it
-    process = ServeProcess(args, env, tmp_path_factory.mktemp("logs") / "serve.log")
-    try:
-        process.endpoint = process.start()
-        yield process
-    finally:
-        process.kill_tree()
-
-
-@pytest.fixture(scope="module")
-def client(server) -> OpenAI:
-    return OpenAI(base_url=server.endpoint, api_key="unused")
 
 
 def cli(server, *args: str) -> subprocess.CompletedProcess:
@@ -258,15 +232,3 @@ def test_cpu_threads_reach_the_engine_past_the_one_ray_gives_a_cpu_less_replica(
     # replica's environment, so without `cpu_threads` the model runs on one core of this machine.
     (engine,) = [p for p in server.descendants() if p.name().startswith("VLLM::EngineCor")]
     assert engine.environ().get("OMP_NUM_THREADS") == str(os.cpu_count())
-
-
-def test_sigterm_stops_everything(server):
-    tree = server.descendants()
-    assert len(tree) >= 5, "Ray, Serve and the engine run under the serve process"
-    started = [p for p in tree if p.name() == "prometheus"]
-    if prometheus.PrometheusServer.binary() is not None:
-        assert len(started) == 1, "--prometheus-port's Prometheus runs under serve"
-    assert server.stop() == 0
-    alive = server.wait_gone(tree, timeout_s=30)
-    assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
-    assert not [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "Prometheus stopped"

@@ -3,28 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-from serve_process import ServeProcess, free_port
+from serve_process import free_port
 
 REQUESTS, MAX_TOKENS = 12, 16
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, trained_pair):
-    state_dir = tmp_path_factory.mktemp("state")
-    env = dict(os.environ, SPECSERVE_STATE_DIR=str(state_dir))
-    env.pop("RAY_ADDRESS", None)
-    args = ["--port", str(free_port()), "--metrics-port", str(free_port())]
-    process = ServeProcess(args, env, tmp_path_factory.mktemp("logs") / "serve.log")
-    try:
-        process.endpoint = process.start()
-        yield process
-    finally:
-        process.kill_tree()
 
 
 def bench(server, *args: str) -> subprocess.CompletedProcess:

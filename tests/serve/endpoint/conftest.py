@@ -1,0 +1,37 @@
+"""The package's one server: default policy `adaptive`, k_max 4, draft offload on, one engine thread per core, and
+Serve's own Prometheus where Debian's is installed. Modules run in name order, and `test_shutdown.py`, last,
+stops it; the teardown only removes what a failed test left."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from openai import OpenAI
+from serve_process import ServeProcess, free_port
+
+from specserve.cluster import prometheus
+
+
+@pytest.fixture(scope="package")
+def server(tmp_path_factory, trained_pair):
+    state_dir = tmp_path_factory.mktemp("state")
+    env = dict(os.environ, SPECSERVE_STATE_DIR=str(state_dir))
+    env.pop("RAY_ADDRESS", None)
+    config = tmp_path_factory.mktemp("config") / "serve.yaml"
+    # draft_offload: the triggers never fire on this idle pool; the grants flow. cpu_threads: one per core.
+    config.write_text(f"draft_offload: true\ncpu_threads: {os.cpu_count()}\n")
+    args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--k-max", "4", "--config", str(config)]
+    if prometheus.PrometheusServer.binary() is not None:
+        args += ["--prometheus-port", str(free_port())]  # as `make serve` runs it
+    process = ServeProcess(args, env, tmp_path_factory.mktemp("logs") / "serve.log")
+    try:
+        process.endpoint = process.start()
+        yield process
+    finally:
+        process.kill_tree()
+
+
+@pytest.fixture(scope="package")
+def client(server) -> OpenAI:
+    return OpenAI(base_url=server.endpoint, api_key="unused")

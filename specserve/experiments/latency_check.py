@@ -89,7 +89,7 @@ def _step_parts(timer: StepTimer, point: PaperPoint, k: int, batch_expansion: bo
     num_passes = 0 if point.draft is None else max(k, 1)
     passes = [b] * num_passes
     expanded = batch_expansion_context(context, b, k) if batch_expansion else None
-    step_s = timer.step_s(context, b * (k + 1), passes, expanded)
+    step_s = timer.step_s(context, b * (k + 1), passes, expanded, verifies=k > 0 and point.draft is not None)
     draft_s = sum(timer.draft.forward_s(context, tokens) for tokens in passes)
     return step_s, draft_s
 

@@ -125,6 +125,10 @@ class StepTimer:
     draft: ForwardCost
     # Scheduling, sampling and output processing per step, outside any forward pass.
     step_overhead_s: float
+    # What a step that verifies drafts adds outside the forward passes, whatever k is: rejection sampling, the
+    # speculative metadata, the proposer's set-up. Fitted on CPU engines (engine_check), where it is about one
+    # plain step's cost; the roofline profiles fold it into step_overhead_s and leave it 0.
+    speculation_overhead_s: float = 0.0
 
     def step_s(
         self,
@@ -132,6 +136,7 @@ class StepTimer:
         num_batched_tokens: float,
         draft_pass_tokens: Sequence[float],
         target_context_tokens: float | None = None,
+        verifies: bool = False,
     ) -> float:
         """Seconds for one step; ``draft_pass_tokens`` holds the tokens of each draft pass, in order.
 
@@ -139,9 +144,12 @@ class StepTimer:
         and any catch-up after steps it skipped); each further pass proposes one token per request still
         drafting (drafting.py). The draft reads the cached context once per pass; the target reads it once
         unless ``target_context_tokens`` says otherwise (a batch-expansion scorer). Empty: no draft pass.
+        ``verifies``: the step verifies drafted tokens (and pays ``speculation_overhead_s``).
         """
         target_context = num_context_tokens if target_context_tokens is None else target_context_tokens
         total_s = self.step_overhead_s + self.target.forward_s(target_context, num_batched_tokens)
+        if verifies:
+            total_s += self.speculation_overhead_s
         for num_tokens in draft_pass_tokens:
             total_s += self.draft.forward_s(num_context_tokens, num_tokens)
         return total_s

@@ -211,7 +211,7 @@ class OraclePolicy(Policy):
         target_context = None
         if cfg.scorer == "batch_expansion" and drafts.any():
             target_context = num_context + int((drafts * num_computed + drafts * (drafts + 1) // 2).sum())
-        step_s = timer.step_s(num_context, num_batched, passes, target_context)
+        step_s = timer.step_s(num_context, num_batched, passes, target_context, verifies=bool(drafts.any()))
         if not prefill_tokens:
             return step_s, step_s
         margin_s = timer.target.forward_s(num_context, prefill_tokens) - timer.target.forward_s(num_context, 0)

@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from specserve.experiments.engine_check import (
     SEGMENTS,
+    SETUPS,
     acceptance_from,
     fit_cpu_timer,
     make_trace,
+    simulate_trace,
     summarize_run,
+    write_trace,
 )
+from specserve.sim.config import AcceptanceConfig
+from specserve.sim.latency import LinearForward, StepTimer
 
 
-def _step(k: int, batch: int, context: int, overhead=2e-3, per_token=8e-5, per_pass=1e-3, per_draft_token=5e-5):
+def _step(
+    k: int, batch: int, context: int, overhead=2e-3, per_token=8e-5, per_pass=1e-3, per_draft_token=5e-5, spec=1.5e-3
+):
     passes = k  # k = 0 decode steps skip the pass
     batched = batch * (k + 1)
     draft_tokens = (batched if passes else 0) + max(passes - 1, 0) * batch
-    duration = overhead + per_token * batched + passes * per_pass + per_draft_token * draft_tokens
+    duration = overhead + per_token * batched + passes * per_pass + per_draft_token * draft_tokens + spec * (k > 0)
     return {
         "k": k,
         "num_running": batch,
@@ -36,9 +45,11 @@ def test_the_fit_recovers_the_step_time_model_that_made_the_log() -> None:
     assert timer.target.s_per_batched_token == pytest.approx(8e-5, rel=1e-4)
     assert timer.draft.intercept_s == pytest.approx(1e-3, rel=1e-4)
     assert timer.draft.s_per_batched_token == pytest.approx(5e-5, rel=1e-4)
+    assert timer.speculation_overhead_s == pytest.approx(1.5e-3, rel=1e-4)
     for e in log:
         passes = [e["num_batched_tokens"]] + [e["num_running"]] * (e["num_draft_passes"] - 1) if e["k"] else []
-        assert timer.step_s(e["num_context_tokens"], e["num_batched_tokens"], passes) == pytest.approx(e["duration_s"])
+        step_s = timer.step_s(e["num_context_tokens"], e["num_batched_tokens"], passes, verifies=e["k"] > 0)
+        assert step_s == pytest.approx(e["duration_s"])
 
 
 def test_acceptance_takes_position_0_and_a_geometric_decay_from_conditional_rates() -> None:
@@ -62,3 +73,18 @@ def test_windows_average_k_and_skip_empty_ones() -> None:
     run = summarize_run(steps, makespan_s=4.0, horizon_s=10.0)
     assert run.throughput_tok_s == 2.0
     assert run.k_by_window[0] == 3.0 and run.k_by_window[1] != run.k_by_window[1]  # nan
+
+
+@pytest.mark.parametrize("pair", sorted(SETUPS))
+def test_the_simulator_charges_the_speculating_step_cost_to_steps_that_verify_only(tmp_path, pair) -> None:
+    setup = SETUPS[pair]
+    trace = write_trace(make_trace(0, [(d / 5, r) for d, r in setup.segments]), tmp_path / "trace.csv")
+    plain = StepTimer(LinearForward(1e-8, 4e-5, 0.0), LinearForward(4e-7, 0.0, 4e-4), 2e-3)
+    costly = dataclasses.replace(plain, speculation_overhead_s=5e-3)
+    acceptance = AcceptanceConfig(mean=0.8, concentration=None)
+
+    def makespan(timer: StepTimer, policy: str) -> float:
+        return simulate_trace(trace, timer, acceptance, policy, 4, setup)[1]
+
+    assert makespan(costly, "fixed:k=0") == makespan(plain, "fixed:k=0")
+    assert makespan(costly, "fixed:k=2") > makespan(plain, "fixed:k=2")

@@ -1,7 +1,7 @@
 """What the whole specserve path costs against vLLM's bare ``AsyncLLM`` at the same k.
 
     PYTHONPATH=$PWD .venv/bin/python bench/serve_overhead.py --config bench/configs/perf-S.yaml \
-        [--k 2] [--concurrency 1,4,16] [--num-requests 32] [--rounds 3] [--ways bare,uni,mp] [--out FILE]
+        [--k 2] [--concurrency 1,4,16] [--num-requests 32] [--rounds 3] [--ways bare,uni,uni1,mp,vllm] [--out FILE]
 
 Ways to serve the same pair at the same fixed k:
 
@@ -11,7 +11,8 @@ Ways to serve the same pair at the same fixed k:
   (stopped by its PID with SIGINT), loaded by ``specserve bench run``'s closed loop over HTTP (run in this
   process): Ray Serve's proxy and OpenAI ingress, the replica, our scheduler and policy, streaming. ``uni`` and
   ``mp`` are the two ``cpu_executor`` settings (``specserve/replicas/engine.py``): the worker inside the
-  EngineCore process, or in a process of its own.
+  EngineCore process, or in a process of its own. ``uni1``: ``uni`` with ``cpu_threads: 1``, the one OpenMP
+  thread Ray gives a replica that reserves no CPU, against the config's own ``cpu_threads``.
 - ``vllm``: vLLM's own OpenAI server (``vllm.entrypoints.openai.api_server``) with the same engine arguments
   as ``bare``, loaded the same way over HTTP: what HTTP and vLLM's OpenAI layer cost without Ray Serve.
 
@@ -148,7 +149,8 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
         url = f"http://127.0.0.1:{args.port}/v1"
     else:
         config_path = Path(tempfile.mktemp(prefix="specserve-overhead-", suffix=".yaml"))
-        config_path.write_text(yaml.safe_dump({**config, **paths, "cpu_executor": way}))
+        executor, threads = ("uni", {"cpu_threads": 1}) if way == "uni1" else (way, {})
+        config_path.write_text(yaml.safe_dump({**config, **paths, "cpu_executor": executor, **threads}))
         cmd = [
             sys.executable, "-m", "specserve.cluster.cli", "serve", "--config", str(config_path),
             "--policy", f"fixed:k={args.k}", "--k-max", str(max(args.k, 1)), "--port", str(args.port),
@@ -269,14 +271,14 @@ def main() -> None:
     parser.add_argument("--num-cpus", type=int, default=2)
     parser.add_argument("--port", type=int, default=8010)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ways", default="bare,uni,mp", help="bare and any of the served ways uni, mp, vllm")
+    parser.add_argument("--ways", default="bare,uni,mp", help="bare and any of the served ways uni, uni1, mp, vllm")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     config = yaml.safe_load(args.config.read_text())
 
     ways = args.ways.split(",")
-    if "bare" not in ways or len(ways) < 2 or not set(ways) <= {"bare", "uni", "mp", "vllm"}:
-        parser.error(f"--ways {args.ways!r}: bare and at least one of uni, mp, vllm")
+    if "bare" not in ways or len(ways) < 2 or not set(ways) <= {"bare", "uni", "uni1", "mp", "vllm"}:
+        parser.error(f"--ways {args.ways!r}: bare and at least one of uni, uni1, mp, vllm")
     served = [way for way in ways if way != "bare"]
     rounds = []
     for r in range(args.rounds):

@@ -172,13 +172,34 @@ def fit_cpu_timer(log: Sequence[dict]) -> tuple[StepTimer, float]:
 
 
 def acceptance_from(per_pos_reached: Sequence[int], per_pos_accepted: Sequence[int]) -> AcceptanceConfig:
-    """The simulator's per-request acceptance (alpha at position 0, geometric decay) from the engine's
-    conditional rates per position (accepted / reached)."""
-    rates = [a / d for a, d in zip(per_pos_accepted, per_pos_reached, strict=True) if d > 0]
-    if not rates:
+    """The simulator's per-request acceptance from the engine's conditional rates per position (accepted /
+    reached): alpha at position 0, and what the deeper rates say.
+
+    Rates that rise with the position are survivor bias: a draft that reached position j came from a request
+    whose earlier drafts were accepted, so the easier requests are over-represented there. Requests' alphas
+    spread as Beta(mean c, (1 - mean) c) give exactly that rise, E[a^(j+1)] / E[a^j] = (mean c + j) / (c + j),
+    so c is fitted to the rates (weighted by the drafts that reached each position). Rates that fall are a
+    geometric decay, every request alike."""
+    pairs = [(a / d, d) for a, d in zip(per_pos_accepted, per_pos_reached, strict=True) if d > 0]
+    if not pairs:
         return AcceptanceConfig(mean=0.5, concentration=None)
-    decay = (rates[-1] / rates[0]) ** (1.0 / (len(rates) - 1)) if len(rates) > 1 and rates[0] > 0 else 1.0
-    return AcceptanceConfig(mean=min(rates[0], 1.0), concentration=None, decay=min(max(decay, 1e-3), 1.0))
+    mean = min(pairs[0][0], 1.0)
+    if len(pairs) == 1 or mean in (0.0, 1.0):
+        return AcceptanceConfig(mean=mean, concentration=None)
+    if pairs[-1][0] < pairs[0][0]:
+        decay = (pairs[-1][0] / pairs[0][0]) ** (1.0 / (len(pairs) - 1))
+        return AcceptanceConfig(mean=mean, concentration=None, decay=max(decay, 1e-3))
+
+    def misfit(c: float) -> float:
+        return sum(d * ((mean * c + j) / (c + j) - rate) ** 2 for j, (rate, d) in enumerate(pairs))
+
+    concentration = min(CONCENTRATIONS, key=misfit)
+    flat = sum(d * (mean - rate) ** 2 for rate, d in pairs)  # every request alike: no rise at all
+    return AcceptanceConfig(mean=mean, concentration=concentration if misfit(concentration) < flat else None)
+
+
+# Beta concentrations acceptance_from tries: 0.5 (alphas spread widely) to about 2000 (nearly alike).
+CONCENTRATIONS = tuple(float(c) for c in np.geomspace(0.5, 2048, 97))
 
 
 def simulate_trace(
@@ -201,6 +222,7 @@ def simulate_trace(
             max_num_seqs=MAX_NUM_SEQS,
             max_k=max_k,
             k0_runs_draft_pass=False,
+            draft_first_pass="scheduled",
             num_kv_blocks=4096,
             max_model_len=512,
         ),

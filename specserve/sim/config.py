@@ -29,6 +29,12 @@ class EngineConfig(_Closed):
         "decode steps skip it and the next pass catches the draft's KV up (specserve's engine)",
     )
     enable_chunked_prefill: bool = Field(True, description="split long prompts across steps (vLLM V1 default)")
+    draft_first_pass: Literal["new_tokens", "scheduled"] = Field(
+        "new_tokens",
+        description="what a step's first draft pass reads: 'new_tokens', only tokens the draft has not seen (its own "
+        "drafts stay in its KV cache); 'scheduled', every token the target scores that step, drafts included, as "
+        "vLLM's draft-model proposer re-reads them (the CPU engine engine-check replays)",
+    )
     scorer: Literal["single_pass", "batch_expansion"] = Field(
         "single_pass",
         description="how the target verifies drafts: one pass over every request's k + 1 tokens (vLLM "

@@ -140,6 +140,7 @@ class OraclePolicy(Policy):
         admitted = self._admitted(cfg.max_num_batched_tokens - tokens.sum(axis=1), free_blocks, len(b))
         scheduled = tokens > 0
         new_tokens = tokens - drafts
+        read = tokens if cfg.draft_first_pass == "scheduled" else new_tokens  # the draft's first pass (replica.py)
         expected = self._expected_tokens(b.alpha, drafts)
         step_s, decode_s = np.empty(len(ks)), np.empty(len(ks))
         for k in range(len(ks)):
@@ -149,7 +150,7 @@ class OraclePolicy(Policy):
                 int((b.num_computed * scheduled[k]).sum()),
                 int(tokens[k].sum() + admitted[k]),
                 int(new_tokens[k][~decoding].sum() + admitted[k]),
-                int(new_tokens[k].sum() + admitted[k] + b.draft_lag[scheduled[k]].sum()),
+                int(read[k].sum() + admitted[k] + b.draft_lag[scheduled[k]].sum()),
                 b.num_computed,
             )
         return Prices(

@@ -298,7 +298,8 @@ class Replica:
         )
         num_passes = int(drafts.drafted.max()) if drafts else int(not skipped)
         if num_passes:
-            first_pass_tokens = int(new_tokens.sum()) + self._catch_up(scheduled, int(grant.tokens.sum()))
+            read = grant.tokens if self.cfg.draft_first_pass == "scheduled" else new_tokens
+            first_pass_tokens = int(read.sum()) + self._catch_up(scheduled, int(grant.tokens.sum()))
             draft_pass_tokens = [first_pass_tokens, *further_pass_tokens(drafts, num_passes)]
         else:
             draft_pass_tokens = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from specserve.experiments.engine_check import (
@@ -52,12 +53,30 @@ def test_the_fit_recovers_the_step_time_model_that_made_the_log() -> None:
         assert step_s == pytest.approx(e["duration_s"])
 
 
-def test_acceptance_takes_position_0_and_a_geometric_decay_from_conditional_rates() -> None:
+def test_acceptance_takes_position_0_and_a_geometric_decay_from_falling_conditional_rates() -> None:
     acc = acceptance_from([100, 80, 60, 40], [80, 64 * 0.9, 48 * 0.81, 32 * 0.729])
     assert acc.mean == pytest.approx(0.8)
     assert acc.decay == pytest.approx(0.9)
+    assert acc.concentration is None
     assert acc.signals.enabled  # the check turns them off when it builds its scenario
     assert acceptance_from([0, 0], [0, 0]).mean == 0.5
+
+
+@pytest.mark.parametrize("concentration", [2.0, 12.0, 60.0])
+def test_rising_conditional_rates_give_back_the_spread_of_alphas_across_requests(concentration) -> None:
+    # Requests' alphas ~ Beta(0.6 c, 0.4 c): of the drafts that reach position j, E[a^(j+1)] / E[a^j] are accepted.
+    rng = np.random.default_rng(0)
+    alphas = rng.beta(0.6 * concentration, 0.4 * concentration, size=200_000)
+    reached = [float(np.sum(alphas**j)) for j in range(4)]
+    accepted = [float(np.sum(alphas ** (j + 1))) for j in range(4)]
+    acc = acceptance_from(reached, accepted)
+    assert acc.mean == pytest.approx(0.6, abs=0.01) and acc.decay == 1.0
+    assert acc.concentration == pytest.approx(concentration, rel=0.15)
+
+
+def test_flat_conditional_rates_mean_every_request_alike() -> None:
+    acc = acceptance_from([1000, 600, 360], [600, 360, 216])
+    assert acc.mean == pytest.approx(0.6) and acc.concentration is None and acc.decay == 1.0
 
 
 def test_the_trace_is_seeded_and_its_middle_segment_is_the_busiest() -> None:

@@ -229,3 +229,25 @@ def test_an_offline_batch_announces_each_prompt_once() -> None:
     assert sum(ctx.num_prefill_tokens for ctx in contexts) == prompts
     full = [ctx for ctx in contexts if ctx.num_running == 2]
     assert full and all(ctx.num_prefill_tokens == 0 for ctx in full)
+
+
+def test_a_draft_that_rereads_the_scheduled_tokens_pays_for_each_drafted_position() -> None:
+    # vLLM's draft-model proposer runs its first pass over every token the target scored (drafts included); the
+    # default keeps the draft's own drafts in its KV cache and reads only the new token.
+    def steps(first_pass: str, policy: str) -> dict[tuple, float]:
+        seen: dict[tuple, float] = {}
+
+        def record_step(record: StepRecord, _stats: StepStats) -> None:
+            shape = (record.num_running, record.num_context_tokens, record.num_batched_tokens, record.num_draft_passes)
+            seen[shape] = record.duration_s
+
+        scenario = small_scenario(engine={"max_k": 4, "draft_first_pass": first_pass})
+        simulate(scenario, policy, 0, on_step=record_step)
+        return seen
+
+    assert steps("scheduled", "fixed:k=0") == steps("new_tokens", "fixed:k=0")
+    rereading, reading_new = steps("scheduled", "fixed:k=3"), steps("new_tokens", "fixed:k=3")
+    # The same step shape with drafts (more than one draft pass): a prefill-only step reads new tokens either way.
+    shared = [shape for shape in rereading.keys() & reading_new.keys() if shape[3] > 1]
+    assert shared
+    assert all(rereading[shape] > reading_new[shape] for shape in shared)

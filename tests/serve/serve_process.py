@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -151,6 +153,21 @@ class ServeProcess(TrackedProcess):
 
     def wait_endpoint(self, timeout_s: float = 600.0) -> str:
         return self.wait_for_line(r"endpoint: (\S+)", timeout_s).group(1)
+
+
+@contextlib.contextmanager
+def serving(args: list[str], folder: Path, **env: str) -> Iterator[ServeProcess]:
+    """`specserve serve ARGS` on a local Ray cluster of its own (RAY_ADDRESS unset), its state and log under
+    ``folder`` and ``env`` added to its environment; yields it with ``endpoint`` set once it answers, and
+    removes its whole process tree after, whatever the test did."""
+    environment = dict(os.environ, SPECSERVE_STATE_DIR=str(folder / "state"), **env)
+    environment.pop("RAY_ADDRESS", None)
+    process = ServeProcess(args, environment, folder / "serve.log")
+    try:
+        process.endpoint = process.start()
+        yield process
+    finally:
+        process.kill_tree()
 
 
 def processes_under(folder: Path) -> list[psutil.Process]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import requests
 from hypothesis import HealthCheck, given, seed, settings
 from openai import AuthenticationError, OpenAI
 from request_bodies import CHAT_BODIES, COMPLETION_BODIES
-from serve_process import ServeProcess, free_port
+from serve_process import free_port, serving
 
 MODEL = "specserve-tiny"
 KEY = "sk-specserve-test-7f3a91c2d4"
@@ -27,18 +26,9 @@ FUZZ_EXAMPLES = 1000
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, trained_pair):
-    env = dict(os.environ, SPECSERVE_STATE_DIR=str(tmp_path_factory.mktemp("state")), SPECSERVE_API_KEY=KEY)
-    env.pop("RAY_ADDRESS", None)
-    process = ServeProcess(
-        ["--port", str(free_port()), "--metrics-port", str(free_port())],
-        env,
-        tmp_path_factory.mktemp("logs") / "serve.log",
-    )
-    try:
-        process.endpoint = process.start()
+    args = ["--port", str(free_port()), "--metrics-port", str(free_port())]
+    with serving(args, tmp_path_factory.mktemp("bad-input"), SPECSERVE_API_KEY=KEY) as process:
         yield process
-    finally:
-        process.kill_tree()
 
 
 def post(server, path: str, body: object, key: str | None = KEY) -> requests.Response:

@@ -5,7 +5,6 @@ the recovery times they measure (README, Reliability)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ import time
 import psutil
 import pytest
 from closed_loop import Load
-from serve_process import ServeProcess, free_port
+from serve_process import free_port, serving
 
 # Serve LLM checks an engine's health every 10 s; a new replica then loads its engine (tens of seconds on CPU).
 REPLACEMENT_TIMEOUT_S = 300.0
@@ -21,15 +20,9 @@ REPLACEMENT_TIMEOUT_S = 300.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, trained_pair):
-    env = dict(os.environ, SPECSERVE_STATE_DIR=str(tmp_path_factory.mktemp("state")))
-    env.pop("RAY_ADDRESS", None)
     args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--replicas", "1", "--k-max", "4"]
-    process = ServeProcess(args, env, tmp_path_factory.mktemp("logs") / "serve.log")
-    try:
-        process.endpoint = process.start()
+    with serving(args, tmp_path_factory.mktemp("faults")) as process:
         yield process
-    finally:
-        process.kill_tree()
 
 
 def cli(server, *args: str) -> subprocess.CompletedProcess:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from serve_process import ServeProcess, free_port
+from serve_process import free_port, serving
 from soak import RssSampler, ScheduledLoad, plot, settled_totals, write_json
 
 pytestmark = pytest.mark.slow
@@ -42,16 +42,10 @@ RSS_GROWTH_FRACTION, RSS_GROWTH_BYTES = 0.10, 32 * 2**20
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, trained_pair):
-    env = dict(os.environ, SPECSERVE_STATE_DIR=str(tmp_path_factory.mktemp("state")))
-    env.pop("RAY_ADDRESS", None)
     args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--k-max", "4"]
-    process = ServeProcess(args, env, tmp_path_factory.mktemp("logs") / "serve.log")
-    try:
-        process.endpoint = process.start()
+    with serving(args, tmp_path_factory.mktemp("soak")) as process:
         process.metrics_url = process.line_matching(r"metrics: ").split()[1]
         yield process
-    finally:
-        process.kill_tree()
 
 
 def set_policy(server, spec: str) -> None:

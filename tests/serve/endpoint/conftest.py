@@ -8,28 +8,22 @@ import os
 
 import pytest
 from openai import OpenAI
-from serve_process import ServeProcess, free_port
+from serve_process import free_port, serving
 
 from specserve.cluster import prometheus
 
 
 @pytest.fixture(scope="package")
 def server(tmp_path_factory, trained_pair):
-    state_dir = tmp_path_factory.mktemp("state")
-    env = dict(os.environ, SPECSERVE_STATE_DIR=str(state_dir))
-    env.pop("RAY_ADDRESS", None)
-    config = tmp_path_factory.mktemp("config") / "serve.yaml"
+    folder = tmp_path_factory.mktemp("endpoint")
+    config = folder / "serve.yaml"
     # draft_offload: the triggers never fire on this idle pool; the grants flow. cpu_threads: one per core.
     config.write_text(f"draft_offload: true\ncpu_threads: {os.cpu_count()}\n")
     args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--k-max", "4", "--config", str(config)]
     if prometheus.PrometheusServer.binary() is not None:
         args += ["--prometheus-port", str(free_port())]  # as `make serve` runs it
-    process = ServeProcess(args, env, tmp_path_factory.mktemp("logs") / "serve.log")
-    try:
-        process.endpoint = process.start()
+    with serving(args, folder) as process:
         yield process
-    finally:
-        process.kill_tree()
 
 
 @pytest.fixture(scope="package")

@@ -8,8 +8,9 @@
    one draft pass plus a fixed per-step cost and a fixed cost per speculating step, by non-negative least
    squares on relative error, on each busy step's start-to-start wall time (``busy_step_times``), which
    includes the loop's work between steps.
-3. The simulator replays the same trace with that timer, the engine's measured acceptance (the mean of the
-   per-position rates, with their decay) and the same policy.
+3. The simulator replays the same trace with that timer, the engine's measured acceptance (position 0's rate,
+   and the deeper rates as a spread of requests' alphas or a decay: ``acceptance_from``) and the same policy,
+   its draft re-reading every scheduled token in its first pass as vLLM's draft-model proposer does.
 4. Both runs are compared on output throughput over the trace and on mean k per time window.
 
 What is fitted and what is compared are not the same numbers: the fit sees step times, the comparison is of

@@ -172,6 +172,10 @@ def fit_cpu_timer(log: Sequence[dict]) -> tuple[StepTimer, float]:
     return timer, error
 
 
+# Beta concentrations acceptance_from tries: 0.5 (alphas spread widely) to about 2000 (nearly alike).
+CONCENTRATIONS = tuple(float(c) for c in np.geomspace(0.5, 2048, 97))
+
+
 def acceptance_from(per_pos_reached: Sequence[int], per_pos_accepted: Sequence[int]) -> AcceptanceConfig:
     """The simulator's per-request acceptance from the engine's conditional rates per position (accepted /
     reached): alpha at position 0, and what the deeper rates say.
@@ -199,17 +203,13 @@ def acceptance_from(per_pos_reached: Sequence[int], per_pos_accepted: Sequence[i
     return AcceptanceConfig(mean=mean, concentration=concentration if misfit(concentration) < flat else None)
 
 
-# Beta concentrations acceptance_from tries: 0.5 (alphas spread widely) to about 2000 (nearly alike).
-CONCENTRATIONS = tuple(float(c) for c in np.geomspace(0.5, 2048, 97))
-
-
 def simulate_trace(
     trace: Path,
     timer: StepTimer,
     acceptance: AcceptanceConfig,
     policy: str,
     max_k: int,
-    setup: CheckSetup = SETUPS["trained"],
+    setup: CheckSetup,
 ) -> tuple:
     """The simulator's run of the trace with the fitted timer; returns (step log rows, makespan)."""
     from specserve.sim.kernel import Simulator
@@ -301,7 +301,7 @@ class EngineRun:
 
 
 def compare(
-    runs: Sequence[EngineRun], trace: Path, max_k: int = 4, setup: CheckSetup = SETUPS["trained"]
+    runs: Sequence[EngineRun], trace: Path, max_k: int, setup: CheckSetup
 ) -> tuple[list[PolicyCheck], StepTimer, float]:
     """One timer fitted to all the runs' busy steps, then the simulator's replay of each policy.
     Returns the checks, the timer and the fit's median relative error."""

@@ -307,8 +307,8 @@ class Replica:
         num_context = int(b.num_computed[scheduled].sum())
         num_batched = int(grant.tokens.sum())
         target_context = self._expanded_context(num_context, rows, drafts)
-        verifies = drafts is not None and bool(drafts.drafted.any())
-        duration_s = self.timer.step_s(num_context, num_batched, draft_pass_tokens, target_context, verifies)
+        # Every drafting row drafted at least once (drafting.Drafts), so a step with drafts verifies some.
+        duration_s = self.timer.step_s(num_context, num_batched, draft_pass_tokens, target_context, drafts is not None)
         sampled = scheduled & (b.num_computed + new_tokens == b.prompt + b.num_output)
         request_ids = tuple(self.table.request_ids[b.ids[rows]]) if drafts is not None else ()
         record = step_record(

@@ -77,6 +77,9 @@ class Speculation(BaseModel):
     offload_window_steps: int = Field(
         3, ge=1, description="With draft_offload: steps a trigger must hold before the draft moves."
     )
+    step_log: str | None = Field(
+        None, description="Append every engine step to this file as a JSON line, for `bench/policy_replay.py`."
+    )
     cpu_executor: Literal["uni", "mp"] = Field(
         "uni", description="CPU engines of one rank: `uni` runs vLLM's worker inside its EngineCore; `mp`: Ray's."
     )
@@ -121,6 +124,7 @@ def speculative_llm_config_kwargs(
             max_num_seqs=user.get("max_num_seqs", 1),
             skip_k0_draft_pass=spec.skip_k0_draft_pass,
             draft_signals=spec.draft_signals,
+            step_log=spec.step_log,
             policy_modules=spec.policy_modules,
             draft_offload=(
                 DraftOffload(spec.offload_low_free_ratio, spec.offload_window_steps) if spec.draft_offload else None

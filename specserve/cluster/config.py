@@ -78,6 +78,12 @@ class ServeConfig(BaseModel):
     offload_window_steps: int = Field(
         3, ge=1, description="With draft_offload: steps a trigger must hold before the draft moves."
     )
+    step_log: str | None = Field(
+        None,
+        description="Append every engine step (the policy's context, the k it chose, what the step ran and cost) "
+        "to this file as one JSON line, every replica to the same file; `bench/policy_replay.py` replays the "
+        "policy's decisions from it offline.",
+    )
     min_resident_drafts: int = Field(
         0,
         ge=0,

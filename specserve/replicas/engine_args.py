@@ -67,6 +67,9 @@ class EngineControlConfig:
     # The draft's confidence and entropy per drafted token, computed from its logits in the worker
     # (draft_signals.py) for the policies that read them; false saves a softmax over the vocabulary per pass.
     draft_signals: bool = True
+    # A file every step is appended to as one JSON line (the policy's context and what the step ran), for replaying
+    # the policy's decisions offline (``bench/policy_replay.py``); None: no log.
+    step_log: str | None = None
 
     def to_additional_config(self) -> dict[str, Any]:
         offload = self.draft_offload
@@ -76,6 +79,7 @@ class EngineControlConfig:
             "policy_modules": list(self.policy_modules),
             "draft_offload": None if offload is None else [offload.low_free_ratio, offload.window_steps],
             "draft_signals": self.draft_signals,
+            "step_log": self.step_log,
         }
 
     @classmethod
@@ -91,6 +95,7 @@ class EngineControlConfig:
             policy_modules=tuple(data.get("policy_modules", ())),
             draft_offload=DraftOffload(*data["draft_offload"]) if data.get("draft_offload") else None,
             draft_signals=bool(data.get("draft_signals", True)),
+            step_log=data.get("step_log"),
         )
 
 
@@ -117,6 +122,8 @@ class EngineSpec:
     draft_offload: DraftOffload | None = None
     # See EngineControlConfig.draft_signals.
     draft_signals: bool = True
+    # See EngineControlConfig.step_log.
+    step_log: str | None = None
     extra: tuple[tuple[str, Any], ...] = ()
 
 
@@ -143,6 +150,7 @@ def speculative_engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
                 policy_modules=spec.policy_modules,
                 draft_offload=spec.draft_offload,
                 draft_signals=spec.draft_signals,
+                step_log=spec.step_log,
             ).to_additional_config()
         },
         speculative_config={

@@ -18,6 +18,7 @@ the drafts of requests whose draft KV has a hole (the lag rule; see ``speculatio
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -61,6 +62,7 @@ from specserve.speculation import (
 from specserve.speculation.confident_prefix import confident_prefix
 from specserve.speculation.context import build_step_context
 from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan
+from specserve.speculation.step_log import encode as encode_step
 
 logger = init_logger(__name__)
 
@@ -104,6 +106,10 @@ class AdaptiveKScheduler(Scheduler):
         self.elastic = ElasticDraft(self, _residency_params(control)) if self.num_spec_tokens > 0 else None
         self._step_ctx: StepContext | None = None
         self._step_started_s = 0.0
+        # One append write per step: replicas sharing the file interleave by whole lines.
+        self._step_log_fd = (
+            os.open(control.step_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if control.step_log else None
+        )
         logger.info(
             "specserve: policy %s, k_max %d, k=0 draft pass %s",
             self.policy.spec,
@@ -156,6 +162,9 @@ class AdaptiveKScheduler(Scheduler):
             self.counters.policy_s += time.perf_counter() - started
             self.acceptance.observe(record)
             self.counters.add(record)
+            if self._step_log_fd is not None:
+                line = encode_step(str(os.getpid()), self.policy.spec, self.traits, ctx, record) + "\n"
+                os.write(self._step_log_fd, line.encode())
             self.counters.num_steps_draft_skipped += int(skipped)
             self._step_ctx = None
         # vLLM advanced num_computed_tokens by the scheduled tokens at schedule time: the step's start.

@@ -17,7 +17,7 @@ def test_buckets_are_powers_of_two() -> None:
 
 
 def test_bucket_correction_averages_residuals_and_falls_back_within_the_bucket() -> None:
-    correction = BucketCorrection(memory=4.0)
+    correction = BucketCorrection(memory=4.0, prior_samples=0.0)
     for _ in range(50):
         correction.observe(30, 3, 0.002)
     correction.observe(30, 4, -0.001)
@@ -25,8 +25,42 @@ def test_bucket_correction_averages_residuals_and_falls_back_within_the_bucket()
     assert correction.correction_s(17, 4) == pytest.approx(-0.001)
     assert correction.correction_s(20, 2) == pytest.approx(0.002)  # unexplored k: the bucket's main cell
     assert correction.correction_s(100, 3) == 0.0  # another bucket knows nothing yet
-    with pytest.raises(ValueError, match="memory"):
-        BucketCorrection(memory=0.5)
+    for bad in ({"memory": 0.5}, {"prior_samples": -1.0}, {"max_relative": 0.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            BucketCorrection(**bad)
+
+
+def test_a_thinly_measured_cell_earns_its_correction_as_its_samples_add_up() -> None:
+    correction = BucketCorrection(memory=20.0, prior_samples=3.0)
+    for _ in range(50):
+        correction.observe(8, 1, 0.002)
+    correction.observe(8, 2, -0.010)
+    once = correction.correction_s(8, 2)
+    assert 0.002 > once > -0.010  # between the bucket's offset and the one sample
+    for _ in range(40):
+        correction.observe(8, 2, -0.010)
+    assert correction.correction_s(8, 2) < once
+    assert correction.correction_s(8, 2) == pytest.approx(-0.010, abs=0.002)
+
+
+def test_a_stalled_step_moves_a_correction_by_at_most_its_prediction() -> None:
+    stalled, bounded = BucketCorrection(prior_samples=0.0), BucketCorrection(prior_samples=0.0, max_relative=1.0)
+    stalled.observe(1, 0, 0.390)  # a 430 ms step where 40 ms was predicted
+    bounded.observe(1, 0, 0.390, predicted_s=0.040)
+    assert stalled.correction_s(1, 0) == pytest.approx(0.390)
+    assert bounded.correction_s(1, 0) == pytest.approx(0.040)
+    bounded.observe(2, 0, -0.100, predicted_s=0.040)  # below zero seconds: a clock glitch, bounded alike
+    assert bounded.correction_s(2, 0) == pytest.approx(-0.040)
+
+
+def test_corrected_step_costs_never_fall_with_k() -> None:
+    policy = trained_policy()
+    ctx = StepContext(now_s=0.0, num_running=8, num_waiting=0, num_context_tokens=8 * 200)
+    # A few quick k = 4 steps, as a lucky exploration would measure them: a large negative residual there.
+    for _ in range(3):
+        policy.correction.observe(8, 4, -0.5 * policy.decode_seconds(ctx, 4))
+    seconds = policy.decode_seconds_all(ctx)
+    assert all(later >= earlier for earlier, later in zip(seconds, seconds[1:], strict=False))
 
 
 def trained_policy(

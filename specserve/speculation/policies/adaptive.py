@@ -12,7 +12,9 @@
    ``D(k) = T(P + B(k + 1), passes(k)) - (T(P, 0) - T(0, 0))``, and maximise ``B * l(k) / D(k)``.
 3. **A correction per batch bucket and k** (``estimators.bucket_correction``): the fit's out-of-sample residual
    averaged per power-of-two batch bucket and k, as Nightjar keeps its statistics per batch size (§5.2), so a
-   bias the global fit cannot shed (the ridge point moves with the context) does not decide k.
+   bias the global fit cannot shed (the ridge point moves with the context) does not decide k. Outliers are
+   bounded, thinly measured cells shrunk toward their bucket, and the corrected costs kept non-decreasing in k
+   (``estimators.monotone``): on a served CPU engine, stalls otherwise priced a rarely run k far off.
 4. **Hysteresis.** A new k must beat the current one by ``switch_margin``; every switch re-sizes the
    draft's batch and, in vLLM, cuts drafts already proposed. Exploration of neighbouring k (needed by any
    online fit, ``parts.probe.NeighbourExplorer``) runs every ``explore_interval_s``, less often than goodput's, and
@@ -46,6 +48,7 @@ import numpy as np
 
 from specserve.speculation.estimators.bucket_correction import BucketCorrection
 from specserve.speculation.estimators.confidence_calibration import ConfidenceCalibration
+from specserve.speculation.estimators.monotone import nondecreasing
 from specserve.speculation.estimators.step_latency import HINGED, StepLatencyModel
 from specserve.speculation.policies.parts.early_stop import ConfidenceStop, StopCounter
 from specserve.speculation.policies.parts.goodput_core import MIN_STEP_S, GoodputCore
@@ -200,7 +203,7 @@ class AdaptivePolicy(Policy):
         predicted_s = self.latency.observe(record)
         # Keyed by the drafts the step ran, which an early stop makes fewer than its k.
         k_run = max(record.num_drafted_per_request, default=0) or record.k
-        self.correction.observe(record.num_running, k_run, record.duration_s - predicted_s)
+        self.correction.observe(record.num_running, k_run, record.duration_s - predicted_s, predicted_s)
         self.core.observe(record)
         if self.calibration is not None:
             self.calibration.observe(record)
@@ -220,7 +223,9 @@ class AdaptivePolicy(Policy):
         corrections = np.array(self.correction.corrections_s(batch, self.max_k + 1))
         if passes is not None:  # the residual is kept per k run; here that is ``passes`` in every row
             corrections = np.full_like(corrections, corrections[min(passes, self.max_k)])
-        return step_s - prefill_s + corrections
+        # More drafts never cost less; where corrections from unequal evidence say so, the better-measured k win.
+        weights = [1.0 + self.correction.num_samples(batch, int(k)) for k in ks]
+        return np.array(nondecreasing(step_s - prefill_s + corrections, weights))
 
     @property
     def _calibrate(self) -> Callable[[float], float] | None:

@@ -1,0 +1,61 @@
+"""One engine step as a JSON line: the context its policy chose k from, and the record of what the step ran.
+
+An engine started with a step log (``step_log`` in the serve config) appends one line per step; a policy's
+decisions can then be replayed offline exactly (``bench/policy_replay.py``): the same contexts in, the same
+records observed, so a fresh policy of the same spec chooses the k the engine's did, and every prediction it
+made along the way can be read. The policy spec travels in each line, so the runs of a ``bench compare`` that
+switched policies on one engine split apart again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from specserve.speculation.types import EngineTraits, StepContext, StepRecord
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedStep:
+    engine: str  # which engine wrote it (several replicas may share one file)
+    policy: str  # the spec of the policy that chose this step's k
+    traits: EngineTraits  # the engine's, which the policy was built with
+    ctx: StepContext
+    record: StepRecord
+
+
+def encode(engine: str, policy: str, traits: EngineTraits, ctx: StepContext, record: StepRecord) -> str:
+    return json.dumps(
+        {
+            "engine": engine,
+            "policy": policy,
+            "traits": dataclasses.asdict(traits),
+            "ctx": dataclasses.asdict(ctx),
+            "record": dataclasses.asdict(record),
+        }
+    )
+
+
+def decode(line: str) -> LoggedStep:
+    data = json.loads(line)
+    return LoggedStep(
+        str(data["engine"]),
+        str(data["policy"]),
+        EngineTraits(**data["traits"]),
+        StepContext(**{**data["ctx"], "request_ids": tuple(data["ctx"]["request_ids"])}),
+        StepRecord(**{name: _tuples(value) for name, value in data["record"].items()}),
+    )
+
+
+def read(lines: Iterable[str]) -> Iterator[LoggedStep]:
+    """The steps of a log, in order; blank lines skipped."""
+    for line in lines:
+        if line.strip():
+            yield decode(line)
+
+
+def _tuples(value: object) -> object:
+    """JSON's lists back to the record's (nested) tuples."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value

@@ -8,7 +8,7 @@ policy and batch of the per-round ratio to the first policy; writes all of it to
 ``--out``.png.
 
     .venv/bin/python bench/confident_prefix.py [--pair perf --size S --agreement 0.6] [--batches 1,4,8]
-        [--policies adaptive:confidence_stop=false,adaptive,slo] [--rounds 3] [--max-tokens 128]
+        [--policies adaptive,adaptive:verify_confident_prefix=true,slo] [--rounds 3] [--max-tokens 128]
         [--out bench/results/confident_prefix]
 """
 
@@ -28,7 +28,7 @@ OPENINGS = ["def f(x):\n    ", "import os\n", "class A:\n    ", "for i in range(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--policies", default="adaptive:confidence_stop=false,adaptive,slo")
+    parser.add_argument("--policies", default="adaptive,adaptive:verify_confident_prefix=true,slo")
     parser.add_argument("--batches", default="1,4,8")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)

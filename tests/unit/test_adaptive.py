@@ -168,7 +168,7 @@ def test_confidences_stop_the_draft_loop_only_where_the_engine_asks() -> None:
 
 
 def test_where_drafts_are_verified_a_step_later_the_rule_cuts_them_without_granting_more() -> None:
-    spec = "adaptive:explore_interval_s=inf,early_stop_extra=2"
+    spec = "adaptive:explore_interval_s=inf,early_stop_extra=2,verify_confident_prefix=true"
 
     def depth(rule, confidence: float, k: int) -> int:
         return next((pos + 1 for pos in range(k) if rule.after_pass(pos, confidence)), k)
@@ -193,6 +193,9 @@ def test_where_drafts_are_verified_a_step_later_the_rule_cuts_them_without_grant
     )
     off = trained_policy(spec + ",confidence_stop=false", max_k=8, verifies_confident_prefix=True).choose(ctx(32))
     assert off.draft_stop is None
+    # Not asked for, it cuts nothing: k is priced as if every draft were verified.
+    default = trained_policy("adaptive:explore_interval_s=inf", max_k=8, verifies_confident_prefix=True)
+    assert default.choose(ctx(32)).draft_stop is None
 
 
 def test_an_exploration_down_to_zero_is_not_extended() -> None:

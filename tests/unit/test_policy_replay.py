@@ -1,0 +1,86 @@
+"""An engine's step log replayed through a fresh policy (``speculation.step_log``, ``experiments.policy_replay``)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from speculation_synthetic import make_record
+
+from specserve.experiments.policy_replay import replay_run, runs
+from specserve.speculation import EngineTraits, StepContext, make_policy, step_log
+
+TRAITS = EngineTraits(max_k=4, k0_runs_draft_pass=False, resume_s_per_token=1e-5, verifies_confident_prefix=True)
+CPU_STEP = (5e-3, 1e-6, 5e-4, 1e-3, 1e-5)
+
+
+def engine_log(policies: list[tuple[str, int]], seed: int = 0) -> list[str]:
+    """What an engine would write: each (spec, steps) run chooses k with its own policy instance, switched in turn
+    as ``specserve policy set`` switches (warm-started on the engine's steps so far), the load moving between
+    one request and a full batch so that k changes."""
+    rng = random.Random(seed)
+    lines, history, now = [], [], 0.0
+    for spec, num_steps in policies:
+        policy = make_policy(spec, TRAITS)
+        policy.warm_start(history[-1024:])
+        for step in range(num_steps):
+            batch = 1 if (step // 60) % 2 == 0 else 12
+            ctx = StepContext(now_s=now, num_running=batch, num_waiting=0, num_context_tokens=batch * 80)
+            k = policy.choose(ctx).k
+            record = make_record(
+                rng,
+                CPU_STEP,
+                now_s=now,
+                k=k,
+                num_running=batch,
+                alpha=0.6,
+                num_context_tokens=batch * 80,
+                k0_runs_draft_pass=False,
+            )
+            policy.observe(record)
+            history.append(record)
+            lines.append(step_log.encode("1234", policy.spec, TRAITS, ctx, record))
+            now += record.duration_s
+    return lines
+
+
+def test_a_logged_step_decodes_to_what_was_encoded() -> None:
+    ctx = StepContext(now_s=1.5, num_running=2, num_waiting=1, num_context_tokens=90, request_ids=("a", "b"))
+    record = make_record(random.Random(1), CPU_STEP, now_s=1.5, k=3, num_running=2, alpha=0.7, num_context_tokens=90)
+    logged = step_log.decode(step_log.encode("7", "fixed:k=3", TRAITS, ctx, record))
+    assert (logged.engine, logged.policy, logged.traits, logged.ctx, logged.record) == (
+        "7",
+        "fixed:k=3",
+        TRAITS,
+        ctx,
+        record,
+    )
+
+
+def test_replaying_a_log_chooses_every_k_the_engine_chose() -> None:
+    steps = list(step_log.read(engine_log([("fixed:k=3", 150), ("adaptive", 400), ("goodput", 200)])))
+    specs = [
+        (make_policy(spec, TRAITS).spec, n) for spec, n in (("fixed:k=3", 150), ("adaptive", 400), ("goodput", 200))
+    ]
+    assert [(steps[a].policy, b - a) for a, b in runs(steps)] == specs
+    for start, stop in runs(steps):
+        replay = replay_run(steps, start, stop)
+        assert replay.num_agreeing == replay.num_steps
+    adaptive = replay_run(steps, *runs(steps)[1])
+    assert set(adaptive.by_batch) == {1, 12}
+    assert len({k for row in adaptive.by_batch.values() for k in row.engine_k}) > 1, "the load should move k"
+    for row in adaptive.by_batch.values():
+        assert row.predicted_s is not None and len(row.predicted_s) == TRAITS.max_k + 1
+
+
+def test_a_replay_without_the_warm_start_can_disagree() -> None:
+    # The warm start matters: a policy that starts cold after a long fixed run prices the steps differently.
+    steps = list(step_log.read(engine_log([("fixed:k=4", 600), ("adaptive", 300)], seed=3)))
+    start, stop = runs(steps)[1]
+    assert replay_run(steps, start, stop).num_agreeing == stop - start
+    assert replay_run(steps, start, stop, warm_steps=0).num_agreeing < stop - start
+
+
+def test_a_line_that_is_not_a_step_is_an_error() -> None:
+    with pytest.raises((ValueError, KeyError)):
+        list(step_log.read(['{"engine": "1"}']))

@@ -53,16 +53,6 @@ def test_a_stalled_step_moves_a_correction_by_at_most_its_prediction() -> None:
     assert bounded.correction_s(2, 0) == pytest.approx(-0.040)
 
 
-def test_corrected_step_costs_never_fall_with_k() -> None:
-    policy = trained_policy()
-    ctx = StepContext(now_s=0.0, num_running=8, num_waiting=0, num_context_tokens=8 * 200)
-    # A few quick k = 4 steps, as a lucky exploration would measure them: a large negative residual there.
-    for _ in range(3):
-        policy.correction.observe(8, 4, -0.5 * policy.decode_seconds(ctx, 4))
-    seconds = policy.decode_seconds_all(ctx)
-    assert all(later >= earlier for earlier, later in zip(seconds, seconds[1:], strict=False))
-
-
 def trained_policy(
     spec: str = "adaptive",
     alpha: float = 0.8,

@@ -98,6 +98,7 @@ def running_engine(
     policy_modules: tuple[str, ...] = (),
     draft_offload: DraftOffload | None = None,
     draft_signals: bool = True,
+    step_log: str | None = None,
     **engine_kwargs: Any,
 ) -> Iterator[Engine]:
     kwargs = speculative_engine_kwargs(
@@ -111,6 +112,7 @@ def running_engine(
             policy_modules=policy_modules,
             draft_offload=draft_offload,
             draft_signals=draft_signals,
+            step_log=step_log,
         )
     )
     kwargs.update(engine_kwargs)

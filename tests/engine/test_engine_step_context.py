@@ -1,4 +1,5 @@
-"""The real engine announces prefill as the simulator does (both call speculation.context)."""
+"""The real engine announces prefill as the simulator does (both call speculation.context), and logs every step's
+context and record so that a policy's decisions replay offline exactly (``step_log``)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,23 @@ def test_an_offline_batch_at_max_num_seqs_announces_each_prompt_once(trained_pai
     steps = after.num_steps - before.num_steps
     assert steps >= 4 * 24, "two seats at a time: at least four rounds of 24 decode steps"
     assert announced == prompt_tokens
+
+
+def test_the_step_log_replays_every_k_the_engine_chose(trained_pair, tmp_path):
+    from specserve.experiments.policy_replay import replay_run, runs
+    from specserve.speculation import step_log
+
+    path = tmp_path / "steps.jsonl"
+    with running_engine(trained_pair, policy="fixed:k=0", step_log=str(path)) as engine:
+        engine.generate(max_tokens=16)
+        engine.set_policy("adaptive")
+        engine.generate(max_tokens=96)
+        num_steps = engine.telemetry().num_steps
+    with path.open() as f:
+        steps = list(step_log.read(f))
+    assert len(steps) == num_steps, "one line per step, none torn"
+    assert [steps[a].policy.split(":")[0] for a, _ in runs(steps)] == ["fixed", "adaptive"]
+    start, stop = runs(steps)[1]
+    replay = replay_run(steps, start, stop)
+    assert replay.num_steps > 50
+    assert replay.num_agreeing == replay.num_steps

@@ -61,3 +61,15 @@ def test_every_policy_takes_a_warm_start_and_then_chooses_a_k_the_engine_can_run
     policy = make_policy(name, TRAITS)
     policy.warm_start(engine_history(num_steps=200))
     assert 0 <= policy.choose(decode_ctx()).k <= TRAITS.max_k
+
+
+def test_adaptive_learns_step_costs_only_from_a_history_that_ran_more_than_one_k() -> None:
+    one_k = [r for r in engine_history() if r.k == 3]
+    warm, cold = make_policy("adaptive", TRAITS), make_policy("adaptive", TRAITS)
+    warm.warm_start(one_k)
+    latency = {name: v for name, v in warm.describe().items() if name.startswith("latency_")}
+    assert latency == {name: v for name, v in cold.describe().items() if name.startswith("latency_")}
+    assert warm.describe()["mean_alpha"] == pytest.approx(0.6, abs=0.1), "acceptance is learned all the same"
+    varied = make_policy("adaptive", TRAITS)
+    varied.warm_start(engine_history())
+    assert varied.describe()["latency_s_per_batched_token"] != cold.describe()["latency_s_per_batched_token"]

@@ -47,6 +47,7 @@ periodic probe while k is 0.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -60,6 +61,10 @@ from specserve.speculation.policies.parts.goodput_core import MIN_STEP_S, Goodpu
 from specserve.speculation.policies.parts.switching import DraftLag, measured_resume_s
 from specserve.speculation.policy import Policy, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
+
+
+# Steps at each of two draft-pass counts or more that a warm-start history needs to teach step costs.
+WARM_MIN_STEPS_PER_K = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +209,19 @@ class AdaptivePolicy(Policy):
             explorer.interval_s = min(2.0 * explorer.interval_s, base * self.params.explore_backoff_max)
         self._explorations_seen = explorer.num_explorations
 
+    def warm_start(self, history: Sequence[StepRecord]) -> None:
+        """Learn acceptance from the engine's earlier steps, and step costs only from a history that ran two k or
+        more. A history at one k (a fixed-k run before this policy) cannot tell the step-cost fit a draft pass
+        from the fixed cost, so the fit's prior would split them, and every correction cell would inherit that
+        k's residual. Warm-started on a `fixed:k=4` run, `adaptive` served 16 clients at k = 3 for most of its
+        next run where k = 1-2 were best; cold, it learns the split from its own steps and explorations."""
+        varied = sum(n >= WARM_MIN_STEPS_PER_K for n in Counter(r.num_draft_passes for r in history).values()) >= 2
+        for record in history:
+            if varied:
+                self.observe(record)
+            else:
+                self._observe_acceptance(record)
+
     def seed_acceptance(self, accepted: Sequence[float], reached: Sequence[float]) -> None:
         self.core.acceptance.seed(accepted, reached)
 
@@ -213,6 +231,10 @@ class AdaptivePolicy(Policy):
         # Keyed by the drafts the step ran, which an early stop makes fewer than its k.
         k_run = max(record.num_drafted_per_request, default=0) or record.k
         self.correction.observe(record.num_running, k_run, record.duration_s - predicted_s, predicted_s)
+        self._observe_acceptance(record)
+
+    def _observe_acceptance(self, record: StepRecord) -> None:
+        """What a step says besides its cost: acceptance, the confidences' calibration, the draft's lag."""
         self.core.observe(record)
         if self.calibration is not None:
             self.calibration.observe(record)

@@ -13,6 +13,7 @@ import dataclasses
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from specserve.speculation.types import EngineTraits, StepContext, StepRecord
 
@@ -56,6 +57,6 @@ def read(lines: Iterable[str]) -> Iterator[LoggedStep]:
             yield decode(line)
 
 
-def _tuples(value: object) -> object:
+def _tuples(value: Any) -> Any:
     """JSON's lists back to the record's (nested) tuples."""
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value

@@ -62,7 +62,6 @@ from specserve.speculation.policies.parts.switching import DraftLag, measured_re
 from specserve.speculation.policy import Policy, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
-
 # Steps at each of two draft-pass counts or more that a warm-start history needs to teach step costs.
 WARM_MIN_STEPS_PER_K = 16
 

@@ -33,7 +33,7 @@ def test_the_step_log_replays_every_k_the_engine_chose(trained_pair, tmp_path):
     with running_engine(trained_pair, policy="fixed:k=0", step_log=str(path)) as engine:
         engine.generate(max_tokens=16)
         engine.set_policy("adaptive")
-        engine.generate(max_tokens=96)
+        engine.generate(max_tokens=192)
         num_steps = engine.telemetry().num_steps
     with path.open() as f:
         steps = list(step_log.read(f))
@@ -41,5 +41,5 @@ def test_the_step_log_replays_every_k_the_engine_chose(trained_pair, tmp_path):
     assert [steps[a].policy.split(":")[0] for a, _ in runs(steps)] == ["fixed", "adaptive"]
     start, stop = runs(steps)[1]
     replay = replay_run(steps, start, stop)
-    assert replay.num_steps > 50
+    assert replay.num_steps > 30
     assert replay.num_agreeing == replay.num_steps

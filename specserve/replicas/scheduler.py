@@ -110,6 +110,7 @@ class AdaptiveKScheduler(Scheduler):
         self._step_log_fd = (
             os.open(control.step_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if control.step_log else None
         )
+        self._engine_id = str(os.getpid())
         logger.info(
             "specserve: policy %s, k_max %d, k=0 draft pass %s",
             self.policy.spec,
@@ -163,7 +164,7 @@ class AdaptiveKScheduler(Scheduler):
             self.acceptance.observe(record)
             self.counters.add(record)
             if self._step_log_fd is not None:
-                line = encode_step(str(os.getpid()), self.policy.spec, self.traits, ctx, record) + "\n"
+                line = encode_step(self._engine_id, self.policy.spec, self.traits, ctx, record) + "\n"
                 os.write(self._step_log_fd, line.encode())
             self.counters.num_steps_draft_skipped += int(skipped)
             self._step_ctx = None

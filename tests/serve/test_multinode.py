@@ -2,8 +2,8 @@
 `ray start`, each worker holding one unit of a custom resource that stands in for a GPU; `specserve serve`
 joins with RAY_ADDRESS while only one worker is up and asks one unit per engine rank (`resources_per_rank`), so
 its two replicas land on different workers once the second joins. Then a worker fails under load, and a new one
-joins. One cluster for the module, about four
-minutes: the tests run in order."""
+joins. Last, `specserve serve` stops and removes only its application: the cluster and its controller keep
+running for the next deployment. One cluster for the module, about four minutes: the tests run in order."""
 
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ def cluster(tmp_path_factory, trained_pair):
         # whose connection the failing node's proxy took would lose its request whichever replica served it.
         config.write_text(f"replicas: 2\nresources_per_rank: {{{ACCELERATOR}: 1}}\nproxy_location: HeadOnly\n")
         server = ServeProcess(
-            ["--config", str(config), "--port", str(free_port())],
+            # `make serve` passes --prometheus-port whenever `prometheus` is installed; a joined cluster's own applies.
+            ["--config", str(config), "--port", str(free_port()), "--prometheus-port", str(free_port())],
             dict(env, RAY_ADDRESS=head.address),
             tmp / "serve.log",
         )
@@ -110,6 +111,14 @@ def test_the_replicas_run_on_different_worker_nodes_and_status_names_each_node(c
         row = next(line for line in table.splitlines() if line.startswith(replica["replica_id"]))
         assert row.split()[1] == replica["node_id"][:12], table
     assert all(cluster.complete(prompt) for prompt in ("def add(a, b):", "import os\n", "class Tree:"))
+
+
+def test_a_joined_cluster_keeps_its_own_metrics_and_prometheus(cluster):
+    server = cluster.server
+    assert server.line_matching(r"metrics: ") is None, "the cluster's own metrics port applies"
+    assert server.line_matching(r"specserve: --prometheus-port \d+ ignored: joining the cluster at RAY_ADDRESS")
+    assert server.line_matching(r"prometheus: ") is None
+    assert not [p for p in server.descendants() if p.name() == "prometheus"]
 
 
 def test_a_failed_worker_takes_only_its_replica_and_serve_brings_it_up_on_a_new_node(cluster):
@@ -158,3 +167,15 @@ def test_a_failed_worker_takes_only_its_replica_and_serve_brings_it_up_on_a_new_
     cluster.wait_replicas(seeded, timeout_s=30)
     assert len(engines(joined)) == 1
     assert cluster.complete("for i in range(10):")
+
+
+def test_stopping_serve_removes_only_its_application_and_leaves_the_cluster_running(cluster):
+    running = [engine for node in cluster.workers for engine in engines(node)]
+    assert running
+    assert cluster.server.stop() == 0
+    assert not ServeProcess.wait_gone(running, timeout_s=60), "the application's engines are gone"
+    assert requests.get(f"{cluster.endpoint}/models", timeout=10).status_code == 404
+    names = [p.name() for p in cluster.head.descendants()]
+    assert "raylet" in names and any(name.startswith("ray::ClusterCon") for name in names)
+    assert all(worker.proc.poll() is None for worker in cluster.workers[:1] + cluster.workers[2:])
+    assert cluster.status() == [], "a stopped replica unregisters itself"

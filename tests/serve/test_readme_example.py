@@ -11,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 from serve_process import free_port, processes_under
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,6 +23,9 @@ def test_the_readme_shows_the_example_verbatim() -> None:
     assert f"```python\n{EXAMPLE.read_text()}```\n" in readme
 
 
+# Slow tier: a Ray cluster of its own for serve.run, which `specserve serve` (tests/serve/endpoint) and the serve
+# config test already deploy through; `make test-slow` runs it.
+@pytest.mark.slow
 def test_the_example_answers_a_completion_and_cleans_up(trained_pair) -> None:
     # Ray's temporary folder (TMPDIR) is this test's own: its processes name it, which finds every one left behind.
     # Short, under /tmp: Ray's socket paths inside it must stay under the 107-byte AF_UNIX limit.

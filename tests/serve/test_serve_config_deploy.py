@@ -84,7 +84,7 @@ def test_serve_run_deploys_it_and_status_and_prometheus_see_it(tmp_path, trained
     config = local_serve_config(trained_pair, port)
     config_file = tmp_path / "specserve.yaml"
     config_file.write_text(yaml.safe_dump(config))
-    # Token auth would need the cluster's token in every client (as in test_join_cluster); this test is about the
+    # Token auth would need the cluster's token in every client; this test is about the
     # deployment, so the cluster and `specserve status` run without it.
     # PYTHONFAULTHANDLER: should `serve run` hang on its Ctrl-C, a SIGABRT shows where (see the end).
     env = dict(os.environ, TMPDIR=str(cluster_tmp), PYTHONPATH=str(REPO), RAY_AUTH_MODE="disabled")

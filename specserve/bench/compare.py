@@ -215,6 +215,42 @@ def mean_k(steps_by_k: Sequence[int] | None) -> float | None:
     return sum(k * n for k, n in enumerate(steps_by_k)) / sum(steps_by_k)
 
 
+def k_mix_tok_s(steps_by_k: Sequence[int] | None, fixed_runs: dict[int, dict[str, Any]]) -> float | None:
+    """The output tok/s the fixed policies of the same round would have served in the proportions of engine
+    steps a run ran at each k: each fixed run gives its tokens per step and seconds per step. None when the run
+    stepped at a k whose fixed policy did not run that round (or ran no step)."""
+    if not steps_by_k or sum(steps_by_k) == 0:
+        return None
+    tokens = seconds = 0.0
+    for k, n in enumerate(steps_by_k):
+        if n == 0:
+            continue
+        run = fixed_runs.get(k)
+        fixed_steps = sum(run.get("steps_by_k") or ()) if run is not None else 0
+        tok_s = run["report"]["throughput"]["output_tokens_per_s"] if run is not None else 0.0
+        if fixed_steps == 0 or not tok_s:
+            return None
+        per_step = run["report"]["tokens"]["output"] / fixed_steps
+        tokens += n * per_step
+        seconds += n * per_step / tok_s
+    return tokens / seconds
+
+
+def k_mix_ratio(runs: list[dict[str, Any]], policy: str, best: str) -> float | None:
+    """Median over rounds of ``k_mix_tok_s`` for ``policy``'s runs divided by the best fixed policy's tok/s in
+    the same round: what its choice of k alone would have served, before switching and its own cost."""
+    ratios = []
+    for round_index in sorted({r["round"] for r in runs}):
+        in_round = {r["policy"]: r for r in runs if r["round"] == round_index}
+        if policy not in in_round or best not in in_round:
+            continue
+        fixed = {int(spec.removeprefix("fixed:k=")): r for spec, r in in_round.items() if spec.startswith("fixed:k=")}
+        mix = k_mix_tok_s(in_round[policy].get("steps_by_k"), fixed)
+        if mix is not None:
+            ratios.append(mix / in_round[best]["report"]["throughput"]["output_tokens_per_s"])
+    return float(np.median(ratios)) if ratios else None
+
+
 def aggregate(document: dict[str, Any]) -> list[dict[str, Any]]:
     """Per point: each policy's medians with intervals, and its ratio to the best fixed policy per metric."""
     policies = document["policies"]
@@ -245,8 +281,15 @@ def aggregate(document: dict[str, Any]) -> list[dict[str, Any]]:
             entry["policies"][policy]["failed"] = sum(r["report"]["requests"]["failed"] for r in runs)
             mean_ks = [k for r in runs if (k := mean_k(r.get("steps_by_k"))) is not None]
             entry["policies"][policy]["mean_k"] = float(np.median(mean_ks)) if mean_ks else None
+            best = entry["best_fixed"].get("tok_s")
+            mixed = None if is_fixed(policy) or best is None else k_mix_ratio(runs_at(document, label), policy, best)
+            entry["policies"][policy]["k_mix_ratio"] = mixed
         out.append(entry)
     return out
+
+
+def runs_at(document: dict[str, Any], label: str) -> list[dict[str, Any]]:
+    return [r for r in document["runs"] if r["point"] == label]
 
 
 def _cell(x: float | None, digits: int = 1) -> str:
@@ -278,6 +321,11 @@ def markdown(document: dict[str, Any], summary: list[dict[str, Any]], headline_m
         "divided by the best fixed policy's value in the same round; the brackets are its 95 % bootstrap "
         f"interval (rounds resampled in pairs, best fixed picked again in each resample; {s['resamples']} "
         f"resamples, seed {s['seed']}). Above 1 is better for tok/s, below 1 for latencies.",
+        "",
+        "`k mix` (policies that change k): the tok/s ÷ best fixed that the fixed policies of the same round "
+        "would have served in the proportions of engine steps the policy ran at each k (each fixed run's tokens "
+        "and seconds per step), median over rounds. Below 1, the policy's choices of k cost that much; its own "
+        "`× best fixed` below its k mix is what switching and the policy itself cost.",
     ]
     if min(rounds, default=0) < MIN_ROUNDS_FOR_CLAIMS:
         lines += ["", f"Fewer than {MIN_ROUNDS_FOR_CLAIMS} rounds: the intervals are too coarse to support a claim."]
@@ -293,9 +341,9 @@ def markdown(document: dict[str, Any], summary: list[dict[str, Any]], headline_m
         lines += ["", f"## {e['label']} ({e['rounds']} rounds)", "", f"Best fixed: {best or '-'}.", ""]
         lines.append(
             "| policy | output tok/s | × best fixed | mean E2E ms | × best fixed "
-            "| mean TPOT ms | mean TTFT ms | mean k | failed |"
+            "| mean TPOT ms | mean TTFT ms | mean k | k mix | failed |"
         )
-        lines.append("|---|---|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|")
         for policy in document["policies"]:
             p = e["policies"][policy]
 
@@ -305,7 +353,7 @@ def markdown(document: dict[str, Any], summary: list[dict[str, Any]], headline_m
             lines.append(
                 f"| `{policy}` | {_cell(median('tok_s'))} | {_ratio(p.get('tok_s'))} | {_cell(median('e2e'))} | "
                 f"{_ratio(p.get('e2e'))} | {_cell(median('tpot'), 2)} | {_cell(median('ttft'))} | "
-                f"{_cell(p['mean_k'], 2)} | {p['failed']} |"
+                f"{_cell(p['mean_k'], 2)} | {_cell(p.get('k_mix_ratio'), 3)} | {p['failed']} |"
             )
     return lines
 

@@ -107,6 +107,7 @@ class FakeCluster:
         tok_s = speed[self.policy] * (1 + rng.normal(0, 0.05))
         return {
             "requests": {"sent": 4, "completed": 4, "failed": 0},
+            "tokens": {"output": tok_s},  # a run of one second
             "throughput": {"output_tokens_per_s": tok_s},
             **{m: {"mean": 1000.0 / tok_s} for m in ("e2e_ms", "tpot_ms", "ttft_ms")},
         }
@@ -185,7 +186,7 @@ def test_rounds_are_added_until_the_headline_interval_settles():
 # -- the pages ---------------------------------------------------------------------------------------------
 
 
-def document_of(records: list[dict], policies: list[str]) -> dict:
+def document_of(records: list[dict], policies: list[str], points=("concurrency 1", "concurrency 4")) -> dict:
     return {
         "command": "specserve bench compare ...",
         "started": "today",
@@ -194,7 +195,7 @@ def document_of(records: list[dict], policies: list[str]) -> dict:
         "load_note": "closed loop",
         "settings": {"resamples": 500, "seed": 0, "metric": "tok_s"},
         "policies": policies,
-        "points": [{"label": "concurrency 1"}, {"label": "concurrency 4"}],
+        "points": [{"label": label} for label in points],
         "runs": records,
     }
 
@@ -225,6 +226,23 @@ def test_results_page_plots_and_json_regenerate(tmp_path: Path):
     assert (tmp_path / "again.md").read_text() == (tmp_path / "out" / "cpu-test.md").read_text().replace(
         "cpu-test", "again"
     )
+
+
+def test_the_k_mix_prices_a_policys_steps_at_each_k_with_the_fixed_runs_of_its_round():
+    # The fake adaptive runs 5 steps at k = 1 and 5 at k = 3; the fixed runs 10 steps of a one-second run, so
+    # k = 1 makes 10 tokens a step in 0.1 s and k = 3 20 tokens in 0.1 s: the mix serves 150 tok/s, 0.75 x k = 3.
+    cluster = FakeCluster()
+    policies = ["fixed:k=1", "fixed:k=3", "adaptive"]
+    speed = {"fixed:k=1": 100.0, "fixed:k=3": 200.0, "adaptive": 180.0}
+    records = Comparison(points(4), settings(policies, 5), cluster, lambda p, r: cluster.run(p, r, speed)).run()
+    (entry,) = aggregate(document_of(records, policies, points=["concurrency 4"]))
+    assert entry["best_fixed"]["tok_s"] == "fixed:k=3"
+    assert entry["policies"]["adaptive"]["k_mix_ratio"] == pytest.approx(0.75, abs=0.05)
+    assert entry["policies"]["fixed:k=1"]["k_mix_ratio"] is None
+    # Without the fixed run of a k the policy stepped at, there is no mix to price.
+    records = [r for r in records if r["policy"] != "fixed:k=1"]
+    (entry,) = aggregate(document_of(records, ["fixed:k=3", "adaptive"], points=["concurrency 4"]))
+    assert entry["policies"]["adaptive"]["k_mix_ratio"] is None
 
 
 def test_an_interrupted_round_is_left_out_of_the_statistics():

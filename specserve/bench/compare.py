@@ -226,8 +226,10 @@ def k_mix_tok_s(steps_by_k: Sequence[int] | None, fixed_runs: dict[int, dict[str
         if n == 0:
             continue
         run = fixed_runs.get(k)
-        fixed_steps = sum(run.get("steps_by_k") or ()) if run is not None else 0
-        tok_s = run["report"]["throughput"]["output_tokens_per_s"] if run is not None else 0.0
+        if run is None:
+            return None
+        fixed_steps = sum(run.get("steps_by_k") or ())
+        tok_s = run["report"]["throughput"]["output_tokens_per_s"]
         if fixed_steps == 0 or not tok_s:
             return None
         per_step = run["report"]["tokens"]["output"] / fixed_steps

@@ -10,7 +10,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specserve.experiments import plots
-from specserve.experiments.engine_check import OUTPUT_TOKENS, PROMPT_TOKENS, WINDOW_S, CheckSetup, PolicyCheck
+from specserve.experiments.engine_check import (
+    OUTPUT_TOKENS,
+    PROMPT_TOKENS,
+    SIM_SEEDS,
+    WINDOW_S,
+    CheckSetup,
+    PolicyCheck,
+)
 from specserve.sim.latency import StepTimer
 
 BAR = 0.10
@@ -107,7 +114,9 @@ def render_markdown(
         f"the engine's measured acceptance (alpha {acc.mean:.3f} at position 0, decay {acc.decay:.3f})." if acc else "",
         "",
         f"Fitted step: {_ms(timer.step_overhead_s)} fixed, {_ms(timer.speculation_overhead_s)} more when it",
-        f"speculates, {per_pass} per draft pass, {per_token} per target token.",
+        f"speculates, {per_pass} per draft pass, {per_token} per target token; the rest of each step's time",
+        f"drawn around that (lognormal, log-sigma {timer.jitter_sigma:.3f}, the fit's residual spread). The",
+        f"simulator's columns pool {SIM_SEEDS} seeds (acceptance verdicts and step-time draws).",
         "",
         f"| policy | engine tok/s | sim tok/s | sim / engine | engine mean E2E (s) | sim mean E2E (s) "
         f"| sim / engine | mean k error per {WINDOW_S:g} s window | within {BAR:.0%} |",

@@ -4,8 +4,9 @@ One ``Simulator`` per run, with its own event queue and RNG streams (house rule 
 The seed fans out into independent streams (numpy SeedSequence.spawn): the workload and each request's
 alpha come from streams no policy can touch, so every policy of a comparison sees the very same requests;
 each replica draws its acceptance verdicts from its own stream and its draft-side signals from another
-(signals.py), so turning signals on or off changes no verdict. Streams are spawned in a fixed order
-(workload, alpha, verdicts per replica, signals per replica): adding the signal streams kept the others.
+(signals.py), so turning signals on or off changes no verdict, and its step-time jitter from a third
+(``StepTimer.jitter``). Streams are spawned in a fixed order (workload, alpha, verdicts per replica, signals per
+replica, jitter per replica): adding the signal and jitter streams kept the others.
 """
 
 from __future__ import annotations
@@ -96,9 +97,11 @@ class Simulator:
         scenario, engine = self.resolved.scenario, self.resolved.scenario.engine
         num_replicas = scenario.num_replicas
         workload_rng, alpha_rng, *replica_rngs = (
-            np.random.default_rng(s) for s in np.random.SeedSequence(self.seed).spawn(2 + 2 * num_replicas)
+            np.random.default_rng(s) for s in np.random.SeedSequence(self.seed).spawn(2 + 3 * num_replicas)
         )
-        verdict_rngs, signal_rngs = replica_rngs[:num_replicas], replica_rngs[num_replicas:]
+        verdict_rngs, signal_rngs, jitter_rngs = (
+            replica_rngs[i * num_replicas : (i + 1) * num_replicas] for i in range(3)
+        )
         # Trace paths are absolute once load_scenario has read a file; a scenario built in code may use
         # paths relative to the working directory.
         workload = build_workload(scenario.workload, Path.cwd(), engine.max_model_len, workload_rng)
@@ -115,7 +118,9 @@ class Simulator:
         )
         slo_tpot_s = scenario.slo.max_tpot_s if scenario.slo is not None else None
         replicas = []
-        for i, (verdict_rng, signal_rng) in enumerate(zip(verdict_rngs, signal_rngs, strict=True)):
+        for i, (verdict_rng, signal_rng, jitter_rng) in enumerate(
+            zip(verdict_rngs, signal_rngs, jitter_rngs, strict=True)
+        ):
             truth = Truth(table, acceptance, self.resolved.timer)
             policy = self.build_policy(traits, truth)
             drafter = Drafter(acceptance, signals, verdict_rng, signal_rng)
@@ -129,6 +134,7 @@ class Simulator:
                 table,
                 slo_tpot_s,
                 self.on_step,
+                jitter_rng,
             )
             replicas.append(truth.replica)
         memory = DraftMemorySim(scenario.memory, self.resolved, replicas) if scenario.memory.offload else None

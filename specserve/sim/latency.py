@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from specserve.sim.config import LatencyConfig
 from specserve.sim.profiles import HardwareProfile, LinearFit, ModelProfile
 
@@ -129,6 +131,16 @@ class StepTimer:
     # speculative metadata, the proposer's set-up. Fitted on CPU engines (engine_check), where it is about one
     # plain step's cost; the roofline profiles fold it into step_overhead_s and leave it 0.
     speculation_overhead_s: float = 0.0
+    # Spread of measured step times around this model: each simulated step's time is multiplied by a lognormal
+    # factor of mean 1 and this log-sigma (``jitter``). 0 (the GPU profiles): every step costs exactly its price.
+    # A CPU engine sharing its cores with the HTTP path spreads same-shaped steps by 40-70 % (engine_check fits it).
+    jitter_sigma: float = 0.0
+
+    def jitter(self, rng: np.random.Generator) -> float:
+        """One step's factor on its modelled time: 1 without jitter, else lognormal with mean 1."""
+        if self.jitter_sigma <= 0.0:
+            return 1.0
+        return float(rng.lognormal(-0.5 * self.jitter_sigma**2, self.jitter_sigma))
 
     def step_s(
         self,

@@ -66,6 +66,7 @@ class Replica:
         table: RequestTable,
         slo_tpot_s: float | None = None,
         on_step: StepListener | None = None,
+        jitter_rng: np.random.Generator | None = None,
     ) -> None:
         self.index = index
         self.cfg = engine
@@ -80,6 +81,9 @@ class Replica:
         self.table = table
         self.slo_tpot_s = slo_tpot_s
         self.on_step = on_step
+        # The step-time jitter (``StepTimer.jitter``) draws from a stream of its own: the other streams draw as
+        # they did without it.
+        self.jitter_rng = jitter_rng if jitter_rng is not None else np.random.default_rng(0)
         self.batch = RunningBatch()
         self.waiting: deque[int] = deque()
         self._pending: _Pending | None = None
@@ -309,6 +313,7 @@ class Replica:
         target_context = self._expanded_context(num_context, rows, drafts)
         # Every drafting row drafted at least once (drafting.Drafts), so a step with drafts verifies some.
         duration_s = self.timer.step_s(num_context, num_batched, draft_pass_tokens, target_context, drafts is not None)
+        duration_s *= self.timer.jitter(self.jitter_rng)
         sampled = scheduled & (b.num_computed + new_tokens == b.prompt + b.num_output)
         request_ids = tuple(self.table.request_ids[b.ids[rows]]) if drafts is not None else ()
         record = step_record(

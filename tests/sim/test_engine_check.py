@@ -47,10 +47,52 @@ def test_the_fit_recovers_the_step_time_model_that_made_the_log() -> None:
     assert timer.draft.intercept_s == pytest.approx(1e-3, rel=1e-4)
     assert timer.draft.s_per_batched_token == pytest.approx(5e-5, rel=1e-4)
     assert timer.speculation_overhead_s == pytest.approx(1.5e-3, rel=1e-4)
+    assert timer.jitter_sigma == pytest.approx(0.0, abs=1e-6), "an exact log leaves no spread to draw"
     for e in log:
         passes = [e["num_batched_tokens"]] + [e["num_running"]] * (e["num_draft_passes"] - 1) if e["k"] else []
         step_s = timer.step_s(e["num_context_tokens"], e["num_batched_tokens"], passes, verifies=e["k"] > 0)
         assert step_s == pytest.approx(e["duration_s"])
+
+
+def test_the_fit_takes_the_spread_of_the_steps_around_it_as_the_simulators_jitter() -> None:
+    rng = np.random.default_rng(0)
+    sigma = 0.2
+    log = [_step(k, b, c) for k in range(5) for b in (1, 2, 4, 8) for c in (50, 300, 1000) for _ in range(40)]
+    noisy = [{**e, "duration_s": e["duration_s"] * rng.lognormal(-(sigma**2) / 2, sigma)} for e in log]
+    timer, _ = fit_cpu_timer(noisy)
+    # 2,400 draws: the sample log-sigma is within a few percent of the one that made them.
+    assert timer.jitter_sigma == pytest.approx(sigma, rel=0.1)
+    assert timer.step_overhead_s == pytest.approx(2e-3, rel=0.2)
+
+
+def test_jitter_has_mean_one_and_is_off_at_zero() -> None:
+    timer = StepTimer(LinearForward(0.0, 1e-4, 0.0), LinearForward(0.0, 1e-5, 0.0), 1e-3)
+    rng = np.random.default_rng(1)
+    assert {timer.jitter(rng) for _ in range(100)} == {1.0}
+    draws = np.array([dataclasses.replace(timer, jitter_sigma=0.3).jitter(rng) for _ in range(20_000)])
+    # Standard error of the mean: 0.3 / sqrt(20000) = 0.002.
+    assert draws.mean() == pytest.approx(1.0, abs=0.01)
+    assert np.log(draws).std() == pytest.approx(0.3, rel=0.05)
+
+
+def test_a_jittered_simulation_is_reproducible_and_the_jitter_moves_only_step_times(tmp_path) -> None:
+    setup = SETUPS["perf-S"]
+    trace = write_trace(make_trace(0, [(d / 5, r) for d, r in setup.segments]), tmp_path / "trace.csv")
+    steady = StepTimer(LinearForward(1e-8, 4e-5, 0.0), LinearForward(4e-7, 0.0, 4e-4), 2e-3)
+    jittery = dataclasses.replace(steady, jitter_sigma=0.3)
+    acceptance = AcceptanceConfig(mean=0.8, concentration=None)
+
+    def run(timer: StepTimer, seed: int) -> tuple[list, float]:
+        steps, makespan, _ = simulate_trace(trace, timer, acceptance, "fixed:k=0", 4, setup, seed)
+        return [(e["now_s"], e["k"], e["num_emitted_tokens"]) for e in steps], makespan
+
+    assert run(jittery, 3) == run(jittery, 3)
+    assert run(jittery, 3) != run(jittery, 4)
+    # At k = 0 no acceptance is drawn: without jitter two seeds run the very same steps.
+    assert run(steady, 3) == run(steady, 4)
+    steps_steady, steps_jittery = run(steady, 3)[0], run(jittery, 3)[0]
+    assert sum(n for _, _, n in steps_steady) == sum(n for _, _, n in steps_jittery), "the same tokens"
+    assert [t for t, _, _ in steps_steady] != [t for t, _, _ in steps_jittery]
 
 
 def test_acceptance_takes_position_0_and_a_geometric_decay_from_falling_conditional_rates() -> None:

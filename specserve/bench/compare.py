@@ -38,6 +38,8 @@ from specserve.bench.stats import (
     ratios_to_best,
     settled,
 )
+from specserve.speculation.policies.fixed import FixedPolicy
+from specserve.speculation.policy import build_params, parse_spec
 
 MIN_ROUNDS_FOR_CLAIMS = 5
 
@@ -97,6 +99,11 @@ class Settings:
 
 def is_fixed(spec: str) -> bool:
     return spec.partition(":")[0] == "fixed"
+
+
+def fixed_k(spec: str) -> int:
+    """The k of a fixed policy's spec, its default included (``fixed`` is k = 3)."""
+    return build_params(FixedPolicy, parse_spec(spec)[1]).k
 
 
 def fixed_rows(policies: Sequence[str]) -> list[int]:
@@ -246,7 +253,7 @@ def k_mix_ratio(runs: list[dict[str, Any]], policy: str, best: str) -> float | N
         in_round = {r["policy"]: r for r in runs if r["round"] == round_index}
         if policy not in in_round or best not in in_round:
             continue
-        fixed = {int(spec.removeprefix("fixed:k=")): r for spec, r in in_round.items() if spec.startswith("fixed:k=")}
+        fixed = {fixed_k(spec): r for spec, r in in_round.items() if is_fixed(spec)}
         mix = k_mix_tok_s(in_round[policy].get("steps_by_k"), fixed)
         if mix is not None:
             ratios.append(mix / in_round[best]["report"]["throughput"]["output_tokens_per_s"])
@@ -278,20 +285,17 @@ def aggregate(document: dict[str, Any]) -> list[dict[str, Any]]:
                     "ratio_low": ratios[row].low,
                     "ratio_high": ratios[row].high,
                 }
+        at_point = [r for r in document["runs"] if r["point"] == label]
         for policy in policies:
-            runs = [r for r in document["runs"] if r["point"] == label and r["policy"] == policy]
+            runs = [r for r in at_point if r["policy"] == policy]
             entry["policies"][policy]["failed"] = sum(r["report"]["requests"]["failed"] for r in runs)
             mean_ks = [k for r in runs if (k := mean_k(r.get("steps_by_k"))) is not None]
             entry["policies"][policy]["mean_k"] = float(np.median(mean_ks)) if mean_ks else None
             best = entry["best_fixed"].get("tok_s")
-            mixed = None if is_fixed(policy) or best is None else k_mix_ratio(runs_at(document, label), policy, best)
+            mixed = None if is_fixed(policy) or best is None else k_mix_ratio(at_point, policy, best)
             entry["policies"][policy]["k_mix_ratio"] = mixed
         out.append(entry)
     return out
-
-
-def runs_at(document: dict[str, Any], label: str) -> list[dict[str, Any]]:
-    return [r for r in document["runs"] if r["point"] == label]
 
 
 def _cell(x: float | None, digits: int = 1) -> str:

@@ -129,9 +129,10 @@ def write_trace(rows: Sequence[TraceRow], path: Path) -> Path:
 def busy_step_times(log: Sequence[dict]) -> list[dict]:
     """Each step's wall time start to next start, where the engine went straight on to the next step.
 
-    A step's own duration (schedule to update) leaves out what the engine's loop does between steps
-    (output processing, detokenizing, the client adding requests); back to back, start-to-start is the
-    time a step really costs the trace. Steps followed by an idle gap are dropped."""
+    Back to back, start-to-start is the time a step really costs the trace, the loop's work between steps
+    (output processing, detokenizing, the client adding requests) included. The engine's own record times a
+    busy step from the previous step's end, the same span shifted by one gap; start-to-start also lets the fit
+    drop the steps followed by an idle gap or by a pause of the replay itself (collecting the step log)."""
     out = []
     for e, nxt in zip(log, log[1:], strict=False):
         wall = nxt["now_s"] - e["now_s"]

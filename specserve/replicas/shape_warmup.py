@@ -37,9 +37,10 @@ import time
 from typing import Any
 
 import torch
-from vllm.logger import init_logger
 
-logger = init_logger(__name__)
+from specserve.replicas.engine_log import engine_logger
+
+logger = engine_logger(__name__)
 
 # Row counts one weight shape's cache holds: every decode shape of 64 seats at k up to 4 (320), and prefill
 # sizes beside them. Measured on perf pair S with 16 seats (80 row counts warmed): the engine process's resident

@@ -68,3 +68,14 @@ def test_a_busy_step_is_timed_from_the_previous_steps_end_and_an_idle_gap_is_no_
         before_last_s = sum(r.duration_s for r in batch[:-1])
         assert before_last_s <= span_s <= before_last_s + batch[-1].duration_s
     assert records[num_first].duration_s < idle_s / 2
+
+
+def test_the_engines_specserve_lines_reach_its_log(trained_pair, capfd):
+    # vLLM configures a handler for its own logger only; specserve's engine-side lines go through it.
+    with running_engine(trained_pair, policy="fixed:k=2", max_num_seqs=4) as engine:
+        engine.set_policy("adaptive")
+    out, err = capfd.readouterr()
+    log = out + err
+    assert "specserve: policy fixed:k=2, k_max 4, k=0 draft pass skipped" in log
+    assert "specserve: warmed decode row counts 1-20" in log  # 4 seats x (k_max + 1)
+    assert "specserve: policy set to adaptive" in log

@@ -66,7 +66,7 @@ def warm_decode_shapes(runner: Any) -> tuple[int, float]:
     for n in range(1, rows + 1):
         hidden, _ = runner._dummy_run(n, skip_eplb=True)
         runner.model.compute_logits(hidden)
-    drafter = getattr(runner, "drafter", None)
+    drafter: Any = getattr(runner, "drafter", None)
     draft_model = getattr(drafter, "model", None)
     if draft_model is not None:
         for n in range(1, min(sched.max_num_seqs, rows) + 1):  # the draft samples one row per request

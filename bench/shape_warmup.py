@@ -72,16 +72,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", help="also write the JSON here")
     parser.add_argument("--pair", choices=("trained", "perf"), default="trained")
-    add_perf_options(parser)
+    add_perf_options(parser, size="S", agreement=0.6)
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds: {args.rounds} is not a positive number")
     from specserve.models import cached_pair
     from specserve.replicas.shape_warmup import ENV_SWITCH
 
-    options: dict[str, Any] = {}
-    if args.pair == "perf":
-        options = {name: v for name, v in (("size", args.size), ("agreement", args.agreement)) if v is not None}
+    options = {"size": args.size, "agreement": args.agreement} if args.pair == "perf" else {}
     pair = cached_pair(args.pair, **options)
     report: dict[str, Any] = {"pair": args.pair, **options, "batches": list(BATCHES), "ks": list(KS)}
     for setting in ("off", "on"):

@@ -133,6 +133,21 @@ def test_hysteresis_keeps_k_unless_the_gain_clears_the_margin() -> None:
     assert free.choose(ctx(4)).k == 4
 
 
+def test_stopping_speculation_clears_the_margin_too() -> None:
+    # Settled on k = 2 at batch 96; at batch 512 k = 0 is predicted best, k = 1 next.
+    probe = trained_policy("adaptive:explore_interval_s=inf")
+    assert probe.choose(ctx(96)).k == 2
+    goodputs = probe.core.goodputs(512, probe.decode_seconds_all(ctx(512)).tolist())
+    assert goodputs[0] == max(goodputs)
+    gain = goodputs[0] / goodputs[2] - 1.0
+    sticky = trained_policy(f"adaptive:switch_margin={1.2 * gain},explore_interval_s=inf")
+    assert sticky.choose(ctx(96)).k == 2
+    assert sticky.choose(ctx(512)).k == 2
+    moving = trained_policy(f"adaptive:switch_margin={0.8 * gain},explore_interval_s=inf")
+    assert moving.choose(ctx(96)).k == 2
+    assert moving.choose(ctx(512)).k == 0
+
+
 def test_no_draft_no_speculation_and_k_capped_by_the_engine() -> None:
     policy = trained_policy(max_k=2)
     assert policy.choose(ctx(4, resident=False)).k == 0

@@ -17,8 +17,13 @@
    priced a rarely run k far off. (Projecting the corrected costs onto a sequence non-decreasing in k was tried
    and dropped: pooling a violating pair prices both alike, which hands the tie to the deeper k; on DSDE's
    offline batches it raised mean k from 5.2 to 6.0 and mean E2E by 4-6 %.)
-4. **Hysteresis.** A new k must beat the current one by ``switch_margin``; every switch re-sizes the
-   draft's batch and, in vLLM, cuts drafts already proposed. Exploration of neighbouring k (needed by any
+4. **Hysteresis.** A new k must beat the current one by ``switch_margin``, and so must k = 0 when the policy
+   speculates: every switch re-sizes the draft's batch and, in vLLM, cuts drafts already proposed, and on a
+   served CPU engine a stop and a resume cost most (the first k = 0 step after speculation ran a median 12 %
+   slower than later ones, and the step after a resume's catch-up 12 %, against 3-8 % between two k > 0).
+   Leaving k = 0 has its own bar (``min_gain`` and the resume's payback, 5); with none to stop, the
+   two bars were one threshold, and predictions straddling it flipped the engine at 16 clients across k = 0
+   nine times per 100 steps (replayed from its step log: three with this). Exploration of neighbouring k (needed by any
    online fit, ``parts.probe.NeighbourExplorer``) runs every ``explore_interval_s``, less often than goodput's, and
    backs off (doubling, up to ``explore_backoff_max`` x) while the explorations leave k where it is.
 5. **Resuming priced** where k = 0 skips the draft pass (``EngineTraits.resume_s_per_token``): leaving k = 0
@@ -77,7 +82,7 @@ class AdaptiveParams:
     latency_half_life_steps: float = 1000.0
     # Relative gain over k = 0 needed to speculate at all (``GoodputCore.best_k``).
     min_gain: float = 0.02
-    # Relative gain over the current k needed to move to another k > 0.
+    # Relative gain over the current k > 0 needed to move to another k, 0 included.
     switch_margin: float = 0.03
     explore_interval_s: float = 2.0
     # Each exploration after which k still holds doubles the interval, up to this many times the base: a k
@@ -163,7 +168,7 @@ class AdaptivePolicy(Policy):
         goodputs = self.core.goodputs(ctx.num_running, seconds)
         k = self.core.best_k(goodputs)
         current = min(self._k, self.max_k)
-        if k > 0 and current > 0 and goodputs[k] < goodputs[current] * (1.0 + self.params.switch_margin):
+        if k != current and current > 0 and goodputs[k] < goodputs[current] * (1.0 + self.params.switch_margin):
             k = current
         if k > 0 and current == 0 and not self._resume_pays(ctx, goodputs[k] - goodputs[0], goodputs[0]):
             k = 0

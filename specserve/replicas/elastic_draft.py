@@ -108,6 +108,15 @@ class ElasticDraft:
 
     def __init__(self, scheduler: Any, auto: ResidencyParams | None = None) -> None:
         self.scheduler = scheduler
+        # Why offload is refused on this engine ("" where it runs): the mechanism is built and tested on CPU
+        # engines only. On a GPU, growing the KV buffer by reallocation needs the old and the new buffer at once,
+        # which a nearly full GPU does not have, and the rebuild would need a CUDA stream of its own (README,
+        # Memory elasticity).
+        device = str(scheduler.vllm_config.device_config.device_type)
+        self.refused = "" if device == "cpu" else f"elastic draft memory runs on CPU engines only (this one: {device})"
+        if self.refused and auto is not None:
+            logger.warning("specserve: draft_offload is ignored: %s", self.refused)
+            auto = None
         # With ``auto``, Nightjar's triggers (specserve.memory.ResidencyMachine) decide when to offload and reload;
         # built at the first step, once the worker has told the block's bytes.
         self.auto = auto
@@ -138,6 +147,8 @@ class ElasticDraft:
 
     def offload(self, core: Any, reason: str = "asked by an operator") -> None:
         """Drop the draft and grow the pool by its bytes. Only from ``resident``."""
+        if self.refused:
+            raise RuntimeError(f"cannot offload the draft: {self.refused}")
         if self.state != RESIDENT:
             raise RuntimeError(f"cannot offload the draft: it is {self.state}")
         if not self.draft_bytes:

@@ -1,0 +1,38 @@
+"""Elastic draft memory refuses engines it was not built for (a GPU), and says why; serving is untouched."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from specserve.memory import ResidencyParams
+from specserve.replicas.elastic_draft import RESIDENT, ElasticDraft
+
+
+def scheduler_on(device: str, tmp_path) -> SimpleNamespace:
+    """What ElasticDraft reads of vLLM's scheduler: its device, the draft's checkpoint and the block pool."""
+    draft = SimpleNamespace(model=str(tmp_path / "no-checkpoint"), dtype="bfloat16")
+    return SimpleNamespace(
+        vllm_config=SimpleNamespace(
+            device_config=SimpleNamespace(device_type=device),
+            speculative_config=SimpleNamespace(draft_model_config=draft),
+        ),
+        kv_cache_manager=SimpleNamespace(block_pool=SimpleNamespace(num_gpu_blocks=8)),
+        skips_k0_draft_pass=True,
+    )
+
+
+def test_a_gpu_engine_refuses_offload_and_drops_the_triggers(tmp_path) -> None:
+    elastic = ElasticDraft(scheduler_on("cuda", tmp_path), auto=ResidencyParams())
+    assert elastic.auto is None  # the triggers would only fail, step after step
+    with pytest.raises(RuntimeError, match=r"runs on CPU engines only \(this one: cuda\)"):
+        elastic.offload(core=None)
+    assert elastic.state == RESIDENT
+
+
+def test_a_cpu_engine_keeps_its_triggers_and_goes_on_to_its_own_checks(tmp_path) -> None:
+    elastic = ElasticDraft(scheduler_on("cpu", tmp_path), auto=ResidencyParams())
+    assert elastic.auto == ResidencyParams() and not elastic.refused
+    with pytest.raises(RuntimeError, match="its size is unknown"):  # this fake draft has no checkpoint
+        elastic.offload(core=None)

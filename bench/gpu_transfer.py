@@ -1,5 +1,5 @@
 """What elastic draft memory would cost on one GPU, torch only (no vLLM): host <-> device copies of a draft's
-weights alone and several at once (the Nightjar seed's Appendix E), and growing and shrinking a KV buffer.
+weights alone and several at once (Nightjar, Appendix E), and growing and shrinking a KV buffer.
 
     python3 bench/gpu_transfer.py --out transfers.jsonl [--sizes-gb 0.5,1,2] [--concurrency 1,2,4,8] \
         [--kv-gb 8,16] [--reps 5] [--smoke]

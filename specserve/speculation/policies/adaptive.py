@@ -18,12 +18,11 @@
    and dropped: pooling a violating pair prices both alike, which hands the tie to the deeper k; on DSDE's
    offline batches it raised mean k from 5.2 to 6.0 and mean E2E by 4-6 %.)
 4. **Hysteresis.** A new k must beat the current one by ``switch_margin``, and so must k = 0 when the policy
-   speculates: every switch re-sizes the draft's batch and, in vLLM, cuts drafts already proposed, and on a
-   served CPU engine a stop and a resume cost most (the first k = 0 step after speculation ran a median 12 %
-   slower than later ones, and the step after a resume's catch-up 12 %, against 3-8 % between two k > 0).
-   Leaving k = 0 has its own bar (``min_gain`` and the resume's payback, 5); with none to stop, the
-   two bars were one threshold, and predictions straddling it flipped the engine at 16 clients across k = 0
-   nine times per 100 steps (replayed from its step log: three with this). Exploration of neighbouring k (needed by any
+   speculates: every switch re-sizes the draft's batch and, in vLLM, cuts drafts already proposed, and a stop
+   is followed by a resume's catch-up. Leaving k = 0 has its own bar (``min_gain`` and the resume's payback,
+   5); while stopping had none, the two were one threshold, and predictions straddling it moved a served CPU
+   engine at 16 clients across k = 0 nine times per 100 steps (replayed from its step log; three with this
+   rule). Exploration of neighbouring k (needed by any
    online fit, ``parts.probe.NeighbourExplorer``) runs every ``explore_interval_s``, less often than goodput's, and
    backs off (doubling, up to ``explore_backoff_max`` x) while the explorations leave k where it is.
 5. **Resuming priced** where k = 0 skips the draft pass (``EngineTraits.resume_s_per_token``): leaving k = 0

@@ -24,13 +24,10 @@ def main() -> int:
     parser.add_argument("--policy", default="", help="replay only runs whose policy spec starts with this")
     parser.add_argument("--warm-steps", type=int, default=1024, help="earlier steps a run is warm-started on")
     args = parser.parse_args()
-    if not args.log.is_file():
-        parser.error(f"log: {args.log} is not a file")
     try:
-        with args.log.open() as f:
-            steps = list(step_log.read(f))
-    except (ValueError, KeyError, TypeError) as exc:
-        parser.error(f"log: {args.log} is not a step log: {exc!r}")
+        steps = step_log.load(args.log)
+    except ValueError as exc:
+        parser.error(f"log: {exc}")
     replayed = 0
     for start, stop in runs(steps):
         if steps[start].policy.startswith(args.policy):

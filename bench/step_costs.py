@@ -25,15 +25,12 @@ def main() -> int:
     parser.add_argument("--min-steps", type=int, default=20, help="report a (batch, k) with at least this many steps")
     parser.add_argument("--switches-of", default="", help="measure switches in runs whose spec starts with this")
     args = parser.parse_args()
-    if not args.log.is_file():
-        parser.error(f"log: {args.log} is not a file")
     if args.min_steps < 1:
         parser.error(f"--min-steps: {args.min_steps} must be at least 1")
     try:
-        with args.log.open() as f:
-            steps = list(step_log.read(f))
-    except (ValueError, KeyError, TypeError) as exc:
-        parser.error(f"log: {args.log} is not a step log: {exc!r}")
+        steps = step_log.load(args.log)
+    except ValueError as exc:
+        parser.error(f"log: {exc}")
     cells = decode_cells(steps, min_steps=args.min_steps)
     if not cells:
         print(f"no (batch, k) with {args.min_steps} pure decode steps in {args.log}", file=sys.stderr)

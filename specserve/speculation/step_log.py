@@ -13,6 +13,7 @@ import dataclasses
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from specserve.speculation.types import EngineTraits, StepContext, StepRecord
@@ -55,6 +56,17 @@ def read(lines: Iterable[str]) -> Iterator[LoggedStep]:
     for line in lines:
         if line.strip():
             yield decode(line)
+
+
+def load(path: Path) -> list[LoggedStep]:
+    """Every step of a log file. ValueError naming the file where it is missing or not a step log."""
+    if not path.is_file():
+        raise ValueError(f"{path} is not a file")
+    try:
+        with path.open() as f:
+            return list(read(f))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a step log: {exc!r}") from exc
 
 
 def _tuples(value: Any) -> Any:

@@ -84,3 +84,15 @@ def test_a_replay_without_the_warm_start_can_disagree() -> None:
 def test_a_line_that_is_not_a_step_is_an_error() -> None:
     with pytest.raises((ValueError, KeyError)):
         list(step_log.read(['{"engine": "1"}']))
+
+
+def test_loading_a_file_that_is_not_a_step_log_names_it(tmp_path) -> None:
+    with pytest.raises(ValueError, match="is not a file"):
+        step_log.load(tmp_path / "missing.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"engine": "1"}\n')
+    with pytest.raises(ValueError, match=f"{bad} is not a step log"):
+        step_log.load(bad)
+    good = tmp_path / "good.jsonl"
+    good.write_text("\n".join(engine_log([("fixed:k=2", 5)])) + "\n")
+    assert [s.record.k for s in step_log.load(good)] == [2] * 5

@@ -5,9 +5,10 @@ what does it yield?* Pure decode steps (every scheduled token a decode row: B x 
 size and k, across every policy that ran, and their median seconds and tokens per second reported. *What does
 changing k cost?* A step is steady when it and the two before it ran the same k at the same batch size; the
 first and second steps after a change of k are compared with the steady median of their own (batch, k), so the
-excess is the switch's and not the shape's. Switches are told apart by whether they stop speculating (to k = 0),
-resume it (from k = 0) or move between two k > 0: a resume's first step also catches the draft up, so it is
-not a pure decode step, and only its second step is reported.
+excess is not the shape's. So is the last step before the change, at the old k: where it ran slow as well, the
+change followed a slow phase of the machine rather than causing one (on a served 2-core engine it mostly did).
+Switches are told apart by whether they stop speculating (to k = 0), resume it (from k = 0) or move between two
+k > 0: a resume's first step also catches the draft up, so it is not a pure decode step and is not reported.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class SwitchExcess:
     """Steps after a change of k against steady steps of the same (batch, k): relative excess of their seconds."""
 
     kind: str  # "stop" (to k = 0), "resume" (from k = 0) or "move" (between two k > 0)
-    position: int  # 1: the first step at the new k, 2: the second
+    position: int  # -1: the last step at the old k, 1: the first step at the new k, 2: the second
     steps: int
     median: float
     mean: float
@@ -73,7 +74,8 @@ def decode_cells(steps: Sequence[LoggedStep], policy: str = "", min_steps: int =
 
 
 def switch_excess(steps: Sequence[LoggedStep], policy: str = "") -> list[SwitchExcess]:
-    """The first and second steps after each change of k, against their (batch, k)'s steady median."""
+    """The last step before each change of k and the first two after it, against their (batch, k)'s steady
+    median."""
     steady: dict[tuple[int, int], list[float]] = defaultdict(list)
     chosen = [steps[a:b] for a, b in runs(steps) if steps[a].policy.startswith(policy)]
     for run in chosen:
@@ -92,7 +94,7 @@ def switch_excess(steps: Sequence[LoggedStep], policy: str = "") -> list[SwitchE
                 continue
             kind = "stop" if first.k == 0 else "resume" if before.k == 0 else "move"
             after = records[i + 1 : i + 2]
-            for position, record in ((1, first), *((2, r) for r in after if r.k == first.k)):
+            for position, record in ((-1, before), (1, first), *((2, r) for r in after if r.k == first.k)):
                 key = (record.num_running, record.k)
                 if _is_decode(record) and record.num_running == first.num_running and key in medians:
                     excess[(kind, position)].append(record.duration_s / medians[key] - 1.0)
@@ -107,7 +109,11 @@ def format_report(cells: Sequence[Cell], switches: Sequence[SwitchExcess]) -> st
     lines += [
         f"| {c.num_running} | {c.k} | {c.steps} | {1e3 * c.median_s:.1f} | {c.median_tokens_per_s:.1f} |" for c in cells
     ]
-    lines += ["", "| switch | step after it | steps | median excess | mean excess |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| switch | step (-1: last before it) | steps | median excess | mean excess |",
+        "|---|---|---|---|---|",
+    ]
     lines += [
         f"| {s.kind} | {s.position} | {s.steps} | {100 * s.median:+.1f} % | {100 * s.mean:+.1f} % |" for s in switches
     ]

@@ -68,6 +68,9 @@ def test_a_switchs_steps_are_measured_against_steady_steps_of_their_own_shape() 
     # A resume's first step is a catch-up, not a decode step: only its second step is measured.
     assert ("resume", 1) not in excess
     assert excess[("resume", 2)].median == pytest.approx(SECOND_EXTRA_S / STEADY_S[2])
+    # The steps before each change ran steady: no excess there, so the switch, not the machine, cost the rest.
+    assert excess[("move", -1)].median == pytest.approx(0.0)
+    assert excess[("stop", -1)].steps == 1
     # The fixed run has no switch, and steady steps alone show no excess.
     assert switch_excess(steps, "fixed") == []
     report = format_report(decode_cells(steps), switch_excess(steps))

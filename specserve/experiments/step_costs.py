@@ -77,17 +77,15 @@ def switch_excess(steps: Sequence[LoggedStep], policy: str = "") -> list[SwitchE
     """The last step before each change of k and the first two after it, against their (batch, k)'s steady
     median."""
     steady: dict[tuple[int, int], list[float]] = defaultdict(list)
-    chosen = [steps[a:b] for a, b in runs(steps) if steps[a].policy.startswith(policy)]
-    for run in chosen:
-        records = [s.record for s in run]
+    chosen = [[s.record for s in steps[a:b]] for a, b in runs(steps) if steps[a].policy.startswith(policy)]
+    for records in chosen:
         for i in range(2, len(records)):
             window = records[i - 2 : i + 1]
             if _is_decode(records[i]) and len({(r.k, r.num_running) for r in window}) == 1:
                 steady[(records[i].num_running, records[i].k)].append(records[i].duration_s)
     medians = {key: statistics.median(v) for key, v in steady.items() if len(v) >= MIN_STEADY}
     excess: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for run in chosen:
-        records = [s.record for s in run]
+    for records in chosen:
         for i in range(1, len(records)):
             before, first = records[i - 1], records[i]
             if before.k == first.k or before.num_running != first.num_running:

@@ -35,9 +35,14 @@ ROLES = (
 
 def role_of(process: psutil.Process) -> str:
     try:
-        title = " ".join(process.cmdline()) or process.name()
+        command_line = process.cmdline()
     except psutil.Error:
         return "gone"
+    # A process part-way through exiting has already dropped its command line (but is not yet a zombie, which
+    # psutil would report as an error): it is gone, and keeps the role it was last seen with.
+    if not command_line:
+        return "gone"
+    title = " ".join(command_line)
     for needle, role in ROLES:
         if needle in title:
             return role

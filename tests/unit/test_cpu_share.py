@@ -7,9 +7,10 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
-from specserve.bench.cpu_share import CpuTally
+from specserve.bench.cpu_share import CpuTally, role_of
 
 # About a second of one core's work, whatever else the machine runs.
 BURN = "sum(i * i for i in range(15_000_000))"
@@ -33,6 +34,41 @@ def test_a_childs_cpu_time_counts_under_the_role_its_command_line_names():
         child.wait()
     assert roles.get("HTTP proxy", 0.0) > 0.0
     assert set(roles) <= {"HTTP proxy", "test process"}
+
+
+def test_a_child_that_ended_unreaped_keeps_the_role_it_was_seen_with():
+    tally = CpuTally(os.getpid(), root_role="test process")
+    tally.start()
+    child = subprocess.Popen([sys.executable, "-c", f"import time; {BURN}; time.sleep(0.5)", "ProxyActor"])
+    try:
+        process = psutil.Process(child.pid)
+        while "ProxyActor" not in " ".join(process.cmdline()):
+            time.sleep(0.01)
+        tally.stop()  # seen running, under its role
+        # Not reaped: ``Popen.poll`` would reap it, so watch its state instead.
+        while process.status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.05)
+        roles = tally.stop()
+    finally:
+        child.wait()
+    assert roles.get("HTTP proxy", 0.0) > 0.0
+    assert "other" not in roles
+
+
+class Exiting:
+    """A process part-way through exit: its command line is already empty, its name is still there."""
+
+    pid = 1
+
+    def cmdline(self) -> list[str]:
+        return []
+
+    def name(self) -> str:
+        return "python3"
+
+
+def test_a_process_with_no_command_line_left_is_gone_not_other():
+    assert role_of(Exiting()) == "gone"
 
 
 def test_the_report_divides_by_the_output_tokens_and_the_wall_time():

@@ -4,8 +4,10 @@ vLLM's drafter runs in the worker process(es), which the scheduler module cannot
 this module there through ``worker_extension_cls`` (``engine_args.WORKER_EXTENSION_CLS``). Importing it
 wraps ``GPUModelRunner.propose_draft_token_ids`` (``CPUModelRunner`` inherits it): when
 ``specserve.speculation.draft_sync.skips_draft_pass`` says so for the step's ``SchedulerOutput`` (the
-scheduler evaluates the same function on the same output), the wrapper returns what the proposer
-returns at k = 0, an empty ``(num_reqs, 0)`` int64 tensor, without running the draft. Every other step
+scheduler evaluates the same function on the same output), the wrapper returns no drafts without running
+the draft: an empty list per request (the proposer's own k = 0 return is an empty ``(num_reqs, 0)``
+tensor; the list form spares vLLM's device-to-host copy of it, and the scheduler does not fetch it at
+all, ``scheduler._post_step``). Every other step
 goes to vLLM's method unchanged. Tensor-parallel ranks see the same ``SchedulerOutput``, so they skip
 together and no collective is left waiting.
 
@@ -17,6 +19,8 @@ Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
 - ``GPUModelRunner.input_batch.req_ids``, ``.device``, ``.vllm_config``: read.
 - ``SchedulerOutput`` and ``VllmConfig`` fields, read through ``k0_skip`` (listed there).
 - ``v1/spec_decode/llm_base_proposer.py:620``: the k = 0 early return whose result a skip reproduces.
+- ``v1/worker/gpu_model_runner.py:4633`` ``_copy_draft_token_ids_to_cpu``: returns before its copy for list
+  drafts (synchronous scheduling; skipping is off under async scheduling, whose path reads the tensor).
 - ``v1/worker/worker_base.py:296``: ``worker_extension_cls`` is resolved (this module imported) in the worker.
 
 Catch-up (``_propose_with_catch_up``, wrapped around this runner's ``drafter.propose``): the worker keeps
@@ -88,7 +92,9 @@ def _propose_or_skip(
     draft_signals.clear(self)
     self._draft_probs = None
     self._draft_prob_req_ids = None
-    return torch.empty((len(self.input_batch.req_ids), 0), dtype=torch.int64, device=self.device)
+    # No drafts, as a list: vLLM then skips its device-to-host copy of them (the copy, its stream and event
+    # are a few percent of a 2-3 ms CPU step), and the scheduler does not fetch them (scheduler._post_step).
+    return [[] for _ in self.input_batch.req_ids]
 
 
 def _install_catch_up(runner: GPUModelRunner, scheduler_output: SchedulerOutput) -> None:

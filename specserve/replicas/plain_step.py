@@ -7,7 +7,7 @@ so the step samples through the rejection sampler (with zero drafts per request)
 On a step the k = 0 rule skips and that verifies no draft, this module hides the speculative config from
 ``_prepare_inputs`` for that one call: no metadata, logits at the last token of each request, the plain
 sampler, and the plain output bookkeeping. The rest of the step is unchanged (the drafter's own skip returns
-the empty drafts vLLM's k = 0 path returns).
+no drafts, and the scheduler does not fetch them).
 
 Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
 
@@ -16,9 +16,15 @@ Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
   plain and the spec-decode inputs, and returns ``spec_decode_metadata`` None on the plain branch, which
   ``_sample`` (4340) and ``_bookkeeping_sync`` (4947) handle as for an engine without speculation.
 - ``GPUModelRunner.num_decode_draft_tokens`` (a CpuGpuBuffer, 2228-2230): set as the spec branch sets it for
-  a step without drafts (0 for decode rows, -1 for prompt chunks), for the attention backends that read it.
+  a step without drafts (0 for decode rows, -1 for prompt chunks), for the attention backends that read it:
+  the state-space and linear-attention builders of hybrid models (2462-2478), so only where
+  ``model_config.is_hybrid``.
 - ``GPUModelRunner.input_batch.num_reqs`` / ``num_computed_tokens_cpu`` / ``num_prompt_tokens``.
 - ``SchedulerOutput.scheduled_spec_decode_tokens``.
+- ``GPUModelRunner._build_attention_metadata`` (2249, called from ``execute_model`` right after
+  ``_prepare_inputs``): wrapped; on a plain step it runs with ``attn_groups`` (a list per KV cache group of
+  ``AttentionGroup``s with ``layer_names``) lacking the groups of the draft's layers, named by the proposer's
+  ``_draft_attn_layer_names`` (``v1/spec_decode/llm_base_proposer.py:1335``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ from specserve.replicas.k0_skip import runner_skips, step_skips_draft_pass
 counts = {"plain_steps": 0}
 
 _original_prepare = GPUModelRunner._prepare_inputs
+_original_build = GPUModelRunner._build_attention_metadata
+# Set by a plain step's ``_prepare_inputs``, read (and cleared) by the same step's attention metadata build.
+_PLAIN_ATTR = "_specserve_plain_step"
+_HYBRID_ATTR = "_specserve_hybrid_model"
 
 
 def _prepare_plain_when_skipped(
@@ -55,16 +65,46 @@ def _prepare_plain_when_skipped(
         result = _original_prepare(self, scheduler_output, num_scheduled_tokens)
     finally:
         self.speculative_config = speculative_config
-    num_reqs = self.input_batch.num_reqs
-    decodes = (self.input_batch.num_computed_tokens_cpu[:num_reqs] >= self.input_batch.num_prompt_tokens[:num_reqs]) & (
-        num_scheduled_tokens[:num_reqs] == 1
-    )
-    self.num_decode_draft_tokens.np[:num_reqs] = np.where(decodes, 0, -1)
-    self.num_decode_draft_tokens.np[num_reqs:].fill(-1)
-    self.num_decode_draft_tokens.copy_to_gpu()
+    if _hybrid(self):
+        num_reqs = self.input_batch.num_reqs
+        decodes = (
+            self.input_batch.num_computed_tokens_cpu[:num_reqs] >= self.input_batch.num_prompt_tokens[:num_reqs]
+        ) & (num_scheduled_tokens[:num_reqs] == 1)
+        self.num_decode_draft_tokens.np[:num_reqs] = np.where(decodes, 0, -1)
+        self.num_decode_draft_tokens.np[num_reqs:].fill(-1)
+        self.num_decode_draft_tokens.copy_to_gpu()
     counts["plain_steps"] += 1
+    setattr(self, _PLAIN_ATTR, True)
     return result
+
+
+def _hybrid(runner: GPUModelRunner) -> bool:
+    # Only the state-space and linear-attention backends of hybrid models read num_decode_draft_tokens.
+    hybrid = getattr(runner, _HYBRID_ATTR, None)
+    if hybrid is None:
+        hybrid = bool(runner.model_config.is_hybrid)
+        setattr(runner, _HYBRID_ATTR, hybrid)
+    return hybrid
+
+
+def _build_without_draft_layers(self: GPUModelRunner, *args: Any, **kwargs: Any) -> Any:
+    # The draft's layers sit in attention groups of their own; on a plain step nothing reads their
+    # metadata, and building it was a few percent of a 2-3 ms CPU step. The flag is the step's only.
+    if not getattr(self, _PLAIN_ATTR, False):
+        return _original_build(self, *args, **kwargs)
+    setattr(self, _PLAIN_ATTR, False)
+    draft_layers = getattr(getattr(self, "drafter", None), "_draft_attn_layer_names", None)
+    if not draft_layers:
+        return _original_build(self, *args, **kwargs)
+    groups = self.attn_groups
+    self.attn_groups = [[g for g in gs if draft_layers.isdisjoint(g.layer_names)] for gs in groups]
+    try:
+        return _original_build(self, *args, **kwargs)
+    finally:
+        self.attn_groups = groups
 
 
 if getattr(_original_prepare, "__name__", "") != _prepare_plain_when_skipped.__name__:  # once per process
     GPUModelRunner._prepare_inputs = _prepare_plain_when_skipped
+if getattr(_original_build, "__name__", "") != _build_without_draft_layers.__name__:
+    GPUModelRunner._build_attention_metadata = _build_without_draft_layers

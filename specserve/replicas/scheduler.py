@@ -8,7 +8,9 @@ vLLM imports this module in the EngineCore process when it resolves ``scheduler_
 Nothing here crosses a process boundary on the hot path. Private vLLM interfaces used:
 ``Scheduler.schedule`` / ``update_from_output``, ``SchedulerOutput.num_spec_tokens_to_schedule`` and
 ``scheduled_spec_decode_tokens``, ``Request.spec_token_ids`` / ``num_computed_tokens``,
-``kv_cache_manager.block_pool``, ``Scheduler.requests``, and ``EngineCore`` utility methods (added below).
+``kv_cache_manager.block_pool``, ``Scheduler.requests``, ``EngineCore`` utility methods (added below), and
+``EngineCore.post_step`` (wrapped: it fetches the worker's drafts, which a skipped draft pass leaves empty,
+``vllm/v1/engine/core.py:689``).
 
 k = 0 decode steps skip the draft's forward pass in the worker (``draft_skip.py``); this side applies
 the same rule (``k0_skip.py``) to keep each request's draft-KV bookkeeping (``DraftKVTracker``) and cuts
@@ -102,6 +104,8 @@ class AdaptiveKScheduler(Scheduler):
         self.k = 0
         # request id -> (its pending drafts, their confidences, their entropies), from the worker (draft_signals.py).
         self._signals: dict[str, tuple[list[int], list[float], list[float]]] = {}
+        # Whether the last executed step skipped the draft pass, so that no drafts wait in the worker.
+        self.last_step_drafted_nothing = False
         # Draft residency (elastic_draft.py): the draft may be offloaded and the KV pool grown into its bytes.
         self.elastic = ElasticDraft(self, _residency_params(control)) if self.num_spec_tokens > 0 else None
         self._step_ctx: StepContext | None = None
@@ -146,9 +150,12 @@ class AdaptiveKScheduler(Scheduler):
             self._step_ctx = None
         return output
 
+    def forget_draft_signals(self) -> None:
+        self._signals = {}
+
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
         super().update_draft_token_ids(draft_token_ids)
-        self._signals = {}
+        self.forget_draft_signals()
         if not isinstance(draft_token_ids, SignalledDraftTokenIds):
             return
         for req_id, confidences, entropies in zip(
@@ -162,6 +169,7 @@ class AdaptiveKScheduler(Scheduler):
         ended_s = time.monotonic()
         ctx = self._step_ctx
         skipped = step_skips_draft_pass(self.skips_k0_draft_pass, scheduler_output, self.draft_resident)
+        self.last_step_drafted_nothing = skipped
         if ctx is not None and scheduler_output.num_scheduled_tokens:
             record = self._record(ctx, scheduler_output, model_runner_output, skipped, ended_s)
             started = time.perf_counter()
@@ -466,9 +474,16 @@ _original_post_step = EngineCore.post_step
 
 
 def _post_step(self: EngineCore, model_executed: bool) -> None:
-    _original_post_step(self, model_executed)
     scheduler = self.scheduler
-    if isinstance(scheduler, AdaptiveKScheduler) and scheduler.elastic is not None:
+    ours = isinstance(scheduler, AdaptiveKScheduler)
+    if ours and model_executed and scheduler.last_step_drafted_nothing:
+        # The worker skipped the draft pass (draft_skip.py, same rule): its drafts are empty, and vLLM's
+        # fetch of them (a worker call, then a pass over the batch) would only empty what ``schedule``
+        # already emptied. On a 2-3 ms CPU step that round trip was a few percent of a k = 0 step.
+        scheduler.forget_draft_signals()
+    else:
+        _original_post_step(self, model_executed)
+    if ours and scheduler.elastic is not None:
         scheduler.elastic.tick(self)
 
 

@@ -36,7 +36,7 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -ra --durations=30 $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m slow $(PYTEST_ARGS)

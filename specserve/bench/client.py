@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import sys
 import time
 from contextvars import ContextVar
@@ -107,6 +108,19 @@ def classify(output: RequestFuncOutput, status: int | None, exception: BaseExcep
     if "Never received a valid chunk" in output.error:
         return "empty_stream"
     return "other"
+
+
+def auth_headers() -> dict[str, str]:
+    """The bearer token from ``OPENAI_API_KEY``, as vLLM's request functions send it on every request, for the two
+    calls we make ourselves (``GET /models`` and the probe): a server that requires a key answers them too."""
+    key = os.environ.get("OPENAI_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _key_hint() -> str:
+    if os.environ.get("OPENAI_API_KEY"):
+        return "the server refused the key in OPENAI_API_KEY"
+    return "the server wants an API key; export OPENAI_API_KEY"
 
 
 def session(timeout_s: float) -> aiohttp.ClientSession:
@@ -202,7 +216,9 @@ async def first_model(base_url: str, timeout_s: float) -> str:
     """The first model ``GET /models`` lists, as ``vllm bench serve`` picks it when none is given."""
     async with session(timeout_s) as http:
         try:
-            async with asyncio.timeout(timeout_s), http.get(f"{base_url}/models") as response:
+            async with asyncio.timeout(timeout_s), http.get(f"{base_url}/models", headers=auth_headers()) as response:
+                if response.status in (401, 403):
+                    raise BenchError(f"--url {base_url}: GET /models gave HTTP {response.status}: {_key_hint()}")
                 if response.status != 200:
                     raise BenchError(f"--url {base_url}: GET /models gave HTTP {response.status}; pass --model")
                 models = (await response.json()).get("data") or []
@@ -220,6 +236,9 @@ async def probe(target: Target) -> tuple[bool, str | None]:
     error is only a note, since the run counts errors by kind (a wrong model gives 404 on every request).
     """
     status, body = await _probe_once(target, target.ignore_eos)
+    if status in (401, 403):
+        # Every request would be refused the same way: a run of them measures nothing.
+        raise BenchError(f"--url {target.base_url}: the probe request got HTTP {status}: {_key_hint()}")
     if status in (400, 422) and target.ignore_eos:
         # Not every OpenAI-compatible server knows vLLM's ignore_eos; without it lengths may fall short.
         retry_status, _ = await _probe_once(target, False)
@@ -242,7 +261,10 @@ async def _probe_once(target: Target, ignore_eos: bool) -> tuple[int, str]:
     limit_s = max(target.timeout_s, 30.0)
     async with session(limit_s) as http:
         try:
-            async with asyncio.timeout(limit_s), http.post(target.url, json=payload) as response:
+            async with (
+                asyncio.timeout(limit_s),
+                http.post(target.url, json=payload, headers=auth_headers()) as response,
+            ):
                 return response.status, await response.text()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise BenchError(f"--url {target.base_url}: unreachable ({type(exc).__name__}: {exc})") from None

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import psutil
 
+# The bearer token the endpoint package's server requires (its clients send it; the key tests check it leaks nowhere).
+API_KEY = "sk-specserve-test-7f3a91c2d4"
+
 # Below Linux's ephemeral range (32768-60999), which Ray's own processes bind at random while a cluster starts,
 # and above Ray's worker ports (10002-19999): a port found free here is not taken before Serve binds it.
 _PORT_RANGE = (20000, 32000)

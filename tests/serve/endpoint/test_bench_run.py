@@ -7,15 +7,19 @@ import subprocess
 import sys
 
 import pytest
-from serve_process import free_port
+from serve_process import API_KEY, free_port
 
 REQUESTS, MAX_TOKENS = 12, 16
 
 
-def bench(server, *args: str) -> subprocess.CompletedProcess:
+def bench(server, *args: str, key: str | None = API_KEY) -> subprocess.CompletedProcess:
+    """`bench run` with the key in OPENAI_API_KEY, as vLLM's bench client takes it (none if ``key`` is None)."""
     cmd = [sys.executable, "-m", "specserve.cluster.cli", "bench", "run", "--url", server.endpoint, *args]
+    env = {name: value for name, value in server.env.items() if name != "OPENAI_API_KEY"}
+    if key is not None:
+        env["OPENAI_API_KEY"] = key
     # The run's own per-request timeout keeps it bounded; this one only guards the test.
-    return subprocess.run(cmd, env=server.env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_closed_loop_accounting(server):
@@ -63,6 +67,15 @@ def test_open_loop_rate_with_exact_prompt_lengths(server, trained_pair):
     assert report["max_send_lag_ms"] is not None and result.stderr == ""
 
 
+@pytest.mark.parametrize(("key", "says"), [(None, "export OPENAI_API_KEY"), ("wrong", "refused the key")])
+def test_a_missing_or_refused_key_is_a_cli_error_before_any_load(server, key, says):
+    # Without --model the models list fails first; with it, the probe request does.
+    for model in ((), ("--model", "specserve-tiny")):
+        result = bench(server, "--concurrency", "1", "--num-requests", "2", *model, key=key)
+        assert result.returncode == 2 and "HTTP 401" in result.stderr and says in result.stderr, result.stderr
+        assert result.stdout == ""
+
+
 def test_unreachable_url_is_a_cli_error(server):
     result = bench(server, "--concurrency", "1", "--model", "m", "--url", f"http://127.0.0.1:{free_port()}/v1")
     assert result.returncode == 2 and "unreachable" in result.stderr and result.stdout == ""
@@ -73,7 +86,9 @@ def test_compare_switches_policies_between_interleaved_rounds(server, tmp_path):
     cmd = [sys.executable, "-m", "specserve.cluster.cli", "bench", "compare", "--url", server.endpoint]
     cmd += ["--policies", "fixed:k=0,fixed:k=2", "--concurrency", "2", "--rounds", "2", "--num-requests", "4"]
     cmd += ["--input-len", "24", "--output-len", str(MAX_TOKENS), "--warmup", "2", "--out", str(out)]
-    result = subprocess.run(cmd, env=server.env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        cmd, env=server.env | {"OPENAI_API_KEY": API_KEY}, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [f"{out}{end}" for end in (".md", ".json", "-tok_s.png", "-tok_s-ratio.png")]
 

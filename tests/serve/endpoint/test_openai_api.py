@@ -11,6 +11,7 @@ import time
 
 import pytest
 import requests
+from serve_process import API_KEY
 
 from specserve import metrics_catalog as catalog
 from specserve.cluster import prometheus
@@ -101,7 +102,10 @@ def test_bad_input_gets_a_4xx_with_a_message_and_the_replica_keeps_serving(serve
     path, body = BAD_REQUESTS[case]
     data = body if isinstance(body, str) else json.dumps(body)
     response = requests.post(
-        server.endpoint + path, data=data, headers={"Content-Type": "application/json"}, timeout=60
+        server.endpoint + path,
+        data=data,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"},
+        timeout=60,
     )
     assert 400 <= response.status_code < 500, response.text
     # OpenAI's error object, also for the errors FastAPI itself raises (an unknown model, a malformed body).

@@ -1,6 +1,7 @@
-"""Bad input and the API key against one live `specserve serve`: property-based fuzzing of the OpenAI endpoints
-(every body gets a 2xx or a 4xx carrying an OpenAI error object, never a 5xx, and the engine keeps serving), the
-key required on every route, and the key absent from logs, status output and metrics."""
+"""Bad input and the API key against the package's live `specserve serve`, after the other modules used it:
+property-based fuzzing of the OpenAI endpoints (every body gets a 2xx or a 4xx carrying an OpenAI error object,
+never a 5xx, and the engine keeps serving), the key required on every route, and the key absent from logs, status
+output and metrics."""
 
 from __future__ import annotations
 
@@ -16,19 +17,11 @@ import requests
 from hypothesis import HealthCheck, given, seed, settings
 from openai import AuthenticationError, OpenAI
 from request_bodies import CHAT_BODIES, COMPLETION_BODIES
-from serve_process import free_port, serving
+from serve_process import API_KEY as KEY
 
 MODEL = "specserve-tiny"
-KEY = "sk-specserve-test-7f3a91c2d4"
 # Bodies per endpoint; the README's Reliability section states these numbers.
 FUZZ_EXAMPLES = 1000
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, trained_pair):
-    args = ["--port", str(free_port()), "--metrics-port", str(free_port())]
-    with serving(args, tmp_path_factory.mktemp("bad-input"), SPECSERVE_API_KEY=KEY) as process:
-        yield process
 
 
 def post(server, path: str, body: object, key: str | None = KEY) -> requests.Response:
@@ -138,7 +131,7 @@ def ray_logs(server) -> Path:
 
 
 def test_the_key_appears_in_no_log_status_or_metrics(server):
-    # Run last in the module, after the requests above: whatever was logged about them is there.
+    # Run last in the module, after the requests above and the other modules': whatever was logged is there.
     cli = [sys.executable, "-m", "specserve.cluster.cli"]
     status = subprocess.run([*cli, "status", "--json"], env=server.env, capture_output=True, text=True, timeout=120)
     assert status.returncode == 0, status.stderr

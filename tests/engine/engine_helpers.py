@@ -7,11 +7,16 @@ from contextlib import contextmanager
 from typing import Any
 
 from specserve.messages import EngineTelemetry
+from specserve.models import perf
 from specserve.models.prompts import OPENINGS
 from specserve.replicas import offline
 from specserve.replicas.engine_args import DraftOffload, EngineSpec, speculative_engine_kwargs
 
 PROMPTS = list(OPENINGS[:4])
+# A perf pair in seconds: the real build (draft + extra layers of the same shape) at a toy width.
+PERF_TINY = perf.PerfSize(
+    hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, draft_layers=1, extra_layers=3
+)
 
 
 class Engine:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from engine_helpers import PROMPTS, running_engine
+from engine_helpers import PERF_TINY, PROMPTS, running_engine
 
+from specserve.models import make_pair, perf
 from specserve.models.prompts import OPENINGS
 
 LATER = list(OPENINGS[4:])
@@ -133,3 +134,17 @@ def test_skipping_can_be_turned_off(never_skipping):
     assert telemetry.num_requests_caught_up == counts["caught_up"] == 0
     assert counts["ran"] == telemetry.num_steps > 0
     assert counts["plain_steps"] == 0
+
+
+def test_a_draft_in_the_targets_attention_group_decodes_through_k0(tmp_path, monkeypatch):
+    """The perf pair's draft layers have the target's shapes, so vLLM puts both in one attention group. A plain
+    step leaves out the draft's own groups only: this one holds the target's layers too."""
+    monkeypatch.setitem(perf.PERF_SIZES, "S", PERF_TINY)
+    pair = make_pair("perf", tmp_path, size="S", agreement=1.0, progress=False)
+    with running_engine(pair, policy="fixed:k=0") as engine:
+        reference = engine.generate(max_tokens=24)
+        engine.set_policy("cycle:ks=4-0-0-0-2-0-0-4")
+        before = engine.draft_pass_counts()
+        assert engine.generate(max_tokens=24) == reference
+        after = engine.draft_pass_counts()
+    assert after["plain_steps"] > before["plain_steps"] and after["ran"] > before["ran"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_helpers import PERF_TINY
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -20,9 +21,7 @@ from specserve.models.__main__ import build_parser, main
 from specserve.models.build import BUILD_INFO_FILE
 from specserve.models.tokenizer import read_corpus
 
-TINY = perf.PerfSize(
-    hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, draft_layers=1, extra_layers=3
-)
+TINY = PERF_TINY
 # How far a built pair's recorded agreement may sit from the asked one. The search stops within 0.02
 # on its 32 calibration prefixes, and the record is measured again on 64 other prefixes. A random
 # model's greedy continuation of one prefix tends to repeat itself, so the agreements along it are

@@ -1,13 +1,17 @@
 """Where a k = 0 step's time goes: cProfile of greedy decoding on an engine built in this process.
 
     PYTHONPATH=$PWD .venv/bin/python bench/k0_profile.py [--engine skip|no_spec] [--batch 8] [--tokens 200]
-        [--pair trained | --pair perf --size S --agreement 0.6] [--out FILE]
+        [--pair trained | --pair perf --size S --agreement 0.6] [--against-plain] [--out FILE]
 
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the profiler sees the scheduler, the
 runner and specserve's hooks together. After a warm-up generation, one generation of ``--batch`` prompts x
 ``--tokens`` tokens at k = 0 is profiled. Printed: the steps' profiled time, the self time of specserve's own
 functions per step (the cost `bench/k0_step.py` cannot separate from noise), and the largest of them. The
 profiler inflates Python-heavy code two to three times, so read the shares, not the absolute times.
+
+``--against-plain`` then profiles an engine without speculation the same way and adds what the speculative
+engine ran beyond it, per step: the self time of functions the plain engine never called (specserve's and
+vLLM's speculative path alike) and the share of the calls it made more often than the plain engine did.
 """
 
 from __future__ import annotations
@@ -43,6 +47,44 @@ def summarise(stats: pstats.Stats, steps: int, top: int) -> dict[str, Any]:
     }
 
 
+def _key(file: str, line: int, function: str) -> str:
+    return f"{'/'.join(Path(file).parts[-3:])}:{line}({function})"
+
+
+def beyond(spec: pstats.Stats, plain: pstats.Stats, steps: int, top: int) -> dict[str, Any]:
+    """What the speculative engine's profile has beyond the plain one's, in microseconds per step."""
+    theirs = {_key(*k): (nc, tt) for k, (_, nc, tt, _, _) in plain.stats.items()}  # type: ignore[attr-defined]
+    extra: dict[str, float] = {}
+    for k, (_, calls, self_s, _, _) in spec.stats.items():  # type: ignore[attr-defined]
+        name = _key(*k)
+        plain_calls = theirs.get(name, (0, 0.0))[0]
+        if calls > plain_calls:
+            extra[name] = self_s * (1 - plain_calls / calls)
+    return {
+        "extra_us_per_step": round(sum(extra.values()) / steps * 1e6, 1),
+        "largest_us_per_step": {
+            name: round(s / steps * 1e6, 1) for name, s in sorted(extra.items(), key=lambda kv: -kv[1])[:top]
+        },
+    }
+
+
+def profile_engine(name: str, target: str, draft: str, prompts: list[str], tokens: int) -> tuple[float, pstats.Stats]:
+    """Seconds of one unprofiled generation after a warm-up, and the profile of the next."""
+    from vllm import SamplingParams
+
+    from specserve.replicas import offline
+
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    with offline.offline_llm(**engine_kwargs(name, target, draft)) as llm:
+        llm.generate(prompts, params, use_tqdm=False)  # warm-up
+        started = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        plain_s = time.perf_counter() - started
+        profile = cProfile.Profile()
+        profile.runcall(llm.generate, prompts, params, use_tqdm=False)
+    return plain_s, pstats.Stats(profile)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--engine", choices=("skip", "no_skip", "no_spec"), default="skip")
@@ -51,6 +93,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--pair", choices=("trained", "perf"), default="trained")
     parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--against-plain", action="store_true", help="also profile no_spec; report the difference")
     add_perf_options(parser, size="S", agreement=0.6)
     args = parser.parse_args()
     if not 1 <= args.batch <= len(PROMPTS):
@@ -58,31 +101,28 @@ def main() -> None:
     if args.tokens < 2:
         parser.error(f"--tokens {args.tokens}: must be at least 2")
 
+    if args.against_plain and args.engine == "no_spec":
+        parser.error("--against-plain compares a speculative --engine (skip or no_skip) with no_spec")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from vllm import SamplingParams
-
     from specserve.models import cached_pair
-    from specserve.replicas import engine_env, offline
+    from specserve.replicas import engine_env
 
     options = {"size": args.size, "agreement": args.agreement} if args.pair == "perf" else {}
     pair = cached_pair(args.pair, **options)
-    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
-    prompts = PROMPTS[: args.batch]
+    prompts, target, draft = PROMPTS[: args.batch], str(pair.target), str(pair.draft)
     with engine_env.applied(engine_env.engine_env(tempfile.mkdtemp(prefix="specserve-k0-profile-"))):
-        with offline.offline_llm(**engine_kwargs(args.engine, str(pair.target), str(pair.draft))) as llm:
-            llm.generate(prompts, params, use_tqdm=False)  # warm-up
-            started = time.perf_counter()
-            llm.generate(prompts, params, use_tqdm=False)
-            plain_s = time.perf_counter() - started
-            profile = cProfile.Profile()
-            profile.runcall(llm.generate, prompts, params, use_tqdm=False)
-    report = {
-        "what": f"k=0 decode, {args.engine} engine, in process, cProfile",
-        "pair": {"kind": args.pair, **options},
-        "batch": args.batch,
-        "unprofiled_ms_per_step": round(plain_s / args.tokens * 1e3, 3),
-        **summarise(pstats.Stats(profile), args.tokens, args.top),
-    }
+        plain_s, stats = profile_engine(args.engine, target, draft, prompts, args.tokens)
+        report: dict[str, Any] = {
+            "what": f"k=0 decode, {args.engine} engine, in process, cProfile",
+            "pair": {"kind": args.pair, **options},
+            "batch": args.batch,
+            "unprofiled_ms_per_step": round(plain_s / args.tokens * 1e3, 3),
+            **summarise(stats, args.tokens, args.top),
+        }
+        if args.against_plain:
+            plain_engine_s, plain_stats = profile_engine("no_spec", target, draft, prompts, args.tokens)
+            report["no_spec_unprofiled_ms_per_step"] = round(plain_engine_s / args.tokens * 1e3, 3)
+            report["beyond_no_spec"] = beyond(stats, plain_stats, args.tokens, args.top)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -1,6 +1,7 @@
 """Hypothesis strategies of OpenAI request bodies: valid ones with some fields set to other JSON (wrong types,
 integers past 64 bits, NaN and infinities, unicode, nested objects) or required fields left out. Used against
-the ingress's layer in-process (tests/unit/test_ingress.py) and against a live serve (tests/serve/test_bad_input.py).
+the ingress's layer in-process (tests/unit/test_ingress.py) and against a live serve
+(tests/serve/endpoint/test_robustness_and_key.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The ingress's own layer, without Serve: bounded bodies, OpenAI-style errors, the API key, and the routes it
-serves. tests/serve/test_bad_input.py runs the same ingress inside `specserve serve`."""
+serves. tests/serve/endpoint/test_robustness_and_key.py runs the same ingress inside `specserve serve`."""
 
 from __future__ import annotations
 

@@ -22,11 +22,10 @@ import json
 import os
 import pstats
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from k0_step import PROMPTS, engine_kwargs
+from k0_step import PROMPTS, engine_kwargs, generation_s
 
 from specserve.models.arguments import add_perf_options
 
@@ -68,20 +67,15 @@ def beyond(spec: pstats.Stats, plain: pstats.Stats, steps: int, top: int) -> dic
     }
 
 
-def profile_engine(name: str, target: str, draft: str, prompts: list[str], tokens: int) -> tuple[float, pstats.Stats]:
+def profile_engine(name: str, target: str, draft: str, batch: int, tokens: int) -> tuple[float, pstats.Stats]:
     """Seconds of one unprofiled generation after a warm-up, and the profile of the next."""
-    from vllm import SamplingParams
-
     from specserve.replicas import offline
 
-    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     with offline.offline_llm(**engine_kwargs(name, target, draft)) as llm:
-        llm.generate(prompts, params, use_tqdm=False)  # warm-up
-        started = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
-        plain_s = time.perf_counter() - started
+        generation_s(llm, batch, tokens)  # warm-up
+        plain_s = generation_s(llm, batch, tokens)
         profile = cProfile.Profile()
-        profile.runcall(llm.generate, prompts, params, use_tqdm=False)
+        profile.runcall(generation_s, llm, batch, tokens)
     return plain_s, pstats.Stats(profile)
 
 
@@ -109,9 +103,9 @@ def main() -> None:
 
     options = {"size": args.size, "agreement": args.agreement} if args.pair == "perf" else {}
     pair = cached_pair(args.pair, **options)
-    prompts, target, draft = PROMPTS[: args.batch], str(pair.target), str(pair.draft)
+    target, draft = str(pair.target), str(pair.draft)
     with engine_env.applied(engine_env.engine_env(tempfile.mkdtemp(prefix="specserve-k0-profile-"))):
-        plain_s, stats = profile_engine(args.engine, target, draft, prompts, args.tokens)
+        plain_s, stats = profile_engine(args.engine, target, draft, args.batch, args.tokens)
         report: dict[str, Any] = {
             "what": f"k=0 decode, {args.engine} engine, in process, cProfile",
             "pair": {"kind": args.pair, **options},
@@ -120,7 +114,7 @@ def main() -> None:
             **summarise(stats, args.tokens, args.top),
         }
         if args.against_plain:
-            plain_engine_s, plain_stats = profile_engine("no_spec", target, draft, prompts, args.tokens)
+            plain_engine_s, plain_stats = profile_engine("no_spec", target, draft, args.batch, args.tokens)
             report["no_spec_unprofiled_ms_per_step"] = round(plain_engine_s / args.tokens * 1e3, 3)
             report["beyond_no_spec"] = beyond(stats, plain_stats, args.tokens, args.top)
     text = json.dumps(report, indent=2)

@@ -91,7 +91,8 @@ def _hybrid(runner: GPUModelRunner) -> bool:
 def without_draft_only_groups(groups: list[list[Any]], draft_layers: Collection[str]) -> list[list[Any]]:
     """Each KV cache group's attention groups less those holding draft layers only. A draft whose layers match
     the target's (same backend and shapes) shares their group, which must stay: the target reads it."""
-    return [[g for g in gs if not set(g.layer_names) <= set(draft_layers)] for gs in groups]
+    draft = set(draft_layers)
+    return [[g for g in gs if not draft.issuperset(g.layer_names)] for gs in groups]
 
 
 def _build_without_draft_layers(self: GPUModelRunner, *args: Any, **kwargs: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -16,16 +17,20 @@ def test_buckets_are_powers_of_two() -> None:
     assert [bucket_of(b) for b in (0, 1, 2, 3, 4, 5, 8, 9, 64, 65)] == [0, 0, 1, 2, 2, 3, 3, 4, 6, 7]
 
 
-def test_bucket_correction_averages_residuals_and_falls_back_within_the_bucket() -> None:
+def predicted(correction: BucketCorrection, num_running: int, k: int, model_s: float) -> float:
+    return correction.factor(num_running, k) * model_s
+
+
+def test_bucket_correction_learns_the_miss_and_falls_back_within_the_bucket() -> None:
     correction = BucketCorrection(memory=4.0, prior_samples=0.0)
     for _ in range(50):
-        correction.observe(30, 3, 0.002)
-    correction.observe(30, 4, -0.001)
-    assert correction.correction_s(32, 3) == pytest.approx(0.002)
-    assert correction.correction_s(17, 4) == pytest.approx(-0.001)
-    assert correction.correction_s(20, 2) == pytest.approx(0.002)  # unexplored k: the bucket's main cell
-    assert correction.correction_s(100, 3) == 0.0  # another bucket knows nothing yet
-    for bad in ({"memory": 0.5}, {"prior_samples": -1.0}, {"max_relative": 0.0}):
+        correction.observe(30, 3, 0.012, 0.010)
+    correction.observe(30, 4, 0.009, 0.010)
+    assert predicted(correction, 32, 3, 0.010) == pytest.approx(0.012)
+    assert predicted(correction, 17, 4, 0.010) < predicted(correction, 17, 3, 0.010)  # one quicker step at k = 4
+    assert predicted(correction, 20, 2, 0.010) == pytest.approx(0.012)  # unexplored k: the bucket's main cell
+    assert predicted(correction, 100, 3, 0.010) == 0.010  # another bucket knows nothing yet
+    for bad in ({"memory": 0.5}, {"prior_samples": -1.0}, {"max_relative": 0.0}, {"level_memory": 0.5}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             BucketCorrection(**bad)
 
@@ -33,24 +38,68 @@ def test_bucket_correction_averages_residuals_and_falls_back_within_the_bucket()
 def test_a_thinly_measured_cell_earns_its_correction_as_its_samples_add_up() -> None:
     correction = BucketCorrection(memory=20.0, prior_samples=3.0)
     for _ in range(50):
-        correction.observe(8, 1, 0.002)
-    correction.observe(8, 2, -0.010)
-    once = correction.correction_s(8, 2)
-    assert 0.002 > once > -0.010  # between the bucket's offset and the one sample
+        correction.observe(8, 1, 0.012, 0.010)
+    correction.observe(8, 2, 0.008, 0.010)
+    once = predicted(correction, 8, 2, 0.010)
+    assert 0.012 > once > 0.008  # between the bucket's offset and the one sample
     for _ in range(40):
-        correction.observe(8, 2, -0.010)
-    assert correction.correction_s(8, 2) < once
-    assert correction.correction_s(8, 2) == pytest.approx(-0.010, abs=0.002)
+        correction.observe(8, 1, 0.012, 0.010)  # k = 2 measured beside k = 1, as explorations measure it
+        correction.observe(8, 2, 0.008, 0.010)
+    assert predicted(correction, 8, 2, 0.010) < once
+    # Most of the 4 ms measured between them: shrunk by three pseudo-samples against the cell's twenty, and
+    # measured against a level that the k = 2 steps move too.
+    difference = predicted(correction, 8, 1, 0.010) - predicted(correction, 8, 2, 0.010)
+    assert 0.0025 < difference < 0.004
 
 
 def test_a_stalled_step_moves_a_correction_by_at_most_its_prediction() -> None:
-    stalled, bounded = BucketCorrection(prior_samples=0.0), BucketCorrection(prior_samples=0.0, max_relative=1.0)
-    stalled.observe(1, 0, 0.390)  # a 430 ms step where 40 ms was predicted
-    bounded.observe(1, 0, 0.390, predicted_s=0.040)
-    assert stalled.correction_s(1, 0) == pytest.approx(0.390)
-    assert bounded.correction_s(1, 0) == pytest.approx(0.040)
-    bounded.observe(2, 0, -0.100, predicted_s=0.040)  # below zero seconds: a clock glitch, bounded alike
-    assert bounded.correction_s(2, 0) == pytest.approx(-0.040)
+    correction = BucketCorrection(prior_samples=0.0, level_memory=math.inf)
+    correction.observe(1, 0, 0.430, 0.040)  # a 430 ms step where 40 ms was predicted
+    assert predicted(correction, 1, 0, 0.040) == pytest.approx(0.080)
+    correction.observe(2, 0, -0.060, 0.040)  # below zero seconds: a clock glitch, bounded alike
+    assert predicted(correction, 2, 0, 0.040) == pytest.approx(0.004)  # a tenth: never a free step
+    correction.observe(2, 0, 0.040, 0.0)  # a prediction of nothing has nothing to correct: ignored
+    assert correction.num_samples(2, 0) == pytest.approx(1.0)
+
+
+def test_a_slow_phase_during_one_ks_run_moves_the_level_not_that_k_against_the_others() -> None:
+    """k = 1 and k = 2 cost what the model says (measured side by side); then k = 2 runs for a while in a phase
+    20 % slower, and k = 1 runs at full speed. Without a level (each cell averages the whole residual), k = 2
+    stays priced about 20 ms above k = 1; with one, most of the phase went to the level and left with it."""
+    with_level, without = BucketCorrection(), BucketCorrection(level_memory=math.inf)
+    for correction in (with_level, without):
+        for _ in range(50):
+            correction.observe(16, 1, 0.100, 0.100)
+            correction.observe(16, 2, 0.100, 0.100)
+        for _ in range(100):
+            correction.observe(16, 2, 0.120, 0.100)
+        for _ in range(100):
+            correction.observe(16, 1, 0.100, 0.100)
+    gap_without = predicted(without, 16, 2, 0.100) - predicted(without, 16, 1, 0.100)
+    gap_with = predicted(with_level, 16, 2, 0.100) - predicted(with_level, 16, 1, 0.100)
+    assert gap_without > 0.015
+    assert abs(gap_with) < 0.25 * gap_without
+    assert predicted(with_level, 16, 1, 0.100) == pytest.approx(0.100, rel=0.01)
+
+
+def test_a_phase_while_one_k_runs_scales_every_k_alike() -> None:
+    correction = BucketCorrection()
+    for _ in range(60):  # k = 2 costs 10 ms over the model, beside k = 1
+        correction.observe(8, 1, 0.100, 0.100)
+        correction.observe(8, 2, 0.110, 0.100)
+    before = predicted(correction, 8, 2, 0.100) / predicted(correction, 8, 1, 0.100)
+    for _ in range(30):  # a phase 30 % slower, while k = 1 alone runs
+        correction.observe(8, 1, 0.130, 0.100)
+    assert predicted(correction, 8, 1, 0.100) == pytest.approx(0.130, rel=0.02)
+    after = predicted(correction, 8, 2, 0.100) / predicted(correction, 8, 1, 0.100)
+    stale = BucketCorrection(level_memory=math.inf)  # the same steps, each cell averaging the whole residual
+    for _ in range(60):
+        stale.observe(8, 1, 0.100, 0.100)
+        stale.observe(8, 2, 0.110, 0.100)
+    for _ in range(30):
+        stale.observe(8, 1, 0.130, 0.100)
+    stale_after = predicted(stale, 8, 2, 0.100) / predicted(stale, 8, 1, 0.100)
+    assert abs(after - before) < 0.25 * abs(stale_after - before)
 
 
 def trained_policy(

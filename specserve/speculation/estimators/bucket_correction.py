@@ -7,21 +7,36 @@ each extra draft at ~1.6 ms per step at batch 32 where the true cost was ~0.5 ms
 the best.
 
 Nightjar keeps its statistics per batch size for the same reason (§5.2: the best k depends on the batch
-size). We keep, per power-of-two bucket and per k, an average of the model's
-out-of-sample residual (measured minus predicted seconds). The correction for a k never run in a bucket is
-that bucket's residual at the k run most there, so an unexplored k inherits the bucket's offset but not a
-slope correction; the policy's neighbour exploration supplies the neighbours.
+size). We keep, per power-of-two bucket, the model's out-of-sample miss as a ratio (measured over predicted
+seconds), split in two: a level common to every k, and per k an offset from it. A step at k is predicted to
+take the model's seconds x (level + offset of k). The offset of a k never run in a bucket is that of the k run
+most there, so an unexplored k inherits the bucket's level but not a slope correction; the policy's neighbour
+exploration supplies the neighbours.
 
 Two guards keep a served engine's outliers (a step stalled by a collection, a neighbour process, a first run
-of a shape) from deciding k. A residual counts at most ``max_relative`` times the prediction it corrects, so
-one 400 ms stall among 40 ms steps moves a cell by what one 80 ms step would. And a cell's average is shrunk
-toward its bucket's main cell by ``prior_samples`` pseudo-samples: a k run a few times in a bucket (an
-exploration, a warm start's history) earns its own correction only as its samples add up. Without them, one
-stalled k = 0 step at batch 1 priced k = 0 at 146 ms against 33 ms for k = 1, and a few quick k = 4 steps
-priced k = 4 below k = 3 for a whole run.
+of a shape) from deciding k. A ratio counts at most 1 + ``max_relative``, so one 400 ms stall among 40 ms
+steps moves an offset by what one 80 ms step would. And an offset is shrunk toward its bucket's main k's by
+``prior_samples`` pseudo-samples: a k run a few times in a bucket (an exploration, a warm start's history)
+earns its own correction only as its samples add up. Without them, one stalled k = 0 step at batch 1 priced
+k = 0 at 146 ms against 33 ms for k = 1, and a few quick k = 4 steps priced k = 4 below k = 3 for a whole run.
+
+The level keeps the machine's own phases out of the offsets. A served engine's steps all run slower for a
+while when something else takes the cores (by 15-20 % for minutes on a shared 2-core machine), whatever k is.
+When each k averaged its whole miss, a k measured in a slow minute (a run of one k, or the stretch a policy
+spent there) kept that minute's price for as long as its average remembered it: on a served CPU engine at 16
+clients, warm-started on a benchmark's fixed-k runs, `adaptive` priced k = 0 and k = 1 by the minutes they
+had run in and held k = 2, 7 % slower than either, for a whole run. Now the level follows the bucket's main k
+(the k run most there) over about ``level_memory`` steps, and the main k's offset holds still; every other
+k's offset learns, at 1 / ``memory``, that k's miss beside the level of the moment: how it differs from the
+main k measured around it (neighbour explorations put other k beside the current one). A phase that passes
+while the main k runs lands in the level and leaves with it; one that passes while another k runs lands about
+``memory / (memory + level_memory)`` of itself in the level. The level scales every k alike, so it moves no k
+against another.
 """
 
 from __future__ import annotations
+
+import math
 
 
 def bucket_of(num_running: int) -> int:
@@ -30,39 +45,76 @@ def bucket_of(num_running: int) -> int:
 
 
 class BucketCorrection:
-    """Averages residuals per (bucket, k) over about the last ``memory`` samples of each cell."""
+    """Per bucket, a level over about the last ``level_memory`` steps and, per k, an offset over about the last
+    ``memory`` steps at that k: a step is predicted to take the model's seconds x (level + offset of k)."""
 
-    def __init__(self, memory: float = 20.0, *, prior_samples: float = 3.0, max_relative: float = 1.0) -> None:
+    def __init__(
+        self,
+        memory: float = 20.0,
+        *,
+        prior_samples: float = 3.0,
+        max_relative: float = 1.0,
+        level_memory: float = 4.0,
+    ) -> None:
         if not memory >= 1.0:
             raise ValueError(f"memory={memory} must be at least 1 sample")
         if not prior_samples >= 0.0:
             raise ValueError(f"prior_samples={prior_samples} must not be negative")
         if not max_relative > 0.0:
             raise ValueError(f"max_relative={max_relative} must be positive")
+        if not level_memory >= 1.0:
+            raise ValueError(f"level_memory={level_memory} must be at least 1 sample (math.inf: no level)")
         self._keep = 1.0 - 1.0 / memory
         self._prior = prior_samples
         self._max_relative = max_relative
-        # (bucket, k) -> [mean residual seconds, decayed sample weight]
+        self._level_keep = 1.0 - 1.0 / level_memory if math.isfinite(level_memory) else None
+        # (bucket, k) -> [offset from the bucket's level, decayed sample weight]
         self._cells: dict[tuple[int, int], list[float]] = {}
+        # bucket -> [level, decayed sample weight]
+        self._levels: dict[int, list[float]] = {}
 
-    def observe(self, num_running: int, k: int, residual_s: float, predicted_s: float | None = None) -> None:
-        """One step's residual (measured - predicted seconds); ``predicted_s`` bounds it (see the module's text)."""
-        if predicted_s is not None:
-            bound = self._max_relative * max(predicted_s, 0.0)
-            residual_s = min(max(residual_s, -bound), bound)
-        cell = self._cells.setdefault((bucket_of(num_running), k), [0.0, 0.0])
-        cell[1] = self._keep * cell[1] + 1.0
-        cell[0] += (residual_s - cell[0]) / cell[1]
-
-    def correction_s(self, num_running: int, k: int) -> float:
-        """Seconds to add to the model's prediction for a step at ``k`` with ``num_running`` requests."""
-        return self.corrections_s(num_running, k + 1)[k]
-
-    def corrections_s(self, num_running: int, num_k: int) -> list[float]:
-        """``correction_s`` for k = 0 .. num_k - 1: each cell's average shrunk toward the bucket's main cell."""
+    def observe(self, num_running: int, k: int, measured_s: float, predicted_s: float) -> None:
+        """One step: it took ``measured_s`` where the model, before seeing it, predicted ``predicted_s``."""
+        if not predicted_s > 0.0:
+            return  # a model predicting no time has no ratio to miss by
         bucket = bucket_of(num_running)
-        main = max((c for (b, _), c in self._cells.items() if b == bucket), key=lambda c: c[1], default=None)
-        fallback = 0.0 if main is None else main[0]
+        ratio = min(max(measured_s / predicted_s, 1.0 - self._max_relative), 1.0 + self._max_relative)
+        level = self._levels.setdefault(bucket, [1.0 if self._level_keep is not None else 0.0, 0.0])
+        cell = self._cells.setdefault((bucket, k), [0.0, 0.0])
+        cell[1] = self._keep * cell[1] + 1.0
+        if self._level_keep is None:
+            cell[0] += (ratio - cell[0]) / cell[1]
+            return
+        # The main k's offset holds still and the level follows it; the others learn their difference from it.
+        if cell is not self._main(bucket):
+            cell[0] += (ratio - level[0] - cell[0]) / cell[1]
+        level[1] = self._level_keep * level[1] + 1.0
+        level[0] += (ratio - self.offsets(num_running, k + 1)[k] - level[0]) / level[1]
+
+    def _main(self, bucket: int) -> list[float] | None:
+        return max((c for (b, _), c in self._cells.items() if b == bucket), key=lambda c: c[1], default=None)
+
+    def level(self, num_running: int) -> float:
+        """The bucket's part of every k's factor (1 before any step; 0 with no level kept: the offsets are all)."""
+        level = self._levels.get(bucket_of(num_running))
+        if level is None:
+            return 1.0 if self._level_keep is not None else 0.0
+        return level[0]
+
+    def factor(self, num_running: int, k: int) -> float:
+        """What to multiply the model's seconds by for a step at ``k`` with ``num_running`` requests."""
+        return self.factors(num_running, k + 1)[k]
+
+    def factors(self, num_running: int, num_k: int) -> list[float]:
+        """``factor`` for k = 0 .. num_k - 1, at least 0.1 (never a free or negative step)."""
+        level = self.level(num_running)
+        return [max(level + offset, 0.1) for offset in self.offsets(num_running, num_k)]
+
+    def offsets(self, num_running: int, num_k: int) -> list[float]:
+        """Each k's offset shrunk toward the bucket's main k's (with no level kept, toward 1 in a bucket not seen)."""
+        bucket = bucket_of(num_running)
+        main = self._main(bucket)
+        fallback = (0.0 if self._level_keep is not None else 1.0) if main is None else main[0]
         out = []
         for k in range(num_k):
             cell = self._cells.get((bucket, k))

@@ -10,9 +10,11 @@
    ridge point, where every draft token costs compute. We charge the decodes the step's time minus what
    the prefill would take on its own, beyond the fixed per-step cost:
    ``D(k) = T(P + B(k + 1), passes(k)) - (T(P, 0) - T(0, 0))``, and maximise ``B * l(k) / D(k)``.
-3. **A correction per batch bucket and k** (``estimators.bucket_correction``): the fit's out-of-sample residual
-   averaged per power-of-two batch bucket and k, as Nightjar keeps its statistics per batch size (§5.2), so a
-   bias the global fit cannot shed (the ridge point moves with the context) does not decide k. Outliers are
+3. **A correction per batch bucket and k** (``estimators.bucket_correction``): the fit's out-of-sample miss,
+   as a ratio per power-of-two batch bucket, as Nightjar keeps its statistics per batch size (§5.2), so a
+   bias the global fit cannot shed (the ridge point moves with the context) does not decide k. It is split
+   into a level common to every k, which follows the machine's phases, and per k an offset from it, so a
+   k measured in a slow minute is not priced by that minute afterwards. Outliers are
    bounded and thinly measured cells shrunk toward their bucket: on a served CPU engine, stalls otherwise
    priced a rarely run k far off. (Projecting the corrected costs onto a sequence non-decreasing in k was tried
    and dropped: pooling a violating pair prices both alike, which hands the tie to the deeper k; on DSDE's
@@ -87,8 +89,10 @@ class AdaptiveParams:
     # Each exploration after which k still holds doubles the interval, up to this many times the base: a k
     # that keeps winning needs less checking (Nightjar's exploration probability decays too, §5.2).
     explore_backoff_max: float = 8.0
-    # Samples each (batch bucket, k) residual average remembers (``estimators.bucket_correction``).
+    # Samples each (batch bucket, k) offset remembers (``estimators.bucket_correction``).
     correction_memory: float = 20.0
+    # Samples the per-bucket level common to every k remembers (``estimators.bucket_correction``); inf: none.
+    level_memory: float = 4.0
     # Let draft confidences end the draft loop where the engine asks (module docstring, 6); false prices k as on an
     # engine that cannot stop early (vLLM today), for comparing like with like.
     confidence_stop: bool = True
@@ -115,6 +119,7 @@ class AdaptiveParams:
             "switch_margin": 0.0 <= self.switch_margin < 1.0,
             "explore_interval_s": self.explore_interval_s > 0,
             "correction_memory": self.correction_memory >= 1.0,
+            "level_memory": self.level_memory >= 1.0,
             "explore_backoff_max": self.explore_backoff_max >= 1.0,
             "early_stop_extra": self.early_stop_extra >= 0,
             "resume_payback_s": self.resume_payback_s >= 0,
@@ -146,7 +151,7 @@ class AdaptivePolicy(Policy):
         )
         # Refitted every 8 steps: a 17-coefficient solve per step would cost more than the rest of the policy.
         self.latency = StepLatencyModel(HINGED, half_life_steps=params.latency_half_life_steps, refit_every=8)
-        self.correction = BucketCorrection(params.correction_memory)
+        self.correction = BucketCorrection(params.correction_memory, level_memory=params.level_memory)
         self.calibration = ConfidenceCalibration() if params.calibrate_confidence else None
         # The k the policy itself chose last (exploration and probe steps aside).
         self._k = 0
@@ -233,7 +238,7 @@ class AdaptivePolicy(Policy):
         predicted_s = self.latency.observe(record)
         # Keyed by the drafts the step ran, which an early stop makes fewer than its k.
         k_run = max(record.num_drafted_per_request, default=0) or record.k
-        self.correction.observe(record.num_running, k_run, record.duration_s - predicted_s, predicted_s)
+        self.correction.observe(record.num_running, k_run, record.duration_s, predicted_s)
         self._observe_acceptance(record)
 
     def _observe_acceptance(self, record: StepRecord) -> None:
@@ -254,10 +259,12 @@ class AdaptivePolicy(Policy):
             draft_passes = np.full_like(ks, passes)
         step_s = self.latency.predict_many(ctx.num_context_tokens, prefill + batch * (ks + 1), draft_passes, batch)
         prefill_s = self.latency.batched_token_seconds(prefill) if prefill else 0.0
-        corrections = np.array(self.correction.corrections_s(batch, self.max_k + 1))
-        if passes is not None:  # the residual is kept per k run; here that is ``passes`` in every row
-            corrections = np.full_like(corrections, corrections[min(passes, self.max_k)])
-        return step_s - prefill_s + corrections
+        factors = np.array(self.correction.factors(batch, self.max_k + 1))
+        if passes is not None:  # the offset is kept per k run; here that is ``passes`` in every row
+            factors = np.full_like(factors, factors[min(passes, self.max_k)])
+        # Learned on whole steps, the factors scale the decodes' part only: a few per cent on a long prefill
+        # chunk would outweigh what the drafts riding on it cost.
+        return (step_s - prefill_s) * factors
 
     @property
     def _calibrate(self) -> Callable[[float], float] | None:

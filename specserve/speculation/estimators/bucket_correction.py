@@ -68,8 +68,8 @@ class BucketCorrection:
         self._prior = prior_samples
         self._max_relative = max_relative
         self._level_keep = 1.0 - 1.0 / level_memory if math.isfinite(level_memory) else None
-        # (bucket, k) -> [offset from the bucket's level, decayed sample weight]
-        self._cells: dict[tuple[int, int], list[float]] = {}
+        # bucket -> k -> [offset from the bucket's level, decayed sample weight]
+        self._cells: dict[int, dict[int, list[float]]] = {}
         # bucket -> [level, decayed sample weight]
         self._levels: dict[int, list[float]] = {}
 
@@ -79,23 +79,22 @@ class BucketCorrection:
             return  # a model predicting no time has no ratio to miss by
         bucket = bucket_of(num_running)
         ratio = min(max(measured_s / predicted_s, 1.0 - self._max_relative), 1.0 + self._max_relative)
-        level = self._levels.setdefault(bucket, [1.0 if self._level_keep is not None else 0.0, 0.0])
-        cell = self._cells.setdefault((bucket, k), [0.0, 0.0])
+        cells = self._cells.setdefault(bucket, {})
+        cell = cells.setdefault(k, [0.0, 0.0])
         cell[1] = self._keep * cell[1] + 1.0
         if self._level_keep is None:
             cell[0] += (ratio - cell[0]) / cell[1]
             return
         # The main k's offset holds still and the level follows it; the others learn their difference from it.
-        if cell is not self._main(bucket):
+        level = self._levels.setdefault(bucket, [1.0, 0.0])
+        if cell is not _main(cells):
             cell[0] += (ratio - level[0] - cell[0]) / cell[1]
         level[1] = self._level_keep * level[1] + 1.0
         level[0] += (ratio - self.offsets(num_running, k + 1)[k] - level[0]) / level[1]
 
-    def _main(self, bucket: int) -> list[float] | None:
-        return max((c for (b, _), c in self._cells.items() if b == bucket), key=lambda c: c[1], default=None)
-
     def level(self, num_running: int) -> float:
-        """The bucket's part of every k's factor (1 before any step; 0 with no level kept: the offsets are all)."""
+        """The bucket's part of every k's factor: 1 before any step, 0 where no level is kept (the offsets are
+        then the whole factor)."""
         level = self._levels.get(bucket_of(num_running))
         if level is None:
             return 1.0 if self._level_keep is not None else 0.0
@@ -111,13 +110,13 @@ class BucketCorrection:
         return [max(level + offset, 0.1) for offset in self.offsets(num_running, num_k)]
 
     def offsets(self, num_running: int, num_k: int) -> list[float]:
-        """Each k's offset shrunk toward the bucket's main k's (with no level kept, toward 1 in a bucket not seen)."""
-        bucket = bucket_of(num_running)
-        main = self._main(bucket)
-        fallback = (0.0 if self._level_keep is not None else 1.0) if main is None else main[0]
+        """Each k's offset, shrunk toward the bucket's main k's (an unseen bucket's: 0 beside a level, else 1)."""
+        cells = self._cells.get(bucket_of(num_running), {})
+        main = _main(cells)
+        fallback = main[0] if main is not None else (0.0 if self._level_keep is not None else 1.0)
         out = []
         for k in range(num_k):
-            cell = self._cells.get((bucket, k))
+            cell = cells.get(k)
             if cell is None or cell is main:
                 out.append(fallback)
             else:
@@ -125,5 +124,10 @@ class BucketCorrection:
         return out
 
     def num_samples(self, num_running: int, k: int) -> float:
-        cell = self._cells.get((bucket_of(num_running), k))
+        cell = self._cells.get(bucket_of(num_running), {}).get(k)
         return cell[1] if cell is not None else 0.0
+
+
+def _main(cells: dict[int, list[float]]) -> list[float] | None:
+    """The bucket's main cell: the k with the most (decayed) samples there."""
+    return max(cells.values(), key=lambda c: c[1], default=None)

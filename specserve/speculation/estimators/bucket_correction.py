@@ -82,23 +82,20 @@ class BucketCorrection:
         cells = self._cells.setdefault(bucket, {})
         cell = cells.setdefault(k, [0.0, 0.0])
         cell[1] = self._keep * cell[1] + 1.0
-        if self._level_keep is None:
-            cell[0] += (ratio - cell[0]) / cell[1]
-            return
-        # The main k's offset holds still and the level follows it; the others learn their difference from it.
         level = self._levels.setdefault(bucket, [1.0, 0.0])
-        if cell is not _main(cells):
+        main = _main(cells)
+        # With a level, the main k's offset holds still and the level follows it; the others learn their
+        # difference from it. Without one the level stays 1 and every offset learns its k's whole miss.
+        if self._level_keep is None or cell is not main:
             cell[0] += (ratio - level[0] - cell[0]) / cell[1]
-        level[1] = self._level_keep * level[1] + 1.0
-        level[0] += (ratio - self.offsets(num_running, k + 1)[k] - level[0]) / level[1]
+        if self._level_keep is not None:
+            level[1] = self._level_keep * level[1] + 1.0
+            level[0] += (ratio - self._offset(cell, main) - level[0]) / level[1]
 
     def level(self, num_running: int) -> float:
-        """The bucket's part of every k's factor: 1 before any step, 0 where no level is kept (the offsets are
-        then the whole factor)."""
+        """The bucket's part of every k's factor (1 before any step, and always where no level is kept)."""
         level = self._levels.get(bucket_of(num_running))
-        if level is None:
-            return 1.0 if self._level_keep is not None else 0.0
-        return level[0]
+        return 1.0 if level is None else level[0]
 
     def factor(self, num_running: int, k: int) -> float:
         """What to multiply the model's seconds by for a step at ``k`` with ``num_running`` requests."""
@@ -110,18 +107,17 @@ class BucketCorrection:
         return [max(level + offset, 0.1) for offset in self.offsets(num_running, num_k)]
 
     def offsets(self, num_running: int, num_k: int) -> list[float]:
-        """Each k's offset, shrunk toward the bucket's main k's (an unseen bucket's: 0 beside a level, else 1)."""
+        """Each k's offset, shrunk toward the bucket's main k's (0 in a bucket not seen)."""
         cells = self._cells.get(bucket_of(num_running), {})
         main = _main(cells)
-        fallback = main[0] if main is not None else (0.0 if self._level_keep is not None else 1.0)
-        out = []
-        for k in range(num_k):
-            cell = cells.get(k)
-            if cell is None or cell is main:
-                out.append(fallback)
-            else:
-                out.append((cell[0] * cell[1] + fallback * self._prior) / (cell[1] + self._prior))
-        return out
+        return [self._offset(cells.get(k), main) for k in range(num_k)]
+
+    def _offset(self, cell: list[float] | None, main: list[float] | None) -> float:
+        if main is None:
+            return 0.0
+        if cell is None or cell is main:
+            return main[0]
+        return (cell[0] * cell[1] + main[0] * self._prior) / (cell[1] + self._prior)
 
     def num_samples(self, num_running: int, k: int) -> float:
         cell = self._cells.get(bucket_of(num_running), {}).get(k)

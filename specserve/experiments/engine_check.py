@@ -233,6 +233,7 @@ def simulate_trace(
             max_k=max_k,
             k0_runs_draft_pass=False,
             draft_first_pass="scheduled",
+            drafts_ahead=True,
             num_kv_blocks=4096,
             max_model_len=512,
         ),

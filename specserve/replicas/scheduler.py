@@ -95,6 +95,7 @@ class AdaptiveKScheduler(Scheduler):
             k0_runs_draft_pass=not self.skips_k0_draft_pass,
             resume_s_per_token=resume_cost(self.vllm_config) if self.skips_k0_draft_pass else None,
             verifies_confident_prefix=self.num_spec_tokens > 0 and control.draft_signals,
+            drafts_ahead=True,
         )
         # Guarded: a policy that raises or answers nonsense costs a k = 0 step and a count, never the engine.
         self.policy = GuardedPolicy(make_policy(control.policy, self.traits), logger)

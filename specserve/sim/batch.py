@@ -39,7 +39,17 @@ class RequestTable:
 class RunningBatch:
     """The requests one replica has admitted, one row each, in priority order."""
 
-    __slots__ = ("ids", "prompt", "max_output", "num_output", "num_computed", "num_blocks", "alpha", "draft_lag")
+    __slots__ = (
+        "ids",
+        "prompt",
+        "max_output",
+        "num_output",
+        "num_computed",
+        "num_blocks",
+        "alpha",
+        "draft_lag",
+        "proposed",
+    )
 
     def __init__(self) -> None:
         self.ids = np.zeros(0, dtype=np.int64)
@@ -56,6 +66,8 @@ class RunningBatch:
         # them); the next pass catches up on all but the last (replica._catch_up), which is Nightjar's
         # re-prefill switching cost (§5.2, Table 3).
         self.draft_lag = np.zeros(0, dtype=np.int64)
+        # Drafts the last step proposed for the row, which the next verifies (``EngineConfig.drafts_ahead``).
+        self.proposed = np.zeros(0, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -72,6 +84,7 @@ class RunningBatch:
         self.num_blocks = np.concatenate((self.num_blocks, zeros))
         self.alpha = np.concatenate((self.alpha, table.alpha[rows]))
         self.draft_lag = np.concatenate((self.draft_lag, zeros))
+        self.proposed = np.concatenate((self.proposed, zeros))
 
     def keep(self, mask: np.ndarray | slice) -> None:
         """Keep the rows where mask is True (a boolean array or a slice)."""

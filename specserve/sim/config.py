@@ -35,6 +35,13 @@ class EngineConfig(_Closed):
         "drafts stay in its KV cache); 'scheduled', every token the target scores that step, drafts included, as "
         "vLLM's draft-model proposer re-reads them (the CPU engine engine-check replays)",
     )
+    drafts_ahead: bool = Field(
+        False,
+        description="drafts are made at the end of a step for the next, as vLLM's proposer does: a step at k verifies "
+        "min(k, the previous step's k) drafts per request and runs k passes for the next step, so a rise in k pays "
+        "its passes a step before its drafts count. false: a step drafts and verifies its own k (the papers' model; "
+        "the same in steady state). The draft loop cannot then be stopped early",
+    )
     scorer: Literal["single_pass", "batch_expansion"] = Field(
         "single_pass",
         description="how the target verifies drafts: one pass over every request's k + 1 tokens (vLLM "

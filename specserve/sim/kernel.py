@@ -113,7 +113,9 @@ class Simulator:
             max_k=engine.max_k,
             k0_runs_draft_pass=engine.k0_runs_draft_pass,
             resume_s_per_token=None if engine.k0_runs_draft_pass else _draft_s_per_token(self.resolved.timer),
-            asks_stop_drafting=signals is not None,
+            # Drafts made a step ahead (vLLM) are made before anything could ask to stop the loop.
+            asks_stop_drafting=signals is not None and not engine.drafts_ahead,
+            drafts_ahead=engine.drafts_ahead,
             batch_expansion=engine.scorer == "batch_expansion",
         )
         slo_tpot_s = scenario.slo.max_tpot_s if scenario.slo is not None else None

@@ -7,9 +7,11 @@ runs out, then admitting waiting requests if nothing was preempted) -> draft (dr
 draft-side signals, the policy's early stop) and price the step -> at its end, apply it and
 ``policy.observe``.
 
-Simple model, stated once: a step's drafts are proposed and verified in the same step (k draft passes,
-then one target pass over B * (k + 1) decode tokens plus prefill chunks). vLLM verifies in step t the
-drafts proposed in step t - 1; the cost per step and the tokens per step are the same in steady state.
+By default a step's drafts are proposed and verified in the same step (k draft passes, then one target pass
+over B * (k + 1) decode tokens plus prefill chunks), as the papers model it. vLLM verifies in step t the drafts
+proposed in step t - 1 (``EngineConfig.drafts_ahead``): a step at k verifies min(k, the k before) drafts per
+request and runs k passes for the next step. The cost and the tokens per step are the same in steady state; a
+change of k is not (a rise pays its passes a step before its drafts are verified).
 KV slots for the planned drafts are allocated with the step, before drafting (as vLLM's scheduler does),
 so drafts an early stop never made keep their slots too; rejected slots stay allocated to the request.
 What a step reports (the policy's StepRecord, the StepStats beside it) is built in steps.py.
@@ -52,6 +54,7 @@ class _Pending:
     record: StepRecord
     num_preempted: int
     num_waiting: int  # requests left in the queue once the step was scheduled
+    proposed: int  # drafts this step made for each row that sampled, verified by the next (drafts_ahead)
 
 
 class Replica:
@@ -132,7 +135,8 @@ class Replica:
         self.num_kv_blocks_free -= int(grant.new_blocks.sum())
         if self.num_kv_blocks_free < 0:
             raise RuntimeError(f"replica {self.index}: KV over capacity by {-self.num_kv_blocks_free} blocks")
-        stop = decision.draft_stop.after_pass if decision.draft_stop else None
+        # Drafts made a step ahead are made before anything asks about them: the loop runs all k passes.
+        stop = decision.draft_stop.after_pass if decision.draft_stop and not self.cfg.drafts_ahead else None
         self._pending = self._price(now_s, k, grant, num_preempted, stop)
         return self._pending.record.duration_s
 
@@ -144,6 +148,8 @@ class Replica:
         b, grant = self.batch, pending.grant
         b.num_blocks += grant.new_blocks
         b.num_computed += grant.tokens - grant.drafts + pending.accepted
+        if self.cfg.drafts_ahead:
+            b.proposed = np.where(pending.sampled, pending.proposed, 0)
         emitted = np.where(pending.sampled, np.minimum(1 + pending.accepted, b.max_output - b.num_output), 0)
         b.num_output += emitted
         first = b.ids[pending.sampled]
@@ -234,6 +240,8 @@ class Replica:
         if caps is not None:
             n = len(b)
             drafts_per_row = caps[:n] if n <= len(caps) else np.concatenate((caps, np.full(n - len(caps), k)))
+        if self.cfg.drafts_ahead:  # only what the last step proposed can be verified
+            drafts_per_row = np.minimum(drafts_per_row, b.proposed)
         need = np.where(decoding, 1 + drafts_per_row, remaining)
         before = np.cumsum(need) - need
         tokens = np.minimum(np.maximum(self.cfg.max_num_batched_tokens - before, 0), need)
@@ -300,19 +308,27 @@ class Replica:
             num_new_requests=int((scheduled & (b.num_computed == 0)).sum()),
             num_scheduled_tokens=grant.tokens[scheduled].tolist() if k == 0 else (),
         )
-        num_passes = int(drafts.drafted.max()) if drafts else int(not skipped)
+        if self.cfg.drafts_ahead:
+            # Every pass drafts for the next step, one token per scheduled request beyond the first pass's read.
+            num_passes = k if k > 0 else int(not skipped)
+            further = [int(scheduled.sum())] * max(num_passes - 1, 0)
+            speculates = k > 0
+        else:
+            num_passes = int(drafts.drafted.max()) if drafts else int(not skipped)
+            further = further_pass_tokens(drafts, num_passes)
+            # Every drafting row drafted at least once (drafting.Drafts), so a step with drafts verifies some.
+            speculates = drafts is not None
         if num_passes:
             read = grant.tokens if self.cfg.draft_first_pass == "scheduled" else new_tokens
             first_pass_tokens = int(read.sum()) + self._catch_up(scheduled, int(grant.tokens.sum()))
-            draft_pass_tokens = [first_pass_tokens, *further_pass_tokens(drafts, num_passes)]
+            draft_pass_tokens = [first_pass_tokens, *further]
         else:
             draft_pass_tokens = []
             b.draft_lag += new_tokens
         num_context = int(b.num_computed[scheduled].sum())
         num_batched = int(grant.tokens.sum())
         target_context = self._expanded_context(num_context, rows, drafts)
-        # Every drafting row drafted at least once (drafting.Drafts), so a step with drafts verifies some.
-        duration_s = self.timer.step_s(num_context, num_batched, draft_pass_tokens, target_context, drafts is not None)
+        duration_s = self.timer.step_s(num_context, num_batched, draft_pass_tokens, target_context, speculates)
         duration_s *= self.timer.jitter(self.jitter_rng)
         sampled = scheduled & (b.num_computed + new_tokens == b.prompt + b.num_output)
         request_ids = tuple(self.table.request_ids[b.ids[rows]]) if drafts is not None else ()
@@ -333,7 +349,7 @@ class Replica:
         self.series_time_s.append(now_s)
         self.series_k.append(k)
         self.series_running.append(record.num_running)
-        return _Pending(grant, accepted, sampled, record, num_preempted, len(self.waiting))
+        return _Pending(grant, accepted, sampled, record, num_preempted, len(self.waiting), k)
 
     def _catch_up(self, scheduled: np.ndarray, num_batched: int) -> int:
         """Tokens the draft's first pass prepends for lagging requests (the engine's catch-up): a run of m

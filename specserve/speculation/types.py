@@ -34,6 +34,10 @@ class EngineTraits:
     # position, verifying only the prefix up to the stop (``confident_prefix``): vLLM, whose drafts are proposed a
     # step ahead of their verification. The draft passes have run by then; the rule saves verification only.
     verifies_confident_prefix: bool = False
+    # The drafts a step verifies were made by the step before, at that step's k (vLLM: the draft proposes at the end
+    # of a step for the next). A step at k verifies min(k, the k before) drafts per request: a rise in k pays its
+    # passes one step before its drafts are verified, and a single step at a higher k verifies none of its own.
+    drafts_ahead: bool = False
     # The target verifies by vLLM V0's batch expansion: position j of each request is scored as its own sequence,
     # so a step with k drafts reads every request's KV k + 1 times (AdaSpec §4.1, Eq. 4). vLLM V1 scores all
     # positions in one pass.

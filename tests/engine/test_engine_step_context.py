@@ -3,6 +3,8 @@ context and record so that a policy's decisions replay offline exactly (``step_l
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from engine_helpers import PROMPTS, running_engine
 
 
@@ -79,3 +81,27 @@ def test_the_engines_specserve_lines_reach_its_log(trained_pair, capfd):
     assert "specserve: policy fixed:k=2, k_max 4, k=0 draft pass skipped" in log
     assert "specserve: warmed decode row counts 1-20" in log  # 4 seats x (k_max + 1)
     assert "specserve: policy set to adaptive" in log
+
+
+def test_a_step_verifies_what_the_step_before_drafted_cut_to_its_own_k(trained_pair, tmp_path):
+    # vLLM drafts at the end of a step for the next, and the scheduler cuts those drafts to the next step's k: the
+    # simulator's ``drafts_ahead``, which policies read as ``EngineTraits.drafts_ahead``. Under k = 1, 3, 3, 1, ...
+    # the first k = 3 step verifies the one draft made before it, the second verifies three, each runs three passes.
+    from specserve.speculation import step_log
+
+    path = tmp_path / "steps.jsonl"
+    with running_engine(trained_pair, policy="cycle:ks=1-3-3", step_log=str(path)) as engine:
+        engine.generate(max_tokens=96)
+    with path.open() as f:
+        steps = list(step_log.read(f))
+    assert all(s.traits.drafts_ahead for s in steps)
+    records = [s.record for s in steps]
+    deepest: dict[tuple[int, int], int] = {}
+    for before, record in pairwise(records):
+        key = (before.k, record.k)
+        deepest[key] = max(deepest.get(key, 0), max(record.num_drafted_per_request, default=0))
+    assert deepest[(1, 3)] == 1, "a rise verifies only the drafts made before it"
+    assert deepest[(3, 3)] == 3
+    assert deepest[(3, 1)] == 1, "a fall cuts the drafts made for it"
+    decodes = [r for r in records if r.num_batched_tokens == r.num_running + r.num_drafted]
+    assert {r.num_draft_passes for r in decodes if r.k == 3} == {3}

@@ -251,3 +251,36 @@ def test_a_draft_that_rereads_the_scheduled_tokens_pays_for_each_drafted_positio
     shared = [shape for shape in rereading.keys() & reading_new.keys() if shape[3] > 1]
     assert shared
     assert all(rereading[shape] > reading_new[shape] for shape in shared)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_drafts_made_a_step_ahead_conserve_tokens_and_kv(policy: str) -> None:
+    result, steps = run_logged(small_scenario(engine={"drafts_ahead": True, "num_kv_blocks": 96}), policy)
+    assert np.array_equal(result.table.num_output, result.table.output_tokens)
+    assert steps[-1][1].num_kv_blocks_used == 0
+    for record, stats in steps:
+        assert record.num_emitted_tokens == record.num_accepted + stats.num_sampled
+
+
+def test_drafts_made_a_step_ahead_are_verified_at_the_lower_of_the_two_ks() -> None:
+    # vLLM drafts at the end of a step for the next and cuts them to the next step's k: a step verifies at most
+    # what the step before it drafted, and runs its own k passes whatever it verifies.
+    _, steps = run_logged(small_scenario(engine={"drafts_ahead": True}), "cycle:ks=1-3")
+    records = [r for r, _ in steps]
+    assert {(r.k, r.num_draft_passes) for r in records} == {(1, 1), (3, 3)}
+    assert max(max(r.num_drafted_per_request, default=0) for r in records) == 1
+    _, same_step = run_logged(small_scenario(), "cycle:ks=1-3")
+    assert max(max(r.num_drafted_per_request, default=0) for r, _ in same_step) == 3
+    # At a steady k every decoding request verifies all k drafts, its first decode included.
+    _, fixed = run_logged(small_scenario(engine={"drafts_ahead": True}), "fixed:k=3")
+    assert {d for r, _ in fixed for d in r.num_drafted_per_request} == {3}
+
+
+def test_a_rise_in_k_pays_its_passes_a_step_before_its_drafts_count() -> None:
+    # cycle 0-2: every k = 2 step follows a k = 0 step, which drafted nothing, so ahead of time nothing is verified.
+    scenario = small_scenario(engine={"drafts_ahead": True})
+    result, steps = run_logged(scenario, "cycle:ks=0-2")
+    assert sum(r.num_drafted for r, _ in steps) == 0
+    assert all(r.num_draft_passes == 2 for r, _ in steps if r.k == 2)
+    same_step = summarize(simulate(small_scenario(), "cycle:ks=0-2", 0))
+    assert summarize(result)["mean_tpot_s"] > same_step["mean_tpot_s"]

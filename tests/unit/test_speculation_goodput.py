@@ -275,6 +275,26 @@ def test_explorer_alternates_and_restarts_after_gaps_or_moves() -> None:
     assert explorer.num_explorations == 4
 
 
+def test_a_step_up_on_an_engine_that_drafts_ahead_lasts_until_its_deepest_draft_is_verified() -> None:
+    # vLLM verifies in each step the drafts the step before made, cut to this step's k: verified = min(k, k before).
+    def deepest_verified(up_steps: int) -> int:
+        explorer, made, deepest = NeighbourExplorer(interval_s=1.0, up_steps=up_steps), 2, 0
+        for step in range(40):
+            k = explorer.neighbour(0.25 * step, 2, max_k=4)
+            deepest, made = max(deepest, min(k, made)), k
+        return deepest
+
+    assert deepest_verified(up_steps=1) == 2  # one step at 3 pays a pass and verifies the 2 drafts made before it
+    assert deepest_verified(up_steps=2) == 3
+    explorer = NeighbourExplorer(interval_s=1.0, up_steps=2)
+    chosen = [explorer.neighbour(0.5 * step, 2, max_k=4) for step in range(10)]
+    assert chosen == [2, 2, 1, 2, 3, 3, 2, 1, 2, 3]  # down one step, up two
+    assert explorer.num_explorations == 4
+    assert explorer.neighbour(5.0, 1, max_k=4) == 1  # the policy moved: no step up left over
+    with pytest.raises(ValueError, match="up_steps=0"):
+        NeighbourExplorer(interval_s=1.0, up_steps=0)
+
+
 def test_prefill_chunk_is_not_charged_to_k() -> None:
     """A chunk that runs whatever k is must not make speculation look cheap: with 8192 prefill tokens in
     the step, charging them to the decodes would amortise them like a fixed cost and favour k = 4."""

@@ -64,6 +64,7 @@ from specserve.speculation.estimators.confidence_calibration import ConfidenceCa
 from specserve.speculation.estimators.step_latency import HINGED, StepLatencyModel
 from specserve.speculation.policies.parts.early_stop import ConfidenceStop, StopCounter
 from specserve.speculation.policies.parts.goodput_core import MIN_STEP_S, GoodputCore
+from specserve.speculation.policies.parts.probe import up_steps_for
 from specserve.speculation.policies.parts.switching import DraftLag, measured_resume_s
 from specserve.speculation.policy import Policy, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
@@ -77,6 +78,9 @@ class AdaptiveParams:
     # Largest k searched (capped by the engine's max_k). Deep positions are learned from exploration steps.
     k_max: int = 8
     ema_half_life_steps: float = 20.0
+    # A draft position's acceptance evidence ages only with the steps that drafted to it
+    # (``PositionAcceptance``); false: every speculating step ages every position, as TurboSpec's average does.
+    acceptance_per_position: bool = True
     prior_alpha: float = 0.5
     probe_interval_s: float = 2.0
     probe_k: int = 1
@@ -89,6 +93,9 @@ class AdaptiveParams:
     # Each exploration after which k still holds doubles the interval, up to this many times the base: a k
     # that keeps winning needs less checking (Nightjar's exploration probability decays too, §5.2).
     explore_backoff_max: float = 8.0
+    # Steps an exploration up to k + 1 lasts; 0: what the engine needs to verify a draft at k + 1 (2 where drafts are
+    # made a step ahead of their verification, as in vLLM, else 1).
+    explore_up_steps: int = 0
     # Samples each (batch bucket, k) offset remembers (``estimators.bucket_correction``).
     correction_memory: float = 20.0
     # Samples the per-bucket level common to every k remembers (``estimators.bucket_correction``); inf: none.
@@ -121,6 +128,7 @@ class AdaptiveParams:
             "correction_memory": self.correction_memory >= 1.0,
             "level_memory": self.level_memory >= 1.0,
             "explore_backoff_max": self.explore_backoff_max >= 1.0,
+            "explore_up_steps": self.explore_up_steps >= 0,
             "early_stop_extra": self.early_stop_extra >= 0,
             "resume_payback_s": self.resume_payback_s >= 0,
         }
@@ -148,6 +156,8 @@ class AdaptivePolicy(Policy):
             probe_k=params.probe_k,
             min_gain=params.min_gain,
             explore_interval_s=params.explore_interval_s,
+            explore_up_steps=params.explore_up_steps or up_steps_for(traits.drafts_ahead),
+            acceptance_per_position=params.acceptance_per_position,
         )
         # Refitted every 8 steps: a 17-coefficient solve per step would cost more than the rest of the policy.
         self.latency = StepLatencyModel(HINGED, half_life_steps=params.latency_half_life_steps, refit_every=8)

@@ -31,6 +31,7 @@ import numpy as np
 
 from specserve.speculation.estimators.step_latency import StepLatencyModel
 from specserve.speculation.policies.parts.goodput_core import GoodputCore
+from specserve.speculation.policies.parts.probe import up_steps_for
 from specserve.speculation.policy import Policy, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
@@ -99,6 +100,7 @@ class GoodputPolicy(Policy):
             probe_k=params.probe_k,
             min_gain=params.min_gain,
             explore_interval_s=params.explore_interval_s,
+            explore_up_steps=up_steps_for(traits.drafts_ahead),
         )
         # Injectable so a profiled fit (profiles are data) can seed the prior; the default is generic. Every
         # observed step re-solves the fit (refit_every=1): its five coefficients are cheap to solve.

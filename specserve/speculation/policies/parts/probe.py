@@ -57,6 +57,11 @@ class ZeroProbe:
         return True
 
 
+def up_steps_for(drafts_ahead: bool) -> int:
+    """Steps an upward exploration needs to verify a draft at its new depth (``NeighbourExplorer``)."""
+    return 2 if drafts_ahead else 1
+
+
 class NeighbourExplorer:
     """Says when a policy settled on one k > 0 should spend one step at a neighbouring k.
 
@@ -71,12 +76,23 @@ class NeighbourExplorer:
     own choice stayed at the same k with no gap longer than ``interval_s`` between steps (an idle engine is
     not asked, and a policy whose k moves on its own varies the data already). Directions alternate, down
     first; at ``max_k`` only down.
+
+    A step up lasts ``up_steps`` steps. Where drafts are verified a step after they were made
+    (``EngineTraits.drafts_ahead``, vLLM) the first step at k + 1 verifies the k drafts made before it, and
+    only a second one verifies k + 1: one step up would pay a pass and never show the acceptance at position
+    k + 1, so an estimate there could only drift toward the position before it (``PositionAcceptance``'s
+    shrinkage), and nothing would ever pull it back.
     """
 
-    def __init__(self, interval_s: float) -> None:
+    def __init__(self, interval_s: float, up_steps: int = 1) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s={interval_s} must be positive (math.inf turns exploration off)")
+        if up_steps < 1:
+            raise ValueError(f"up_steps={up_steps} must be at least 1")
         self.interval_s = interval_s
+        self.up_steps = up_steps
+        # Steps up still to run in the current exploration.
+        self._up_left = 0
         # The k the policy has settled on, since when (or since its last exploration step), and the time of
         # the last step asked about; None while not speculating.
         self._k: int | None = None
@@ -94,12 +110,19 @@ class NeighbourExplorer:
         settled = k == self._k and now_s - self._last_s <= self.interval_s
         self._last_s = now_s
         if not settled:
-            self._k, self._since_s = k, now_s
+            self._k, self._since_s, self._up_left = k, now_s, 0
             return k
+        if self._up_left > 0:
+            self._up_left -= 1
+            self._since_s = now_s  # the next interval runs from the exploration's last step
+            return k + 1
         if now_s - self._since_s < self.interval_s:
             return k
         self._since_s = now_s
         up = self._next_up and k < max_k
         self._next_up = not up
         self.num_explorations += 1
-        return k + 1 if up else k - 1
+        if up:
+            self._up_left = self.up_steps - 1
+            return k + 1
+        return k - 1

@@ -96,31 +96,6 @@ def test_unobserved_positions_inherit_the_last_observed_value() -> None:
     assert alphas[2] == pytest.approx(alphas[1]) and alphas[3] == pytest.approx(alphas[1])
 
 
-def draw_rising(rng: random.Random, rates: list[float], num_drafted: int) -> int:
-    """Accepted prefix length when draft j passes with probability rates[j] (given all before it passed)."""
-    num_accepted = 0
-    while num_accepted < num_drafted and rng.random() < rates[num_accepted]:
-        num_accepted += 1
-    return num_accepted
-
-
-@pytest.mark.parametrize("per_position", [False, True])
-def test_a_position_no_step_drafts_to_keeps_its_estimate_only_per_position(per_position: bool) -> None:
-    # Conditional acceptance that rises with the position (survivor bias), measured at k = 2, then 200 steps at k = 1:
-    # the steps that never draft to position 1 fade its evidence unless evidence ages per position.
-    rng, rates = random.Random(3), [0.6, 0.75]
-    estimator = PositionAcceptance(max_k=2, per_position=per_position)
-    for k, steps in ((2, 100), (1, 200)):
-        for _ in range(steps):
-            estimator.observe(record_of([(k, draw_rising(rng, rates, k)) for _ in range(8)], k=k))
-    alpha_0, alpha_1 = estimator.alphas()
-    assert alpha_0 == pytest.approx(0.6, abs=0.08)
-    if per_position:
-        assert alpha_1 == pytest.approx(0.75, abs=0.08)
-    else:
-        assert alpha_1 == pytest.approx(alpha_0, abs=0.02)  # position 0's, not the 0.75 measured
-
-
 def test_step_weight_grows_with_its_samples() -> None:
     few, many = PositionAcceptance(max_k=1), PositionAcceptance(max_k=1)
     few.observe(record_of([(1, 0)], k=1))

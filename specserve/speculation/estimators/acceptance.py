@@ -41,12 +41,6 @@ class PositionAcceptance:
     the cold start, which the paper leaves open. Position j is shrunk toward the estimate at j-1 (position 0
     toward ``prior_alpha``): deep positions are rarely reached, and with no samples there they inherit the last
     well-observed value instead of snapping back to the prior.
-
-    ``per_position``: a position's evidence ages only with the steps that drafted to it. By default every step
-    with drafts ages every position, so while k stays at 1 the evidence at position 1 fades within a few
-    half-lives and its estimate becomes position 0's. Conditional acceptance rises with the position (survivor
-    bias: a draft that reached j came from a request whose drafts kept being accepted), so that estimate is
-    low, k + 1 looks worse than it is, and only a step that verifies k + 1 drafts can correct it.
     """
 
     def __init__(
@@ -55,7 +49,6 @@ class PositionAcceptance:
         half_life_steps: float = 20.0,
         prior_alpha: float = 0.5,
         prior_weight: float = 2.0,
-        per_position: bool = False,
     ) -> None:
         if max_k < 1:
             raise ValueError(f"max_k={max_k} must be at least 1")
@@ -69,7 +62,6 @@ class PositionAcceptance:
         self.prior_alpha = prior_alpha
         # In samples (request-positions): how strongly the prior pulls a position with little data.
         self.prior_weight = prior_weight
-        self.per_position = per_position
         # Per-step multiplier on the sums: old evidence halves every half_life_steps observed steps.
         self._decay = math.pow(0.5, 1.0 / half_life_steps)
         self._accepted = [0.0] * max_k
@@ -77,14 +69,11 @@ class PositionAcceptance:
         self._alphas = self._solve()
 
     def observe(self, record: StepRecord) -> None:
-        """Fold in one step's verdicts; steps without drafts carry no evidence and are skipped, and with
-        ``per_position`` so is every position the step drafted nothing at."""
+        """Fold in one step's verdicts; steps without drafts carry no evidence and are skipped."""
         if record.num_drafted == 0:
             return
-        drafted, reached, accepted = record.per_position(self.max_k)
+        _, reached, accepted = record.per_position(self.max_k)
         for pos in range(self.max_k):
-            if self.per_position and not drafted[pos]:
-                break  # no draft reaches a position its predecessor did not
             self._accepted[pos] = self._decay * self._accepted[pos] + accepted[pos]
             self._reached[pos] = self._decay * self._reached[pos] + reached[pos]
         self._alphas = self._solve()

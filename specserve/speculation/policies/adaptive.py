@@ -78,9 +78,6 @@ class AdaptiveParams:
     # Largest k searched (capped by the engine's max_k). Deep positions are learned from exploration steps.
     k_max: int = 8
     ema_half_life_steps: float = 20.0
-    # A draft position's acceptance evidence ages only with the steps that drafted to it
-    # (``PositionAcceptance``); false: every speculating step ages every position, as TurboSpec's average does.
-    acceptance_per_position: bool = True
     prior_alpha: float = 0.5
     probe_interval_s: float = 2.0
     probe_k: int = 1
@@ -157,7 +154,6 @@ class AdaptivePolicy(Policy):
             min_gain=params.min_gain,
             explore_interval_s=params.explore_interval_s,
             explore_up_steps=params.explore_up_steps or up_steps_for(traits.drafts_ahead),
-            acceptance_per_position=params.acceptance_per_position,
         )
         # Refitted every 8 steps: a 17-coefficient solve per step would cost more than the rest of the policy.
         self.latency = StepLatencyModel(HINGED, half_life_steps=params.latency_half_life_steps, refit_every=8)

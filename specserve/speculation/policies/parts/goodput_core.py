@@ -38,15 +38,11 @@ class GoodputCore:
         min_gain: float,
         explore_interval_s: float,
         explore_up_steps: int = 1,
-        acceptance_per_position: bool = False,
     ) -> None:
         # The largest k searched: the policy's k_max capped by the engine's max_k.
         self.max_k = max_k
         self.acceptance = PositionAcceptance(
-            max_k=max(1, max_k),
-            half_life_steps=ema_half_life_steps,
-            prior_alpha=prior_alpha,
-            per_position=acceptance_per_position,
+            max_k=max(1, max_k), half_life_steps=ema_half_life_steps, prior_alpha=prior_alpha
         )
         self.probe = ZeroProbe(probe_interval_s)
         self.explorer = NeighbourExplorer(explore_interval_s, up_steps=explore_up_steps)

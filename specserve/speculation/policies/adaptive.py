@@ -26,7 +26,9 @@
    engine at 16 clients across k = 0 nine times per 100 steps (replayed from its step log; three with this
    rule). Exploration of neighbouring k (needed by any
    online fit, ``parts.probe.NeighbourExplorer``) runs every ``explore_interval_s``, less often than goodput's, and
-   backs off (doubling, up to ``explore_backoff_max`` x) while the explorations leave k where it is.
+   backs off (doubling, up to ``explore_backoff_max`` x) while the explorations leave k where it is. Where drafts
+   are made a step ahead of their verification (vLLM), a step up lasts two steps: the first verifies only the k
+   drafts made before it.
 5. **Resuming priced** where k = 0 skips the draft pass (``EngineTraits.resume_s_per_token``): leaving k = 0
    costs one catch-up of the draft over the tokens it skipped (``parts.switching.DraftLag``), so the policy
    resumes only if the predicted gain over k = 0 repays that within ``resume_payback_s``. Nightjar prices the

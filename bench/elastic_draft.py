@@ -12,8 +12,10 @@ lost, the worker's resident memory freed by the drop against the draft's bytes, 
 against the same (the expanded pool's blocks hold no draft pages: the draft's share of every block is lent too),
 the target's KV capacity in blocks before and after, the blocks migrated, the reload's time, the steps that ran
 meanwhile and the longest gap between two steps then (against the run's median gap), and how long after the
-reload the requests drafted again (catch-up). The EngineCore steps on its own, so the times between marks are
-read from this process and include up to a few steps of slack.
+reload the requests drafted again (catch-up), the engine's pause for the offload and for the contraction, and the
+KV reserve (its address space, whether a resize moved it, the bytes the operating system backs before, during and
+after the cycle). The EngineCore steps on its own, so the times between marks are read from this process and
+include up to a few steps of slack.
 """
 
 from __future__ import annotations
@@ -116,10 +118,20 @@ def main() -> None:
             offline.set_policy(llm, "fixed:k=4")
             start = offline.read_telemetry(llm)
 
+            def kv_layout() -> dict[str, int]:
+                (layout,) = llm.collective_rpc("specserve_kv_layout")[:1]
+                return layout
+
+            marks["kv_before"] = kv_layout()
+
             def on_step(slowest: int) -> None:
                 now = time.perf_counter()
+                if marks.get("offloaded") and "reload_asked_s" not in marks:
+                    resident = kv_layout()["resident_bytes"]
+                    marks["kv_resident_most"] = max(marks.get("kv_resident_most", 0), resident)
                 if "offloaded" not in marks and slowest >= 8:
                     marks["offloaded"] = offline.offload_draft(llm)
+                    marks["kv_offloaded"] = kv_layout()
                     print(f"offloaded: {marks['offloaded']}", file=sys.stderr)
                 elif "reload_asked_s" not in marks and slowest >= args.max_tokens // 2:
                     marks["reload_asked_s"], marks["at_reload"] = now, offline.read_telemetry(llm)
@@ -136,6 +148,7 @@ def main() -> None:
             print("the cycle under load (fixed k = 4)...", file=sys.stderr)
             tokens = stream(llm, prompts, args.max_tokens, on_step)
             end, memory = offline.read_telemetry(llm), offline.draft_memory(llm)
+            kv_after = kv_layout()
             steps = offline.read_step_log(llm, since_step=start.num_steps)
     offloaded = marks["offloaded"]
     grown_blocks = offloaded["kv_blocks_total"] - offloaded["kv_blocks_baseline"]
@@ -165,6 +178,17 @@ def main() -> None:
         "kv_buffer_bytes_expanded": buffer_expanded,
         "kv_buffer_grown_over_draft_bytes": (buffer_expanded - buffer_baseline) / offloaded["draft_bytes"],
         "offload_s": memory["offload_s"],
+        # The engine's pauses between two steps: the offload (drop, growth in place) and the contraction's last call
+        # (migration, the pool cut in place, the rebuild started).
+        "offload_pause_s": memory["last_offload_pause_s"],
+        "contract_pause_s": memory["last_contract_pause_s"],
+        # The KV reserve (kv_reserve.py): its address space, whether any resize moved it, and the bytes the
+        # operating system backs before the cycle, at most while the draft was away, and after it.
+        "kv_reserved_bytes": kv_after.get("reserved_bytes"),
+        "kv_buffer_moved": kv_after.get("buffer_address") != marks["kv_before"].get("buffer_address"),
+        "kv_resident_bytes_before": marks["kv_before"].get("resident_bytes"),
+        "kv_resident_bytes_most_while_offloaded": marks.get("kv_resident_most"),
+        "kv_resident_bytes_after": kv_after.get("resident_bytes"),
         "blocks_migrated": memory["blocks_migrated"],
         "migrate_s": memory["migrate_s"],
         "reload_s": memory["last_reload_s"],

@@ -14,11 +14,12 @@ pass sees a half-changed model or cache.
   ones' KV views and the attributes vLLM set on them after construction.
 - **Migrate.** Live blocks of a region about to be cut are copied, page by page in every layer, to free blocks
   below it, and every request's block ids (``runner.requests`` and the input batch's block tables) follow.
-- **Resize.** The KV cache is one backing buffer, each layer a constant-stride region of ``num_blocks``
-  pages (layout LBHNC): growing or shrinking reallocates it and copies the pages that stay, then rebinds
-  every layer, target and draft. Shrinking keeps blocks ``[0, num_blocks)``; the scheduler has emptied the rest.
-  While the draft is away the buffer is laid out without the draft's layers (their share of every block is
-  lent to the pool); the contraction lays them out again, empty.
+- **Resize.** The KV cache is one backing buffer, each layer a region of pages (layout LBHNC). The first resize
+  moves it into a ``kv_reserve.KvReserve``, laid out for the largest pool the offload needs: from then on growing
+  and shrinking bind views of another width over the same pages, with nothing copied, and shrinking gives the cut
+  pages back to the operating system. Shrinking keeps blocks ``[0, num_blocks)``; the scheduler has emptied the
+  rest. While the draft is away the pool holds the target's layers only (the draft's pages of every block are
+  lent to it and given back); the contraction lays them out again, zeroed.
 
 Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
 
@@ -31,7 +32,7 @@ Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
   ``.kv_cache_config`` (``KVCacheConfig``: ``num_blocks``, ``kv_cache_tensors`` with ``size``, ``offset``,
   ``layer_stride``, ``block_stride``, ``layers``; ``kv_cache_groups``), ``.kv_caches``, ``.attn_groups``,
   ``._kernel_block_sizes``, ``.device``, ``.cache_config.get_resolved_kv_cache_layout()``.
-- ``v1/worker/utils.py``: ``allocate_kv_cache`` (564), ``bind_kv_cache`` (811), ``map_kv_caches_to_kernel_blocks``
+- ``v1/worker/utils.py``: ``bind_kv_cache`` (811), ``map_kv_caches_to_kernel_blocks``
   (460), ``clear_layer_kv_caches`` (888).
 - ``config.set_current_vllm_config``: the draft's layers read the current config while they are built.
 - ``Attention.bind_kv_cache`` and attributes set after construction (``v1/attention/backends/cpu_attn.py:157``:
@@ -50,10 +51,12 @@ from typing import Any
 import numpy as np
 import torch
 
-_DRAFT_PREFIX = "draft_model."
+from specserve.replicas.kv_reserve import DRAFT_PREFIX, KvReserve
+
 # The dropped draft's attention layers, by name: their KV views are rebound (and resized) while it is away.
 _SAVED_LAYERS_ATTR = "_specserve_dropped_draft_layers"
 _FULL_KV_CONFIG_ATTR = "_specserve_full_kv_config"
+_RESERVE_ATTR = "_specserve_kv_reserve"
 
 
 def rss_bytes() -> int:
@@ -87,20 +90,31 @@ def _full_kv_config(runner: Any) -> Any:
 
 def kv_layout(runner: Any) -> dict[str, int]:
     """Bytes of one KV block over every layer, target and draft (``bytes_per_block``), the draft layers' share of
-    it (``draft_kv_bytes_per_block``), and the backing buffer's bytes now (``buffer_bytes``)."""
+    it (``draft_kv_bytes_per_block``), and the bytes of the pages the pool addresses now (``buffer_bytes``). Once the
+    cache lives in a reserve, also the reserve's address space (``reserved_bytes``) and the bytes of it the
+    operating system backs (``resident_bytes``)."""
     full = _full_kv_config(runner)
     (size,) = {tensor.size for tensor in full.kv_cache_tensors}
     draft = sum(
-        tensor.block_stride * sum(name.startswith(_DRAFT_PREFIX) for name in tensor.layers)
+        tensor.block_stride * sum(name.startswith(DRAFT_PREFIX) for name in tensor.layers)
         for tensor in full.kv_cache_tensors
     )
-    (buffer,) = {tensor.size for tensor in runner.kv_cache_config.kv_cache_tensors}
-    return {
-        "num_blocks": int(runner.kv_cache_config.num_blocks),
+    config = runner.kv_cache_config
+    out = {
+        "num_blocks": int(config.num_blocks),
         "bytes_per_block": int(size // full.num_blocks),
         "draft_kv_bytes_per_block": int(draft),
-        "buffer_bytes": int(buffer),
     }
+    reserve: KvReserve | None = getattr(runner, _RESERVE_ATTR, None)
+    if reserve is None:
+        (out["buffer_bytes"],) = {int(tensor.size) for tensor in config.kv_cache_tensors}
+        return out
+    lent = not any(name.startswith(DRAFT_PREFIX) for name in _paged_layers(config))
+    out["buffer_bytes"] = reserve.committed_bytes(config.num_blocks, lent)
+    out["reserved_bytes"] = reserve.size
+    out["buffer_address"] = reserve.raw.data_ptr()
+    out["resident_bytes"] = reserve.resident_bytes()
+    return out
 
 
 def drop_draft(runner: Any) -> dict[str, float]:
@@ -113,7 +127,7 @@ def drop_draft(runner: Any) -> dict[str, float]:
     setattr(
         runner,
         _SAVED_LAYERS_ATTR,
-        {name: layer for name, layer in forward_context.items() if name.startswith(_DRAFT_PREFIX)},
+        {name: layer for name, layer in forward_context.items() if name.startswith(DRAFT_PREFIX)},
     )
     for module in drafter.model.modules():
         if hasattr(module, "cpu_linear"):
@@ -236,19 +250,26 @@ def _paged_layers(config: Any) -> list[str]:
     return [name for tensor in config.kv_cache_tensors for name in tensor.layers]
 
 
-def resize_kv(runner: Any, num_blocks: int, lend_draft_kv: bool = False) -> dict[str, float]:
-    """Reallocate the KV cache for ``num_blocks`` blocks, keeping the pages of blocks below both sizes.
+def _blocks_to_keep(runner: Any, below: int) -> torch.Tensor:
+    """Ids below ``below`` whose pages matter: those requests hold, or all of them where prefix caching may hit a
+    free block's pages. An idle engine keeps none, so its cache moves into a reserve without a page written."""
+    if runner.cache_config.enable_prefix_caching:
+        return torch.arange(1, below)
+    held = {block for request in runner.requests.values() for ids in request.block_ids for block in ids}
+    return torch.tensor(sorted(block for block in held if 0 < block < below), dtype=torch.long)
 
-    With ``lend_draft_kv`` (the draft is away) the buffer holds the target's layers only: the draft's pages of
-    every block are lent to the pool too, and the draft's layers bind an empty cache until a resize without it
-    lays their pages out again (zeroed: a rebuilt draft catches its KV up over every request's context).
+
+def resize_kv(runner: Any, num_blocks: int, lend_draft_kv: bool = False, capacity: int = 0) -> dict[str, float]:
+    """Lay the KV cache out for ``num_blocks`` blocks, keeping the pages of blocks below both sizes.
+
+    The cache lives in a ``KvReserve`` laid out for ``capacity`` blocks (at least ``num_blocks``): the first resize
+    moves vLLM's buffer into one, copying its pages once; every later resize within it binds views of another width
+    over the same pages and gives back what the pool no longer addresses, with nothing copied. With
+    ``lend_draft_kv`` (the draft is away) the pool holds the target's layers only: the draft's pages of every block
+    are lent to it too, and the draft's layers bind an empty cache until a resize without it lays their pages out
+    again (zeroed: a rebuilt draft catches its KV up over every request's context).
     """
-    from vllm.v1.worker.utils import (
-        allocate_kv_cache,
-        bind_kv_cache,
-        clear_layer_kv_caches,
-        map_kv_caches_to_kernel_blocks,
-    )
+    from vllm.v1.worker.utils import bind_kv_cache, clear_layer_kv_caches, map_kv_caches_to_kernel_blocks
 
     old_config = runner.kv_cache_config
     old_n = old_config.num_blocks
@@ -259,30 +280,21 @@ def resize_kv(runner: Any, num_blocks: int, lend_draft_kv: bool = False) -> dict
         raise RuntimeError("cannot lend the draft's KV pages while the draft is resident")
     started = time.perf_counter()
     forward_context = {**runner.compilation_config.static_forward_context, **saved_draft_layers}
-    for tensor in old_config.kv_cache_tensors:
-        if tensor.layer_stride != tensor.block_stride * old_n:
-            raise RuntimeError("the KV cache is not laid out layer-outermost (LBHNC); cannot resize it")
-    config = deepcopy(_full_kv_config(runner))
-    config.num_blocks = num_blocks
-    if lend_draft_kv:
-        for tensor in config.kv_cache_tensors:
-            tensor.layers = [name for name in tensor.layers if not name.startswith(_DRAFT_PREFIX)]
-        config.kv_cache_tensors = [tensor for tensor in config.kv_cache_tensors if tensor.layers]
-    offset = 0
-    for tensor in config.kv_cache_tensors:  # layer-outermost: every layer's region scales with the blocks
-        tensor.layer_stride = tensor.block_stride * num_blocks
-        tensor.offset = offset
-        offset += tensor.layer_stride * len(tensor.layers)
-    for tensor in config.kv_cache_tensors:
-        tensor.size = offset
-    kv_caches = allocate_kv_cache(
-        config, runner.device, runner.cache_config.get_resolved_kv_cache_layout(), runner._kernel_block_sizes
-    )
-    kept = min(old_n, num_blocks)
-    for name in set(_paged_layers(old_config)) & kv_caches.keys():
-        if forward_context[name].kv_cache.shape[0] != old_n:
-            raise RuntimeError(f"layer {name} binds kernel blocks of another size; cannot resize its cache")
-        kv_caches[name][:kept].copy_(forward_context[name].kv_cache[:kept])
+    reserve: KvReserve | None = getattr(runner, _RESERVE_ATTR, None)
+    moved = reserve is None or num_blocks > reserve.capacity
+    if moved:
+        full = _full_kv_config(runner)
+        reserve = KvReserve(full, max(num_blocks, capacity, full.num_blocks), full.num_blocks)
+    assert reserve is not None
+    config = reserve.config(num_blocks, lend_draft_kv)
+    kv_caches = reserve.views(config, runner.cache_config.get_resolved_kv_cache_layout(), runner._kernel_block_sizes)
+    if moved:  # into a new buffer: the pages of the blocks that stay are copied, once
+        kept = _blocks_to_keep(runner, min(old_n, num_blocks))
+        for name in set(_paged_layers(old_config)) & kv_caches.keys():
+            if forward_context[name].kv_cache.shape[0] != old_n:
+                raise RuntimeError(f"layer {name} binds kernel blocks of another size; cannot resize its cache")
+            if len(kept):
+                kv_caches[name][kept] = forward_context[name].kv_cache[kept]
     runner.kv_caches.clear()
     groups = [group for groups in runner.attn_groups for group in groups]
     groups += list(getattr(runner.drafter, "draft_attn_groups", []))
@@ -294,7 +306,9 @@ def resize_kv(runner: Any, num_blocks: int, lend_draft_kv: bool = False) -> dict
         kv_cache_groups=config.kv_cache_groups,
         layer_kv_caches=map_kv_caches_to_kernel_blocks(kv_caches, groups),
     )
-    if lend_draft_kv:  # their views still point into the old buffer, which must go
+    if lend_draft_kv:  # their views still point into the lent pages, which must not be written
         clear_layer_kv_caches(layer for name, layer in saved_draft_layers.items() if name not in kv_caches)
     runner.kv_cache_config = config
-    return {"seconds": time.perf_counter() - started}
+    setattr(runner, _RESERVE_ATTR, reserve)
+    given_back = reserve.trim(num_blocks, lend_draft_kv)
+    return {"seconds": time.perf_counter() - started, "copied": float(moved), "bytes_given_back": float(given_back)}

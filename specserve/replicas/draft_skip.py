@@ -253,5 +253,6 @@ class DraftSkipWorkerExtension:
     def specserve_migrate_blocks(self, moves: list[tuple[int, int]]) -> dict[str, float]:
         return draft_memory.migrate_blocks(self.model_runner, moves)  # type: ignore[attr-defined]
 
-    def specserve_resize_kv(self, num_blocks: int, lend_draft_kv: bool = False) -> dict[str, float]:
-        return draft_memory.resize_kv(self.model_runner, num_blocks, lend_draft_kv)  # type: ignore[attr-defined]
+    def specserve_resize_kv(self, num_blocks: int, lend_draft_kv: bool = False, capacity: int = 0) -> dict[str, float]:
+        runner = self.model_runner  # type: ignore[attr-defined]
+        return draft_memory.resize_kv(runner, num_blocks, lend_draft_kv, capacity)

@@ -96,6 +96,10 @@ class MemoryCounters:
     last_rss_freed_bytes: int = 0
     last_rss_restored_bytes: int = 0
     last_reload_s: float = 0.0
+    # The engine's pauses between two steps: the latest offload (drop and growth) and the latest contraction (its
+    # last call: migration, the pool cut and the reload started).
+    last_offload_pause_s: float = 0.0
+    last_contract_pause_s: float = 0.0
     # Engine steps that ran while the latest reload rebuilt the draft, and how many of them at k = 0 (all, or
     # the draft was used before it was back).
     last_reload_steps: int = 0
@@ -140,6 +144,8 @@ class ElasticDraft:
         self._reload_steps = (0, 0)
         # Why a contraction has not finished yet (empty when none waits).
         self.waiting = ""
+        # Whether the KV cache has been moved into a reserve for the expanded pool (``_reserve``), or never will be.
+        self._reserved = False
 
     @property
     def resident(self) -> bool:
@@ -163,7 +169,8 @@ class ElasticDraft:
         total = self._grow(core)
         c = self.counters
         c.num_offloads += 1
-        c.offload_s += time.perf_counter() - started
+        c.last_offload_pause_s = time.perf_counter() - started
+        c.offload_s += c.last_offload_pause_s
         c.bytes_offloaded += self.draft_bytes
         c.last_rss_freed_bytes = int(dropped["rss_before"] - dropped["rss_after"])
         self._log("offloaded", f"{reason}; {self.draft_bytes} draft bytes, pool {self.baseline_blocks} -> {total}")
@@ -194,6 +201,8 @@ class ElasticDraft:
 
     def tick(self, core: Any) -> None:
         """After a step: let the triggers act (``auto``), go on with a contraction, adopt a rebuilt draft."""
+        if not self._reserved:
+            self._reserve(core)
         if self.auto is not None and self.draft_bytes:
             self._follow_triggers(core)
         if self.state == CONTRACTING:
@@ -264,6 +273,7 @@ class ElasticDraft:
     def _contract(self, core: Any, plan: MigrationPlan | None = None) -> None:
         """Take the grown region out of circulation, migrate its live blocks, cut the pool, start the reload.
         Without a plan, one is made now; with too few free blocks below the region, wait for a later step."""
+        started = time.perf_counter()
         kv_pool.withhold_from(self.scheduler, self.baseline_blocks)
         if plan is None:
             live = self.live_extra_blocks()
@@ -274,7 +284,6 @@ class ElasticDraft:
                 return
         self.waiting = ""
         if plan.moves:
-            started = time.perf_counter()
             moves = [(move.source, move.destination) for move in plan.moves]
             try:
                 kv_pool.migrate(self.scheduler, moves)
@@ -289,6 +298,7 @@ class ElasticDraft:
         core.collective_rpc("specserve_resize_kv", args=(self.baseline_blocks, False))  # the draft's pages again
         kv_pool.shrink(self.scheduler, self.baseline_blocks)
         self.state = RELOADING
+        self.counters.last_contract_pause_s = time.perf_counter() - started
         self._log("reloading", f"pool back at {self.baseline_blocks} blocks ({plan.num_moved} migrated)")
         try:
             core.collective_rpc("specserve_begin_reload")
@@ -313,9 +323,25 @@ class ElasticDraft:
         """Lend the draft's bytes (weights and KV pages) to the KV cache: the worker's tensors first, then the
         scheduler's pool."""
         total = self.capacity().num_expanded_blocks
-        core.collective_rpc("specserve_resize_kv", args=(total, True))
+        core.collective_rpc("specserve_resize_kv", args=(total, True, total))
         kv_pool.grow(self.scheduler, total)
         return total
+
+    def _reserve(self, core: Any) -> None:
+        """Move the KV cache into a buffer laid out for the expanded pool, so that no offload or reload copies it
+        (``kv_reserve``). Once, after the engine's first step, copying the pages of the requests then running."""
+        self._reserved = True
+        if self.refused or not self.draft_bytes or not self.scheduler.skips_k0_draft_pass or self.state != RESIDENT:
+            return
+        if not self.bytes_per_block:
+            self._read_layout(core)
+        total = self.capacity().num_expanded_blocks
+        try:
+            (done,) = core.collective_rpc("specserve_resize_kv", args=(self.baseline_blocks, False, total))[:1]
+        except Exception:  # vLLM's buffer stays, and an offload would fail on the same layout: serving goes on
+            logger.exception("specserve: the KV cache could not be reserved for %d blocks", total)
+            return
+        logger.info("specserve: KV cache reserved for %d blocks in %.3f s", total, done["seconds"])
 
     def _log(self, state: str, reason: str) -> None:
         self.counters.history.append((time.time(), f"{state}: {reason}"))

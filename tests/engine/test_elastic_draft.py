@@ -86,6 +86,7 @@ def test_an_offload_reload_cycle_under_load_keeps_greedy_output_and_grows_the_po
             seen["during"] = now
             used = now.num_kv_blocks_total - now.num_kv_blocks_free
             seen["most_used"] = max(seen.get("most_used", 0), used)
+            seen["most_resident"] = max(seen.get("most_resident", 0), engine.kv_layout()["resident_bytes"])
 
     def reload(add):
         seen["reloading"] = offline.reload_draft(engine.llm)
@@ -119,6 +120,10 @@ def test_an_offload_reload_cycle_under_load_keeps_greedy_output_and_grows_the_po
     grown = layout["buffer_bytes"] - layout_before["buffer_bytes"]
     assert offloaded["draft_bytes"] <= grown < offloaded["draft_bytes"] + target_block
     assert extra > -(-offloaded["draft_bytes"] // layout["bytes_per_block"])
+    # Grown in place: the engine's first step moved the cache into a buffer reserved for the grown pool, so the
+    # offload bound wider views over the same pages, with no new buffer and no copy.
+    assert layout["buffer_address"] == layout_before["buffer_address"]
+    assert layout["reserved_bytes"] >= layout["buffer_bytes"] > layout_before["buffer_bytes"]
 
     # While the draft was away every step ran k = 0 and skipped the draft pass, prefills too; over the run
     # the worker skipped exactly the passes the scheduler counted as skipped.
@@ -140,7 +145,13 @@ def test_an_offload_reload_cycle_under_load_keeps_greedy_output_and_grows_the_po
     # Back to where it started: resident, the pool at its baseline, one transfer each way.
     memory = offline.wait_for_draft(engine.llm, ("resident",))
     assert memory["kv_blocks_total"] == BASELINE_BLOCKS
-    assert engine.kv_layout()["buffer_bytes"] == layout_before["buffer_bytes"]  # the draft's pages are back
+    layout_after = engine.kv_layout()
+    assert layout_after["buffer_bytes"] == layout_before["buffer_bytes"]  # the draft's pages are back
+    assert layout_after["buffer_address"] == layout_before["buffer_address"]
+    # The grown region's pages were written while the draft was away (the operating system backed more target
+    # pages than the baseline pool has); the contraction gave them back: what it backs now fits in the baseline.
+    assert seen["most_resident"] > BASELINE_BLOCKS * target_block
+    assert layout_after["resident_bytes"] <= layout_before["buffer_bytes"]
     assert (memory["num_offloads"], memory["num_reloads"]) == (1, 1)
     assert memory["last_reload_s"] > 0
     # What the controller measures a node's reload rate from (bytes over seconds), in the engine's telemetry.

@@ -1,7 +1,7 @@
 """Tiny local target/draft model pairs for vLLM speculative decoding on CPU.
 
     from specserve.models import cached_pair
-    pair = cached_pair("trained")          # built once (about 2 min), then reused
+    pair = cached_pair("trained")          # built once (2-8 min), then reused
     LLM(model=str(pair.target),
         speculative_config={"method": "draft_model", "model": str(pair.draft), "num_speculative_tokens": 4})
 

@@ -4,7 +4,8 @@ Four kinds of pair, each a folder ``<out>/target`` and ``<out>/draft`` sharing o
 
 - ``trained``: a Llama target trained briefly on stdlib Python and a smaller draft distilled from it;
   with k=4, vLLM measures greedy acceptance 0.80 / 0.62 / 0.51 / 0.45 at positions 0-3 (mean
-  acceptance length 3.4; see specserve.models.measure). Build: about 2 min on 2 cores (8 where the CPU has no native bf16).
+  acceptance length 3.4; see specserve.models.measure). Build: about 2 min on 2 cores, 8 where the CPU has no
+  native bf16.
 - ``self``: the draft is a copy of a random target, so every draft token is accepted.
 - ``random``: a random target and an unrelated random draft, so almost nothing is accepted.
 - ``perf``: a random draft and a target many times costlier per step built on the draft's layers, with

@@ -161,10 +161,9 @@ class KvReserve:
     def resident_bytes(self) -> int:
         """Bytes of this buffer the operating system backs now (``mincore``: per page of this range alone; the
         kernel may merge the mapping with a neighbour, so its ``/proc/self/smaps`` entry can cover more)."""
-        num_pages = self.size // mmap.PAGESIZE
-        vector = (ctypes.c_ubyte * num_pages)()
+        vector = np.zeros(self.size // mmap.PAGESIZE, dtype=np.uint8)
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-        if libc.mincore(ctypes.c_void_p(self.raw.data_ptr()), ctypes.c_size_t(self.size), vector) != 0:
+        if libc.mincore(self.raw.data_ptr(), self.size, vector.ctypes.data) != 0:
             raise OSError(ctypes.get_errno(), "mincore failed on the KV reserve")
-        return int(np.count_nonzero(np.frombuffer(vector, dtype=np.uint8) & 1)) * mmap.PAGESIZE
+        return int(np.count_nonzero(vector & 1)) * mmap.PAGESIZE

@@ -14,7 +14,7 @@ from specserve.models import cached_pair
 
 
 def main(port: int = 8000) -> str:
-    pair = cached_pair("trained")  # the tiny target/draft pair: built once (about 2 minutes), then cached
+    pair = cached_pair("trained")  # the tiny target/draft pair: built once (2-8 minutes), then cached
     llm_config = LLMConfig(
         model_loading_config={"model_id": "specserve-tiny", "model_source": str(pair.target)},
         accelerator_config={"kind": "cpu"},  # on GPUs: accelerator_type="H100" (or leave both out)

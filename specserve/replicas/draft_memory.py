@@ -340,5 +340,5 @@ def resize_kv(runner: Any, num_blocks: int, lend_draft_kv: bool = False, capacit
         clear_layer_kv_caches(layer for name, layer in saved_draft_layers.items() if name not in kv_caches)
     runner.kv_cache_config = config
     setattr(runner, _RESERVE_ATTR, reserve)
-    given_back = reserve.trim(num_blocks, lend_draft_kv)
-    return {"seconds": time.perf_counter() - started, "copied": float(moved), "bytes_given_back": float(given_back)}
+    reserve.trim(num_blocks, lend_draft_kv)
+    return {"seconds": time.perf_counter() - started}

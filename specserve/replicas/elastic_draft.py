@@ -284,6 +284,7 @@ class ElasticDraft:
                 return
         self.waiting = ""
         if plan.moves:
+            migrating = time.perf_counter()
             moves = [(move.source, move.destination) for move in plan.moves]
             try:
                 kv_pool.migrate(self.scheduler, moves)
@@ -292,7 +293,7 @@ class ElasticDraft:
                 return
             core.collective_rpc("specserve_migrate_blocks", args=(moves,))
             self.counters.blocks_migrated += len(moves)
-            self.counters.migrate_s += time.perf_counter() - started
+            self.counters.migrate_s += time.perf_counter() - migrating
         self._reload_started = time.perf_counter()
         self._reload_steps = self._step_counts()
         core.collective_rpc("specserve_resize_kv", args=(self.baseline_blocks, False))  # the draft's pages again

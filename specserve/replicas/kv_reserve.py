@@ -40,6 +40,11 @@ DRAFT_PREFIX = "draft_model."
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 
 
+def _is_draft(part: Any) -> bool:
+    """Whether a tensor part holds the draft's layers (a part holds the target's or the draft's, never both)."""
+    return bool(part.layers[0].startswith(DRAFT_PREFIX))
+
+
 def _page_up(n: int) -> int:
     return -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
 
@@ -89,14 +94,14 @@ class KvReserve:
 
     def regions(self, draft: bool) -> list[Region]:
         return [
-            Region(part.offset + index * part.layer_stride, part.block_stride, self.capacity_of(part))
+            Region(part.offset + index * part.layer_stride, part.block_stride, self._capacity_of(part))
             for part in self.tensors
-            if part.layers[0].startswith(DRAFT_PREFIX) == draft
+            if _is_draft(part) == draft
             for index in range(len(part.layers))
         ]
 
-    def capacity_of(self, part: Any) -> int:
-        return self.draft_capacity if part.layers[0].startswith(DRAFT_PREFIX) else self.capacity
+    def _capacity_of(self, part: Any) -> int:
+        return self.draft_capacity if _is_draft(part) else self.capacity
 
     def config(self, num_blocks: int, lend_draft_kv: bool) -> Any:
         """vLLM's layout for a pool of ``num_blocks`` over this buffer; without the draft's tensors when lent."""
@@ -105,9 +110,7 @@ class KvReserve:
             raise ValueError(f"num_blocks={num_blocks} is past the reserve ({reserve})")
         config = deepcopy(self.template)
         config.num_blocks = num_blocks
-        config.kv_cache_tensors = [
-            deepcopy(part) for part in self.tensors if not (lend_draft_kv and part.layers[0].startswith(DRAFT_PREFIX))
-        ]
+        config.kv_cache_tensors = [deepcopy(part) for part in self.tensors if not (lend_draft_kv and _is_draft(part))]
         return config
 
     def views(self, config: Any, layout: Any, kernel_block_sizes: list[int] | None) -> dict[str, torch.Tensor]:
@@ -155,7 +158,7 @@ class KvReserve:
         return sum(
             part.block_stride * num_blocks * len(part.layers)
             for part in self.tensors
-            if not (lend_draft_kv and part.layers[0].startswith(DRAFT_PREFIX))
+            if not (lend_draft_kv and _is_draft(part))
         )
 
     def resident_bytes(self) -> int:

@@ -70,10 +70,18 @@ def step_gaps(steps: list[dict[str, Any]], last_step: int, reload_step: int, res
     first_step = last_step - len(steps) + 1
     starts = [step["now_s"] for step in steps]
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-    window = gaps[max(reload_step - first_step, 0) : max(resident_step + 1 - first_step, 0)]
+    lo = max(reload_step - first_step, 0)
+    window = gaps[lo : max(resident_step + 1 - first_step, 0)]
+    fields = ("k", "duration_s", "num_batched_tokens", "num_draft_passes", "num_emitted_tokens")
     return {
         "longest_step_gap_while_reloading_s": max(window, default=float("nan")),
         "median_step_gap_s": statistics.median(gaps),
+        # Each gap of the window with the step that began it (``now_s`` is a step's start): the step's own duration
+        # against the gap tells time the engine spent between two steps from a long step, and what the step ran
+        # tells which (the one that catches the draft's KV up after the reload runs its passes over every token).
+        "reload_window": [
+            {"gap_s": gap, **{key: steps[lo + i].get(key) for key in fields}} for i, gap in enumerate(window)
+        ],
     }
 
 

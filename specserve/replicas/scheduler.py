@@ -62,7 +62,7 @@ from specserve.speculation import (
     make_policy,
 )
 from specserve.speculation.confident_prefix import confident_prefix
-from specserve.speculation.context import build_step_context
+from specserve.speculation.context import build_step_context, kv_blocks_needed, most_kv_blocks_per_decode
 from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan
 from specserve.speculation.step_log import encode as encode_step
 
@@ -199,6 +199,7 @@ class AdaptiveKScheduler(Scheduler):
 
     def _context(self, now_s: float) -> StepContext:
         pool = self.kv_cache_manager.block_pool
+        free = pool.get_num_free_blocks()
         return build_step_context(
             now_s=now_s,
             num_running=len(self.running),
@@ -212,11 +213,38 @@ class AdaptiveKScheduler(Scheduler):
             waiting_tokens=(r.num_tokens - r.num_computed_tokens for r in self.waiting),
             max_num_seqs=self.max_num_active_reqs,
             token_budget=self.max_num_scheduled_tokens,
-            num_kv_blocks_free=pool.get_num_free_blocks(),
+            num_kv_blocks_free=free,
             num_kv_blocks_total=pool.num_gpu_blocks,
             request_ids=tuple(r.request_id for r in self.running),
             draft_resident=self.draft_resident,
+            kv_blocks_needed=self._kv_blocks_needed(free),
         )
+
+    def _kv_blocks_needed(self, free: int) -> tuple[int, ...]:
+        """``StepContext.kv_blocks_needed`` from the running decodes' KV as vLLM's KV cache manager holds it: every
+        KV cache group allocates its own blocks from the one pool, with vLLM's lookahead slots beyond the step."""
+        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        specs = [group.kv_cache_spec for group in self.kv_cache_config.kv_cache_groups]
+        lookahead, max_k = self.num_lookahead_tokens, self.num_spec_tokens
+        most = sum(most_kv_blocks_per_decode(spec.block_size, max_k, lookahead) for spec in specs)
+        if len(decoding) * most <= free:
+            return ()
+        computed = [r.num_computed_tokens for r in decoding]
+        drafts = [len(r.spec_token_ids) for r in decoding]
+        held = [self.kv_cache_manager.get_block_ids(r.request_id) for r in decoding]
+        per_group = [
+            kv_blocks_needed(
+                computed,
+                [len(ids[group]) for ids in held],
+                drafts,
+                block_size=spec.block_size,
+                max_k=max_k,
+                lookahead_tokens=lookahead,
+                max_model_len=self.max_model_len,
+            )
+            for group, spec in enumerate(specs)
+        ]
+        return tuple(sum(column) for column in zip(*per_group, strict=True))
 
     @property
     def draft_resident(self) -> bool:

@@ -31,7 +31,7 @@ from specserve.sim.drafting import Drafter, Drafts, StopHook
 from specserve.sim.latency import StepTimer
 from specserve.sim.steps import StepListener, StepStats, further_pass_tokens, step_record
 from specserve.speculation import Decision, GuardedPolicy, Policy, StepContext, StepRecord
-from specserve.speculation.context import build_step_context
+from specserve.speculation.context import build_step_context, kv_blocks_needed, most_kv_blocks_per_decode
 from specserve.speculation.draft_sync import catch_up_plan, skips_draft_pass
 
 
@@ -198,6 +198,15 @@ class Replica:
         remaining = b.prompt + b.num_output - b.num_computed
         # A preempted request recomputes its outputs too, so it asks for more than its prompt.
         waiting_tokens = (int(table.prompt_tokens[r] + table.num_output[r]) for r in self.waiting)
+        decoding = np.flatnonzero((remaining == 1) & (b.num_output > 0))
+        cfg = self.cfg
+        needed: tuple[int, ...] = ()
+        # The simulator allocates what a step computes, without vLLM's lookahead slots (_grant).
+        if len(decoding) * most_kv_blocks_per_decode(cfg.block_size, cfg.max_k) > self.num_kv_blocks_free:
+            drafts = b.proposed[decoding] if cfg.drafts_ahead else np.full(len(decoding), cfg.max_k)
+            needed = kv_blocks_needed(
+                b.num_computed[decoding], b.num_blocks[decoding], drafts, block_size=cfg.block_size, max_k=cfg.max_k
+            )
         return build_step_context(
             now_s=now_s,
             num_running=len(b),
@@ -212,6 +221,7 @@ class Replica:
             request_ids=tuple(table.request_ids[b.ids]),
             draft_resident=self.draft_resident,
             slo_tpot_s=self.slo_tpot_s,
+            kv_blocks_needed=needed,
         )
 
     def _caps(self, decision: Decision, request_ids: tuple[str, ...]) -> np.ndarray | None:

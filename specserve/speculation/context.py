@@ -10,8 +10,10 @@ that prices prefill at the margin (``adaptive``) then finds drafts compute-bound
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import islice
+
+import numpy as np
 
 from specserve.speculation.types import StepContext
 
@@ -31,6 +33,44 @@ def admissible_prefill_tokens(waiting_tokens: Iterable[int], num_free_seats: int
     return total
 
 
+def most_kv_blocks_per_decode(block_size: int, max_k: int, lookahead_tokens: int = 0) -> int:
+    """The new KV blocks one decode can need in a step at any k: it holds slots for its computed tokens, so it
+    needs at most ceil((1 + max_k + lookahead) / block_size). Where the decodes times this fit the free blocks,
+    every k fits and ``StepContext.kv_blocks_needed`` stays empty: the engine reads nothing per request."""
+    if block_size <= 0:
+        raise ValueError(f"block_size={block_size} must be positive")
+    return -(-(1 + max_k + lookahead_tokens) // block_size)
+
+
+def kv_blocks_needed(
+    computed: Sequence[int],
+    blocks: Sequence[int],
+    drafts: Sequence[int],
+    *,
+    block_size: int,
+    max_k: int,
+    lookahead_tokens: int = 0,
+    max_model_len: int | None = None,
+) -> tuple[int, ...]:
+    """New KV blocks the decoding requests need this step at k = 0..max_k (``StepContext.kv_blocks_needed``).
+
+    Per decoding request: its computed tokens, the KV blocks it holds, and the drafts it could verify this step
+    (what the draft proposed for it last step where drafts are made a step ahead, as in vLLM; else any k). A
+    decode at k computes 1 + min(k, its drafts) tokens and holds slots for them plus ``lookahead_tokens`` beyond
+    (vLLM 0.32 reserves the draft's ``num_speculative_tokens`` there whatever k is), up to ``max_model_len``;
+    what its blocks do not cover is allocated, and a step whose allocations exceed the free blocks preempts.
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size={block_size} must be positive")
+    computed_, blocks_, drafts_ = (np.asarray(column, dtype=np.int64)[:, None] for column in (computed, blocks, drafts))
+    ks = np.arange(max_k + 1)[None, :]
+    slots = computed_ + 1 + np.minimum(ks, drafts_) + lookahead_tokens
+    if max_model_len is not None:
+        slots = np.minimum(slots, max_model_len)
+    needed = np.maximum(-(-slots // block_size) - blocks_, 0).sum(axis=0)
+    return tuple(int(n) for n in needed)
+
+
 def build_step_context(
     *,
     now_s: float,
@@ -46,6 +86,7 @@ def build_step_context(
     draft_resident: bool = True,
     request_ids: tuple[str, ...] = (),
     slo_tpot_s: float | None = None,
+    kv_blocks_needed: tuple[int, ...] = (),
 ) -> StepContext:
     """The context for the next step.
 
@@ -65,4 +106,5 @@ def build_step_context(
         draft_resident=draft_resident,
         request_ids=request_ids,
         slo_tpot_s=slo_tpot_s,
+        kv_blocks_needed=kv_blocks_needed,
     )

@@ -46,7 +46,13 @@ def decode(line: str) -> LoggedStep:
         str(data["engine"]),
         str(data["policy"]),
         EngineTraits(**data["traits"]),
-        StepContext(**{**data["ctx"], "request_ids": tuple(data["ctx"]["request_ids"])}),
+        StepContext(
+            **{
+                **data["ctx"],
+                "request_ids": tuple(data["ctx"]["request_ids"]),
+                "kv_blocks_needed": tuple(data["ctx"].get("kv_blocks_needed", ())),
+            }
+        ),
         StepRecord(**{name: _tuples(value) for name, value in data["record"].items()}),
     )
 

@@ -67,6 +67,10 @@ class StepContext:
     request_ids: tuple[str, ...] = ()
     # Time-per-output-token target in seconds (AdaSpec's SLO); None when the deployment has none.
     slo_tpot_s: float | None = None
+    # New KV blocks the decoding requests need this step at k = 0, 1, ..., max_k (index k), to compare with
+    # ``num_kv_blocks_free``: a k whose blocks do not fit preempts a running request, which recomputes its whole
+    # context later. Empty where every k fits (``context.kv_blocks_needed``) or the engine does not say.
+    kv_blocks_needed: tuple[int, ...] = ()
 
 
 class DraftStop(Protocol):

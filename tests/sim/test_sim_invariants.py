@@ -73,14 +73,19 @@ def test_skipping_the_draft_at_k0_makes_it_catch_up_later() -> None:
     assert sum(durations[False]) > sum(durations[True])
 
 
-def test_tiny_kv_preempts_and_still_conserves_tokens() -> None:
-    scenario = small_scenario(
+def tiny_kv_scenario():
+    """Requests of 400 tokens arriving faster than a 40-block pool can hold them."""
+    return small_scenario(
         engine={"num_kv_blocks": 40},
         workload={
             "lengths": {"prompt_tokens": {"mean": 200, "std": 0}, "output_tokens": {"mean": 200, "std": 0}},
             "arrivals": {"kind": "poisson", "rate_qps": 8, "duration_s": 5},
         },
     )
+
+
+def test_tiny_kv_preempts_and_still_conserves_tokens() -> None:
+    scenario = tiny_kv_scenario()
     result, steps = run_logged(scenario, "fixed:k=2")
     assert result.table.num_preemptions.sum() > 0
     assert sum(stats.num_preempted for _, stats in steps) == result.table.num_preemptions.sum()
@@ -284,3 +289,30 @@ def test_a_rise_in_k_pays_its_passes_a_step_before_its_drafts_count() -> None:
     assert all(r.num_draft_passes == 2 for r, _ in steps if r.k == 2)
     same_step = summarize(simulate(small_scenario(), "cycle:ks=0-2", 0))
     assert summarize(result)["mean_tpot_s"] > same_step["mean_tpot_s"]
+
+
+def test_a_step_preempts_exactly_when_its_ks_blocks_exceed_the_free_ones() -> None:
+    # The context's per-k block count (StepContext.kv_blocks_needed) is what the step then allocates: on steps whose
+    # decodes are all there is (no prompt to prefill), a blind fixed k preempts iff its count exceeds the free blocks.
+    scenario = tiny_kv_scenario()
+    contexts: list[StepContext] = []
+    _, steps = run_logged(scenario, recording_policy("fixed:k=3", contexts))
+    by_start = {ctx.now_s: ctx for ctx in contexts}
+    verdicts = []
+    for record, stats in steps:
+        ctx = by_start[record.now_s]
+        if ctx.kv_blocks_needed and ctx.num_prefill_tokens == 0:
+            verdicts.append((ctx.kv_blocks_needed[record.k] > ctx.num_kv_blocks_free, stats.num_preempted > 0))
+    assert any(short for short, _ in verdicts) and not all(short for short, _ in verdicts)
+    assert all(short == preempted for short, preempted in verdicts)
+
+
+def test_adaptive_runs_no_k_that_preempts() -> None:
+    scenario = tiny_kv_scenario()
+    contexts: list[StepContext] = []
+    _, steps = run_logged(scenario, recording_policy("adaptive", contexts))
+    by_start = {ctx.now_s: ctx for ctx in contexts}
+    tight = [(by_start[record.now_s], record.k) for record, _ in steps if by_start[record.now_s].kv_blocks_needed]
+    assert tight, "the pool ran short"
+    for ctx, k in tight:
+        assert ctx.kv_blocks_needed[k] <= max(ctx.num_kv_blocks_free, ctx.kv_blocks_needed[0])

@@ -298,3 +298,15 @@ def test_resuming_waits_until_the_gain_repays_the_catch_up(
     small = StepContext(now_s=1.0, num_running=4, num_waiting=0, num_context_tokens=4 * context_per_request)
     assert (policy.choose(small).k == 4) == resumes
     assert policy.describe()["num_resumes_deferred"] == (0.0 if resumes else 1.0)
+
+
+def test_a_nearly_full_kv_pool_cuts_the_k_that_runs_and_the_policy_returns_once_it_has_room() -> None:
+    import dataclasses
+
+    policy = trained_policy()
+    assert policy.choose(ctx(4)).k == 4
+    tight = dataclasses.replace(ctx(4), num_kv_blocks_free=2, kv_blocks_needed=(0, 1, 2, 4, 4))
+    assert policy.choose(tight).k == 2
+    assert policy.choose(ctx(4)).k == 4, "the cut is the pool's, not the policy's choice"
+    blind = trained_policy("adaptive:kv_fit=false")
+    assert blind.choose(tight).k == 4

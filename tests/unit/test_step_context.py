@@ -60,3 +60,30 @@ def test_the_queue_is_read_no_further_than_the_free_seats() -> None:
 @pytest.mark.parametrize("seats", [0, -1])
 def test_no_seat_no_admission(seats: int) -> None:
     assert admissible_prefill_tokens([10, 20], num_free_seats=seats, token_budget=100) == 0
+
+
+def test_the_blocks_each_k_needs_count_what_each_decodes_blocks_do_not_cover() -> None:
+    from specserve.speculation.context import kv_blocks_needed
+
+    # 16-token blocks. Request a fills its one block (15 computed + 1 new), so any draft needs a second block;
+    # b fills its two likewise; c has 6 slots spare and one draft to verify, so no k needs a block for it.
+    needed = kv_blocks_needed([15, 31, 40], [1, 2, 3], [4, 4, 1], block_size=16, max_k=4)
+    assert needed == (0, 2, 2, 2, 2)
+    # vLLM's lookahead slots come on top of every k's: 12 computed + 1 + 4 reserved cross into a second block at k = 0.
+    assert kv_blocks_needed([12], [1], [4], block_size=16, max_k=4, lookahead_tokens=4) == (1, 1, 1, 1, 1)
+    assert kv_blocks_needed([11], [1], [4], block_size=16, max_k=4, lookahead_tokens=4) == (0, 1, 1, 1, 1)
+    # Nothing is allocated past the model's length.
+    assert kv_blocks_needed([31], [2], [4], block_size=16, max_k=4, max_model_len=32) == (0, 0, 0, 0, 0)
+
+
+def test_every_k_fits_where_each_decode_can_take_its_largest_need() -> None:
+    from specserve.speculation.context import kv_blocks_needed, most_kv_blocks_per_decode
+
+    assert most_kv_blocks_per_decode(16, 4) == 1
+    assert most_kv_blocks_per_decode(16, 4, lookahead_tokens=12) == 2
+    # The bound holds whatever each request holds: no k of any request needs more.
+    for computed in range(0, 70):
+        held = -(-computed // 16)
+        assert max(kv_blocks_needed([computed], [held], [4], block_size=16, max_k=4, lookahead_tokens=12)) <= 2
+    with pytest.raises(ValueError, match="block_size"):
+        most_kv_blocks_per_decode(0, 4)

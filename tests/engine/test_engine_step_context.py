@@ -105,3 +105,39 @@ def test_a_step_verifies_what_the_step_before_drafted_cut_to_its_own_k(trained_p
     assert deepest[(3, 1)] == 1, "a fall cuts the drafts made for it"
     decodes = [r for r in records if r.num_batched_tokens == r.num_running + r.num_drafted]
     assert {r.num_draft_passes for r in decodes if r.k == 3} == {3}
+
+
+def test_on_a_nearly_full_pool_the_context_counts_the_blocks_vllm_then_allocates(trained_pair, tmp_path):
+    # A 32-token block pool too small for eight requests. Between two steps that run the same requests, vLLM's free
+    # blocks fall by what the first step allocated: the context's count for the k it ran (its drafts and vLLM's
+    # lookahead slots). `adaptive` then never runs a k whose blocks do not fit.
+    from specserve.speculation import step_log
+
+    path = tmp_path / "steps.jsonl"
+    prompts = [PROMPTS[i % len(PROMPTS)] + f"x{i} = " for i in range(8)]
+    pool = dict(num_gpu_blocks_override=12, block_size=32, max_model_len=128)
+    with running_engine(trained_pair, policy="fixed:k=0", step_log=str(path), **pool) as engine:
+        reference = engine.generate(prompts, max_tokens=64)
+        for policy in ("fixed:k=3", "adaptive"):
+            engine.set_policy(policy)
+            assert engine.generate(prompts, max_tokens=64) == reference, f"{policy} changed the greedy output"
+    with path.open() as f:
+        steps = list(step_log.read(f))
+    checked = 0
+    for step, after in pairwise(steps):
+        ctx, record = step.ctx, step.record
+        if (
+            step.policy.startswith("fixed")
+            and record.k == 3
+            and ctx.kv_blocks_needed
+            and ctx.num_prefill_tokens == 0
+            and after.ctx.request_ids == ctx.request_ids
+        ):
+            assert after.ctx.num_kv_blocks_free == ctx.num_kv_blocks_free - ctx.kv_blocks_needed[record.k]
+            checked += 1
+    assert checked >= 5, "the pool ran short on steady decode steps"
+    tight = [step for step in steps if step.policy.startswith("adaptive") and step.ctx.kv_blocks_needed]
+    assert tight, "adaptive met a short pool"
+    for step in tight:
+        needed = step.ctx.kv_blocks_needed
+        assert needed[step.record.k] <= max(step.ctx.num_kv_blocks_free, needed[0])

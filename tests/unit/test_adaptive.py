@@ -307,6 +307,7 @@ def test_a_nearly_full_kv_pool_cuts_the_k_that_runs_and_the_policy_returns_once_
     assert policy.choose(ctx(4)).k == 4
     tight = dataclasses.replace(ctx(4), num_kv_blocks_free=2, kv_blocks_needed=(0, 1, 2, 4, 4))
     assert policy.choose(tight).k == 2
+    assert policy.describe()["num_kv_cuts"] == 1
     assert policy.choose(ctx(4)).k == 4, "the cut is the pool's, not the policy's choice"
     blind = trained_policy("adaptive:kv_fit=false")
     assert blind.choose(tight).k == 4

@@ -177,6 +177,8 @@ class AdaptivePolicy(Policy):
         self._early_stops = StopCounter()
         self._lag = DraftLag()
         self.num_resumes_deferred = 0
+        # Steps whose k was cut so that their KV slots fit the free blocks (module docstring, 7).
+        self.num_kv_cuts = 0
 
     def choose(self, ctx: StepContext) -> Decision:
         self._lag.see(ctx.draft_resident)
@@ -199,7 +201,9 @@ class AdaptivePolicy(Policy):
         run_k = self.core.run(ctx.now_s, k, goodputs)
         if self.params.kv_fit:
             # Only what runs is cut: the policy's own k stays, so it returns once the pool has room.
-            run_k = largest_fitting_k(ctx, run_k)
+            fitting = largest_fitting_k(ctx, run_k)
+            self.num_kv_cuts += int(fitting < run_k)
+            run_k = fitting
         # A probe (k = 0 chosen) or an exploration down to 0 runs as it is; a speculating step may run on.
         if k > 0 and run_k > 0 and self.params.confidence_stop and self.traits.asks_stop_drafting:
             budget = min(run_k + self.params.early_stop_extra, self.max_k)
@@ -302,4 +306,5 @@ class AdaptivePolicy(Policy):
             out["calibration_drafts_seen"] = self.calibration.seen()
         out["draft_lag_tokens"] = float(self._lag.tokens)
         out["num_resumes_deferred"] = float(self.num_resumes_deferred)
+        out["num_kv_cuts"] = float(self.num_kv_cuts)
         return out

@@ -10,10 +10,11 @@ that prices prefill at the margin (``adaptive``) then finds drafts compute-bound
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from itertools import islice
 
 import numpy as np
+import numpy.typing as npt
 
 from specserve.speculation.types import StepContext
 
@@ -43,9 +44,9 @@ def most_kv_blocks_per_decode(block_size: int, max_k: int, lookahead_tokens: int
 
 
 def kv_blocks_needed(
-    computed: Sequence[int],
-    blocks: Sequence[int],
-    drafts: Sequence[int],
+    computed: npt.ArrayLike,
+    blocks: npt.ArrayLike,
+    drafts: npt.ArrayLike,
     *,
     block_size: int,
     max_k: int,

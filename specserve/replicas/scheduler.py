@@ -223,10 +223,13 @@ class AdaptiveKScheduler(Scheduler):
     def _kv_blocks_needed(self, free: int) -> tuple[int, ...]:
         """``StepContext.kv_blocks_needed`` from the running decodes' KV as vLLM's KV cache manager holds it: every
         KV cache group allocates its own blocks from the one pool, with vLLM's lookahead slots beyond the step."""
-        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         specs = [group.kv_cache_spec for group in self.kv_cache_config.kv_cache_groups]
         lookahead, max_k = self.num_lookahead_tokens, self.num_spec_tokens
         most = sum(most_kv_blocks_per_decode(spec.block_size, max_k, lookahead) for spec in specs)
+        # Bounded by the running requests first: the usual step reads no request at all.
+        if len(self.running) * most <= free:
+            return ()
+        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         if len(decoding) * most <= free:
             return ()
         computed = [r.num_computed_tokens for r in decoding]

@@ -6,7 +6,7 @@ import math
 import random
 
 import pytest
-from speculation_synthetic import draw_accepted, kinked_steps, roofline_s
+from speculation_synthetic import draw_accepted, kinked_steps, make_record, roofline_s
 
 from specserve.speculation import EngineTraits, StepContext, StepRecord, make_policy
 from specserve.speculation.estimators.bucket_correction import BucketCorrection, bucket_of
@@ -311,3 +311,42 @@ def test_a_nearly_full_kv_pool_cuts_the_k_that_runs_and_the_policy_returns_once_
     assert policy.choose(ctx(4)).k == 4, "the cut is the pool's, not the policy's choice"
     blind = trained_policy("adaptive:kv_fit=false")
     assert blind.choose(tight).k == 4
+
+
+def test_exploring_down_to_zero_measures_what_a_step_without_drafts_costs() -> None:
+    """An engine whose draft passes dominate the step (11 ms each, 5.2 ms for a step without one, as the tiny
+    pair on a 2-core CPU): k = 0 serves the most at any acceptance below about 0.9. Settled at k >= 2, the policy
+    explores only k +- 1, so the fit prices k = 0 by extrapolation; on most seeds that says about 20 ms and k stays
+    above 0 for good. Exploring down to 0 now and then measures it instead."""
+    truth = (4e-3, 0.0, 0.3e-3, 11e-3, 0.1e-3)
+    traits = EngineTraits(max_k=4, k0_runs_draft_pass=False, drafts_ahead=False)
+
+    def run(spec: str, seed: int) -> tuple[float, float]:
+        """The mean k over the second half of 40 s at four requests, and the k = 0 step cost priced at its end."""
+        policy, rng, now_s, chosen = make_policy(spec, traits), random.Random(seed), 0.0, []
+        while now_s < 40.0:
+            ctx = StepContext(now_s=now_s, num_running=4, num_waiting=0, num_context_tokens=400)
+            k = policy.choose(ctx).k
+            record = make_record(
+                rng,
+                truth,
+                now_s=now_s,
+                k=k,
+                num_running=4,
+                alpha=0.75,
+                num_context_tokens=400,
+                k0_runs_draft_pass=False,
+            )
+            policy.observe(record)
+            chosen.append(k)
+            now_s += record.duration_s
+        late = chosen[len(chosen) // 2 :]
+        ctx = StepContext(now_s=now_s, num_running=4, num_waiting=0, num_context_tokens=400)
+        return sum(late) / len(late), float(policy.decode_seconds_all(ctx)[0])
+
+    k0_s = 4e-3 + 4 * 0.3e-3
+    plain = [run("adaptive:confidence_stop=false", seed) for seed in range(6)]
+    assert any(mean_k >= 2 and priced > 3 * k0_s for mean_k, priced in plain), plain
+    for seed in range(6):
+        mean_k, priced = run("adaptive:confidence_stop=false,explore_zero_every=1", seed)
+        assert mean_k < 0.2 and priced == pytest.approx(k0_s, rel=0.1), (seed, mean_k, priced)

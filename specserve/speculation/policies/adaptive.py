@@ -26,7 +26,9 @@
    engine at 16 clients across k = 0 nine times per 100 steps (replayed from its step log; three with this
    rule). Exploration of neighbouring k (needed by any
    online fit, ``parts.probe.NeighbourExplorer``) runs every ``explore_interval_s``, less often than goodput's, and
-   backs off (doubling, up to ``explore_backoff_max`` x) while the explorations leave k where it is. Where drafts
+   backs off (doubling, up to ``explore_backoff_max`` x) while the explorations leave k where it is; with
+   ``explore_zero_every`` every n-th step down goes to k = 0, which a policy settled at k >= 2 otherwise never
+   measures (its cost is then the fit's extrapolation to zero draft passes). Where drafts
    are made a step ahead of their verification (vLLM), a step up lasts two steps: the first verifies only the k
    drafts made before it.
 5. **Resuming priced** where k = 0 skips the draft pass (``EngineTraits.resume_s_per_token``): leaving k = 0
@@ -102,6 +104,10 @@ class AdaptiveParams:
     # Steps an exploration up to k + 1 lasts; 0: what the engine needs to verify a draft at k + 1 (2 where drafts are
     # made a step ahead of their verification, as in vLLM, else 1).
     explore_up_steps: int = 0
+    # Every n-th exploration down goes to k = 0 (``parts.probe.NeighbourExplorer``), so the step-cost fit measures a
+    # step without draft passes instead of extrapolating to one; 0: never (the default until the simulator's
+    # leaderboard has been re-run with it).
+    explore_zero_every: int = 0
     # Samples each (batch bucket, k) offset remembers (``estimators.bucket_correction``).
     correction_memory: float = 20.0
     # Samples the per-bucket level common to every k remembers (``estimators.bucket_correction``); inf: none.
@@ -137,6 +143,7 @@ class AdaptiveParams:
             "level_memory": self.level_memory >= 1.0,
             "explore_backoff_max": self.explore_backoff_max >= 1.0,
             "explore_up_steps": self.explore_up_steps >= 0,
+            "explore_zero_every": self.explore_zero_every >= 0,
             "early_stop_extra": self.early_stop_extra >= 0,
             "resume_payback_s": self.resume_payback_s >= 0,
         }
@@ -165,6 +172,7 @@ class AdaptivePolicy(Policy):
             min_gain=params.min_gain,
             explore_interval_s=params.explore_interval_s,
             explore_up_steps=params.explore_up_steps or up_steps_for(traits.drafts_ahead),
+            explore_zero_every=params.explore_zero_every,
         )
         # Refitted every 8 steps: a 17-coefficient solve per step would cost more than the rest of the policy.
         self.latency = StepLatencyModel(HINGED, half_life_steps=params.latency_half_life_steps, refit_every=8)

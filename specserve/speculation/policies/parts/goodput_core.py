@@ -38,6 +38,7 @@ class GoodputCore:
         min_gain: float,
         explore_interval_s: float,
         explore_up_steps: int = 1,
+        explore_zero_every: int = 0,
     ) -> None:
         # The largest k searched: the policy's k_max capped by the engine's max_k.
         self.max_k = max_k
@@ -45,7 +46,7 @@ class GoodputCore:
             max_k=max(1, max_k), half_life_steps=ema_half_life_steps, prior_alpha=prior_alpha
         )
         self.probe = ZeroProbe(probe_interval_s)
-        self.explorer = NeighbourExplorer(explore_interval_s, up_steps=explore_up_steps)
+        self.explorer = NeighbourExplorer(explore_interval_s, up_steps=explore_up_steps, zero_every=explore_zero_every)
         self.probe_k = probe_k
         self.min_gain = min_gain
         # Predicted goodput of the k the policy chose last (before exploration or probing), for ``describe``.

@@ -10,7 +10,7 @@ The script, in order (about a minute and a half after the engine is up):
 3. the checkpoint back and `policy set fixed:k=2`: the retried reload succeeds and speculation resumes.
 
 Speculation runs at a fixed k, not under `adaptive`, because whether `adaptive` speculates is the machine's call: on
-an AVX2-only CPU its k = 0 steps at 4 requests measured 14 ms against 62 ms for k = 4 with 2.7 tokens per request,
+an AVX2-only CPU its k = 0 steps at 4 requests measured 14 ms against 60 ms for k = 4 with 2.7 tokens per request,
 so it rightly stopped, and at this script's 0.999 share Nightjar's trigger then offloaded the draft within a few
 steps, again after every reload. The dashboards need speculation they can count on.
 """

@@ -17,7 +17,11 @@ draft's bytes means a new buffer and a copy of the old one, which needs old + ne
 that peak does not fit, which is why the engine would need CUDA virtual memory there (see README, Memory
 elasticity); this measures what the reallocation costs where it does fit.
 
-One JSON object per line: {"kind": "copy"|"kv", ...}. ``--smoke`` runs one small size of each, to check the
+**Overlap.** A reload must not stall decoding: a memory-bound step (a batch of 64 through ``--overlap-weights-gb``
+of bf16 weights, 14 GB being a 7B model's decode step) is timed alone and while the largest draft copies in on a
+side stream; the ``overlap`` row gives both medians and the copy's time alone and under the steps.
+
+One JSON object per line: {"kind": "copy"|"kv"|"overlap", ...}. ``--smoke`` runs one small size of each, to check the
 script on a new machine in seconds.
 """
 
@@ -99,6 +103,83 @@ def time_kv_resize(kv_bytes: int, extra_bytes: int, reps: int) -> Iterator[dict[
     torch.cuda.empty_cache()
 
 
+def _step_times(weights: list[torch.Tensor], x: torch.Tensor, count: int) -> list[torch.cuda.Event]:
+    """Record an event before the first of ``count`` steps and after each; the caller synchronizes."""
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(count + 1)]
+    events[0].record()
+    for event in events[1:]:
+        for weight in weights:
+            torch.mm(x, weight)
+        event.record()
+    return events
+
+
+def time_overlap(copy_bytes: int, weight_bytes: int, reps: int) -> dict[str, object]:
+    """Decode-like steps alone and while a pinned host-to-device copy runs on a side stream."""
+    shape = (8192, 16384)  # 268 MB of bf16 per matrix
+    count = max(1, round(weight_bytes / (2 * shape[0] * shape[1])))
+    weights = [torch.empty(shape, dtype=torch.bfloat16, device="cuda").normal_() for _ in range(count)]
+    x = torch.randn(64, shape[0], dtype=torch.bfloat16, device="cuda")
+    host = torch.empty(copy_bytes // 2, dtype=torch.bfloat16, pin_memory=True)
+    target = torch.empty(copy_bytes // 2, dtype=torch.bfloat16, device="cuda")
+    side = torch.cuda.Stream()
+    _step_times(weights, x, 3)
+    alone: list[float] = []
+    during: list[float] = []
+    copy_alone: list[float] = []
+    copy_during: list[float] = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        events = _step_times(weights, x, 10)
+        torch.cuda.synchronize()
+        alone += [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:], strict=False)]
+        copy_alone.append(copy_beside_steps(host, target, side, None)[0])
+        copy_s, overlapped = copy_beside_steps(host, target, side, (weights, x, _median(alone) or 0.01))
+        copy_during.append(copy_s)
+        during += overlapped
+    return {
+        "kind": "overlap",
+        "device": torch.cuda.get_device_name(),
+        "weights_gb": count * 2 * shape[0] * shape[1] / GB,
+        "copy_gb": copy_bytes / GB,
+        "step_alone_median_s": _median(alone),
+        "step_during_copy_median_s": _median(during),
+        "steps_during_copy": len(during),
+        "copy_alone_median_s": _median(copy_alone),
+        "copy_during_steps_median_s": _median(copy_during),
+    }
+
+
+def copy_beside_steps(
+    host: torch.Tensor,
+    target: torch.Tensor,
+    side: torch.cuda.Stream,
+    overlap: tuple[list[torch.Tensor], torch.Tensor, float] | None,
+) -> tuple[float, list[float]]:
+    """One copy on ``side``, and with ``overlap`` (weights, input, a step's seconds) steps on the default stream
+    meanwhile: the copy's seconds and those of the steps that ended before it did."""
+    torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    side.wait_event(begin)
+    with torch.cuda.stream(side):
+        target.copy_(host, non_blocking=True)
+        end.record(side)
+    steps: list[torch.cuda.Event] = []
+    if overlap is not None:
+        weights, x, step_s = overlap
+        copy_s = host.numel() * 2 / 50e9  # enough steps to outlast the copy at a fast link
+        steps = _step_times(weights, x, int(copy_s / max(step_s, 1e-4)) + 4)
+    torch.cuda.synchronize()
+    copy_s = begin.elapsed_time(end) / 1e3
+    pairs = zip(steps, steps[1:], strict=False)
+    return copy_s, [a.elapsed_time(b) / 1e3 for a, b in pairs if begin.elapsed_time(b) <= copy_s * 1e3]
+
+
+def _median(values: list[float]) -> float | None:
+    return sorted(values)[len(values) // 2] if values else None
+
+
 def rows(args: argparse.Namespace) -> Iterator[dict[str, object]]:
     device = torch.cuda.get_device_name()
     for size_gb in args.sizes_gb:
@@ -114,6 +195,8 @@ def rows(args: argparse.Namespace) -> Iterator[dict[str, object]]:
         for size_gb in args.sizes_gb:
             for sample in time_kv_resize(int(kv_gb * GB), int(size_gb * GB), args.reps):
                 yield {"kind": "kv", "device": device, "kv_gb": kv_gb, "extra_gb": size_gb, **sample}
+    if args.overlap_weights_gb > 0:
+        yield time_overlap(int(max(args.sizes_gb) * GB), int(args.overlap_weights_gb * GB), args.reps)
 
 
 def _copy_row(
@@ -140,6 +223,7 @@ def main() -> int:
     parser.add_argument("--sizes-gb", type=_floats, default=[0.5, 1.0, 2.0], help="draft sizes")
     parser.add_argument("--concurrency", type=_ints, default=[1, 2, 4, 8], help="simultaneous copies")
     parser.add_argument("--kv-gb", type=_floats, default=[8.0, 16.0], help="KV buffer sizes to grow by a draft")
+    parser.add_argument("--overlap-weights-gb", type=float, default=14.0, help="the step's weights; 0 skips it")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--smoke", action="store_true", help="one small size of each, to check the script")
     args = parser.parse_args()
@@ -150,6 +234,7 @@ def main() -> int:
         parser.error(f"sizes and concurrency must be positive and --reps at least 1 (got {bad or args.reps})")
     if args.smoke:
         args.sizes_gb, args.concurrency, args.kv_gb, args.reps = [0.05], [1, 2], [0.2], 2
+        args.overlap_weights_gb = min(args.overlap_weights_gb, 0.5)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w") as f:
         for row in rows(args):

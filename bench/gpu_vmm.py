@@ -1,0 +1,344 @@
+"""Growing a KV buffer in place with CUDA virtual memory, into the bytes a dropped draft gave back; torch and
+the CUDA driver only (no vLLM). What the GPU path of elastic draft memory would stand on, checked on a GPU.
+
+    python3 bench/gpu_vmm.py --out vmm.jsonl [--sizes-gb 0.5,1,2] [--chunks-mb 0,64] [--base-gb 4] [--reps 5]
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 bench/gpu_vmm.py --only full --out vmm-exp.jsonl
+
+The buffer reserves address space for the largest pool once (``cuMemAddressReserve``) and maps physical chunks
+at its tail to grow (``cuMemCreate`` + ``cuMemMap`` + ``cuMemSetAccess``) and unmaps them to shrink, so its
+address never moves and a CUDA graph captured over it stays valid. One JSON object per line:
+
+- ``granularity``: the driver's minimum and recommended chunk.
+- ``resize``: seconds to grow a mapped ``base`` by S bytes and to shrink it back, per chunk size
+  (``0`` = the recommended granularity).
+- ``graph``: a gather over the buffer captured once as a CUDA graph, replayed on blocks the grow mapped after
+  the capture, then on blocks moved back before the shrink; whether both read what was written, and whether
+  the buffer's address stayed put.
+- ``full``: the offload on a GPU filled to less than the draft's bytes free: free memory as the driver reports
+  it after the draft is dropped (does it come back?), whether growing by reallocation (a new buffer of base + S
+  and a copy, what a plain tensor needs) fits, the in-place grow and shrink and what they take from free
+  memory, and the draft's reload from its pinned host copy. Run it again under expandable segments to see
+  whether PyTorch's own allocator changes the reallocation's answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import torch
+
+GB = 1e9
+MB = 1 << 20
+
+# cuda.h enums (stable ABI).
+_ALLOCATION_TYPE_PINNED = 1
+_LOCATION_TYPE_DEVICE = 1
+_ACCESS_READ_WRITE = 3
+_GRANULARITY_MINIMUM = 0
+_GRANULARITY_RECOMMENDED = 1
+
+
+class _Location(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class _AllocFlags(ctypes.Structure):
+    _fields_ = [
+        ("compressionType", ctypes.c_ubyte),
+        ("gpuDirectRDMACapable", ctypes.c_ubyte),
+        ("usage", ctypes.c_ushort),
+        ("reserved", ctypes.c_ubyte * 4),
+    ]
+
+
+class _AllocationProp(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("requestedHandleTypes", ctypes.c_int),
+        ("location", _Location),
+        ("win32HandleMetaData", ctypes.c_void_p),
+        ("allocFlags", _AllocFlags),
+    ]
+
+
+class _AccessDesc(ctypes.Structure):
+    _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
+
+
+class Driver:
+    """The few CUDA driver calls virtual memory needs, through ctypes (torch exposes none of them)."""
+
+    def __init__(self, device: int) -> None:
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        u64, size = ctypes.c_uint64, ctypes.c_size_t
+        signatures = {
+            "cuMemGetAllocationGranularity": [ctypes.POINTER(size), ctypes.POINTER(_AllocationProp), ctypes.c_int],
+            "cuMemAddressReserve": [ctypes.POINTER(u64), size, size, u64, u64],
+            "cuMemAddressFree": [u64, size],
+            "cuMemCreate": [ctypes.POINTER(u64), size, ctypes.POINTER(_AllocationProp), u64],
+            "cuMemRelease": [u64],
+            "cuMemMap": [u64, size, size, u64, u64],
+            "cuMemUnmap": [u64, size],
+            "cuMemSetAccess": [u64, size, ctypes.POINTER(_AccessDesc), size],
+            "cuGetErrorString": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)],
+        }
+        for name, argtypes in signatures.items():
+            getattr(self.lib, name).argtypes = argtypes
+            getattr(self.lib, name).restype = ctypes.c_int
+        self.prop = _AllocationProp(type=_ALLOCATION_TYPE_PINNED, location=_Location(_LOCATION_TYPE_DEVICE, device))
+        self.access = _AccessDesc(location=_Location(_LOCATION_TYPE_DEVICE, device), flags=_ACCESS_READ_WRITE)
+
+    def __call__(self, name: str, *args: object) -> None:
+        code = getattr(self.lib, name)(*args)
+        if code:
+            text = ctypes.c_char_p()
+            self.lib.cuGetErrorString(code, ctypes.byref(text))
+            raise RuntimeError(f"{name} failed: {code} {(text.value or b'?').decode()}")
+
+    def granularity(self, recommended: bool) -> int:
+        out = ctypes.c_size_t()
+        flag = _GRANULARITY_RECOMMENDED if recommended else _GRANULARITY_MINIMUM
+        self("cuMemGetAllocationGranularity", ctypes.byref(out), ctypes.byref(self.prop), flag)
+        return out.value
+
+
+class VmmBuffer:
+    """Device bytes at a fixed address that grow and shrink at the tail, chunk by chunk."""
+
+    def __init__(self, driver: Driver, reserve_bytes: int, chunk_bytes: int = 0) -> None:
+        self.cu = driver
+        grain = driver.granularity(recommended=True)
+        self.chunk = math.ceil(max(chunk_bytes, grain) / grain) * grain
+        # One chunk more: each grow rounds up to whole chunks, and two rounded grows fit in one more.
+        self.reserved = (math.ceil(reserve_bytes / self.chunk) + 1) * self.chunk
+        address = ctypes.c_uint64()
+        self.cu("cuMemAddressReserve", ctypes.byref(address), self.reserved, grain, 0, 0)
+        self.address = address.value
+        self.handles: list[int] = []
+
+    @property
+    def mapped(self) -> int:
+        return len(self.handles) * self.chunk
+
+    def grow(self, num_bytes: int) -> None:
+        start, count = self.mapped, math.ceil(num_bytes / self.chunk)
+        if start + count * self.chunk > self.reserved:
+            raise ValueError(f"grow by {num_bytes} B past the {self.reserved} B reserved")
+        for i in range(count):
+            handle = ctypes.c_uint64()
+            self.cu("cuMemCreate", ctypes.byref(handle), self.chunk, ctypes.byref(self.cu.prop), 0)
+            self.cu("cuMemMap", self.address + start + i * self.chunk, self.chunk, 0, handle.value, 0)
+            self.handles.append(handle.value)
+        # One access grant for the whole new range: it spans mappings that are all in place now.
+        self.cu("cuMemSetAccess", self.address + start, count * self.chunk, ctypes.byref(self.cu.access), 1)
+
+    def shrink(self, num_bytes: int) -> None:
+        torch.cuda.synchronize()  # no kernel may still read what is unmapped
+        for _ in range(min(math.ceil(num_bytes / self.chunk), len(self.handles))):
+            handle = self.handles.pop()
+            self.cu("cuMemUnmap", self.address + self.mapped, self.chunk)
+            self.cu("cuMemRelease", handle)
+
+    def tensor(self) -> torch.Tensor:
+        """The whole reservation as uint8; only its mapped head may be touched."""
+        if not self.handles:
+            raise RuntimeError("map something before viewing the buffer")
+        interface = {"shape": (self.reserved,), "typestr": "|u1", "data": (self.address, False), "version": 3}
+        holder = type("VmmView", (), {"__cuda_array_interface__": interface})()
+        return torch.as_tensor(holder, device="cuda")
+
+    def close(self) -> None:
+        self.shrink(self.mapped)
+        self.cu("cuMemAddressFree", self.address, self.reserved)
+
+
+def _timed(fn: object, *args: object) -> float:
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    fn(*args)  # type: ignore[operator]
+    torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+def resize_rows(cu: Driver, sizes: list[float], chunks_mb: list[int], base: int, reps: int) -> Iterator[dict]:
+    for chunk_mb in chunks_mb:
+        for size_gb in sizes:
+            extra = int(size_gb * GB)
+            buffer = VmmBuffer(cu, base + extra, chunk_mb * MB)
+            buffer.grow(base)
+            grows, shrinks = [], []
+            for _ in range(reps):
+                grows.append(_timed(buffer.grow, extra))
+                shrinks.append(_timed(buffer.shrink, extra))
+            yield {
+                "kind": "resize",
+                "chunk_mb": buffer.chunk / MB,
+                "extra_gb": size_gb,
+                "grow_s": grows,
+                "shrink_s": shrinks,
+                "grow_median_s": sorted(grows)[reps // 2],
+                "shrink_median_s": sorted(shrinks)[reps // 2],
+            }
+            buffer.close()
+
+
+def graph_row(cu: Driver, base: int, extra: int) -> dict:
+    """A gather captured before the grow reads blocks mapped after it, and blocks moved back before the shrink."""
+    buffer = VmmBuffer(cu, base + extra)
+    buffer.grow(base)
+    block_floats = 64 * 1024  # 256 KiB blocks
+    blocks = buffer.tensor().view(torch.float32).view(-1, block_floats)
+    address = blocks.data_ptr()
+    base_blocks = buffer.mapped // (4 * block_floats)
+    blocks[:base_blocks].copy_(torch.arange(base_blocks, device="cuda", dtype=torch.float32)[:, None])
+    picks = 16
+    index = torch.arange(picks, device="cuda")
+    out = torch.empty(picks, block_floats, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.index_select(blocks, 0, index, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.index_select(blocks, 0, index, out=out)
+
+    buffer.grow(extra)
+    grown_blocks = buffer.mapped // (4 * block_floats)
+    new = torch.arange(base_blocks, grown_blocks, device="cuda")
+    blocks[base_blocks:grown_blocks].copy_(new.to(torch.float32)[:, None])
+    wanted = new[torch.linspace(0, len(new) - 1, picks, device="cuda").long()]
+    index.copy_(wanted)
+    graph.replay()
+    torch.cuda.synchronize()
+    grown_ok = bool((out == wanted.to(torch.float32)[:, None]).all())
+
+    # Migrate the picked blocks into the base region (as contraction would), shrink, replay on their new ids.
+    targets = torch.arange(picks, device="cuda")
+    blocks[targets] = blocks[wanted]
+    buffer.shrink(extra)
+    index.copy_(targets)
+    graph.replay()
+    torch.cuda.synchronize()
+    moved_ok = bool((out == wanted.to(torch.float32)[:, None]).all())
+    row = {
+        "kind": "graph",
+        "grown_blocks_read": grown_ok,
+        "moved_blocks_read": moved_ok,
+        "address_kept": blocks.data_ptr() == address == buffer.address,
+        "base_blocks": base_blocks,
+        "grown_blocks": grown_blocks,
+    }
+    del graph, blocks
+    buffer.close()
+    return row
+
+
+def _all_equal(t: torch.Tensor, value: int) -> bool:
+    low, high = torch.aminmax(t)  # no temporary the size of t: the GPU is full here
+    return int(low) == int(high) == value
+
+
+def full_row(cu: Driver, base: int, extra: int) -> dict:
+    """The offload and reload on a GPU whose free memory is less than the draft's bytes."""
+    free = lambda: torch.cuda.mem_get_info()[0]  # noqa: E731 - the driver's count, what every allocator sees
+    buffer = VmmBuffer(cu, base + extra)
+    buffer.grow(base)
+    kv = buffer.tensor()[:base]
+    kv.fill_(7)
+    draft = torch.full((extra,), 3, dtype=torch.uint8, device="cuda")
+    host = torch.empty(extra, dtype=torch.uint8, pin_memory=True)
+    host.copy_(draft)
+    headroom = extra // 2
+    filler = None
+    for attempt in range(8):  # the driver keeps some of what it reports free for itself
+        try:
+            filler = torch.empty(max(free() - headroom - attempt * 256 * MB, 0), dtype=torch.uint8, device="cuda")
+            break
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+    row: dict[str, object] = {"kind": "full", "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+    row["extra_gb"], row["base_gb"] = extra / GB, base / GB
+    row["free_full_gb"] = free() / GB
+
+    def drop() -> None:
+        nonlocal draft
+        del draft
+        torch.cuda.empty_cache()
+
+    row["drop_s"] = _timed(drop)
+    row["free_after_drop_gb"] = free() / GB
+    try:
+        bigger = torch.empty(base + extra, dtype=torch.uint8, device="cuda")
+        bigger[:base].copy_(kv)
+        row["reallocation_fits"] = True
+        del bigger
+    except torch.cuda.OutOfMemoryError:
+        row["reallocation_fits"] = False
+    torch.cuda.empty_cache()
+    before = free()
+    row["vmm_grow_s"] = _timed(buffer.grow, extra)
+    row["vmm_grow_took_gb"] = (before - free()) / GB
+    grown = buffer.tensor()[: base + extra]
+    grown[base:].fill_(9)
+    row["kv_kept"] = _all_equal(grown[:base], 7) and _all_equal(grown[base:], 9)
+    before = free()
+    row["vmm_shrink_s"] = _timed(buffer.shrink, extra)
+    row["vmm_shrink_gave_gb"] = (free() - before) / GB
+    restored = torch.empty(extra, dtype=torch.uint8, device="cuda")
+    row["reload_s"] = _timed(restored.copy_, host, True)  # non_blocking, from the pinned copy
+    row["reload_ok"] = _all_equal(restored, 3)
+    del filler, restored, grown, kv
+    buffer.close()
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSON lines, one per measurement")
+    parser.add_argument("--sizes-gb", type=lambda t: [float(x) for x in t.split(",")], default=[0.5, 1.0, 2.0])
+    parser.add_argument("--chunks-mb", type=lambda t: [int(x) for x in t.split(",")], default=[0, 64])
+    parser.add_argument("--base-gb", type=float, default=4.0, help="KV bytes mapped before the grow")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--only", choices=["resize", "graph", "full"], help="run one check")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("no CUDA device: this checks CUDA virtual memory")
+    if min(args.sizes_gb) <= 0 or args.base_gb <= 0 or args.reps < 1 or min(args.chunks_mb) < 0:
+        parser.error("sizes and --base-gb must be positive, chunks non-negative, --reps at least 1")
+    torch.zeros(1, device="cuda")  # makes the primary context current for the driver calls
+    cu = Driver(torch.cuda.current_device())
+    base, largest = int(args.base_gb * GB), int(max(args.sizes_gb) * GB)
+    checks = {
+        "resize": lambda: resize_rows(cu, args.sizes_gb, args.chunks_mb, base, args.reps),
+        "graph": lambda: [graph_row(cu, base, largest)],
+        "full": lambda: [full_row(cu, base, int(s * GB)) for s in args.sizes_gb],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w") as f:
+        head = {"kind": "granularity", "device": torch.cuda.get_device_name()}
+        head |= {"minimum": cu.granularity(False), "recommended": cu.granularity(True)}
+        for row in _chain([head], [check for name, check in checks.items() if args.only in (None, name)]):
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            print(json.dumps({k: v for k, v in row.items() if not isinstance(v, list)}), file=sys.stderr)
+    return 0
+
+
+def _chain(head: list[dict], checks: list[Callable[[], Iterable[dict]]]) -> Iterator[dict]:
+    yield from head
+    for check in checks:
+        yield from check()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,12 +1,13 @@
 """Growing a KV buffer in place with CUDA virtual memory, into the bytes a dropped draft gave back; torch and
 the CUDA driver only (no vLLM). What the GPU path of elastic draft memory would stand on, checked on a GPU.
 
-    python3 bench/gpu_vmm.py --out vmm.jsonl [--sizes-gb 0.5,1,2] [--chunks-mb 0,64] [--base-gb 4] [--reps 5]
-    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 bench/gpu_vmm.py --only full --out vmm-exp.jsonl
+    PYTHONPATH=. python3 bench/gpu_vmm.py --out vmm.jsonl [--sizes-gb 0.5,1,2] [--chunks-mb 0,64] [--base-gb 4]
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONPATH=. python3 bench/gpu_vmm.py --only full --out x.jsonl
 
-The buffer reserves address space for the largest pool once (``cuMemAddressReserve``) and maps physical chunks
-at its tail to grow (``cuMemCreate`` + ``cuMemMap`` + ``cuMemSetAccess``) and unmaps them to shrink, so its
-address never moves and a CUDA graph captured over it stays valid. One JSON object per line:
+The buffer (``specserve.replicas.cuda_vmm``, what the KV reserve stands on on a GPU) reserves address space for
+the largest pool once (``cuMemAddressReserve``) and maps physical chunks at its tail to grow (``cuMemCreate`` +
+``cuMemMap`` + ``cuMemSetAccess``, then zeroes them) and unmaps them to shrink, so its address never moves and a
+CUDA graph captured over it stays valid. One JSON object per line:
 
 - ``granularity``: the driver's minimum and recommended chunk.
 - ``resize``: seconds to grow a mapped ``base`` by S bytes and to shrink it back, per chunk size
@@ -24,9 +25,7 @@ address never moves and a CUDA graph captured over it stays valid. One JSON obje
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
-import math
 import os
 import sys
 import time
@@ -35,129 +34,31 @@ from pathlib import Path
 
 import torch
 
+from specserve.replicas.cuda_vmm import Driver, VmmBuffer
+
 GB = 1e9
 MB = 1 << 20
 
-# cuda.h enums (stable ABI).
-_ALLOCATION_TYPE_PINNED = 1
-_LOCATION_TYPE_DEVICE = 1
-_ACCESS_READ_WRITE = 3
-_GRANULARITY_MINIMUM = 0
-_GRANULARITY_RECOMMENDED = 1
+
+def grow(buffer: VmmBuffer, num_bytes: int) -> None:
+    """Map ``num_bytes`` more at the tail (zeroed, as the KV reserve maps them)."""
+    end = buffer.mapped_bytes + num_bytes
+    if end > buffer.size:
+        raise ValueError(f"grow by {num_bytes} B past the {buffer.size} B reserved")
+    buffer.map(buffer.mapped_bytes, end)
 
 
-class _Location(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+def shrink(buffer: VmmBuffer, num_bytes: int) -> None:
+    """Unmap the tail's last ``num_bytes`` (rounded up to whole chunks)."""
+    buffer.unmap(buffer.mapped_bytes - -(-num_bytes // buffer.chunk) * buffer.chunk, buffer.mapped_bytes)
 
 
-class _AllocFlags(ctypes.Structure):
-    _fields_ = [
-        ("compressionType", ctypes.c_ubyte),
-        ("gpuDirectRDMACapable", ctypes.c_ubyte),
-        ("usage", ctypes.c_ushort),
-        ("reserved", ctypes.c_ubyte * 4),
-    ]
-
-
-class _AllocationProp(ctypes.Structure):
-    _fields_ = [
-        ("type", ctypes.c_int),
-        ("requestedHandleTypes", ctypes.c_int),
-        ("location", _Location),
-        ("win32HandleMetaData", ctypes.c_void_p),
-        ("allocFlags", _AllocFlags),
-    ]
-
-
-class _AccessDesc(ctypes.Structure):
-    _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
-
-
-class Driver:
-    """The few CUDA driver calls virtual memory needs, through ctypes (torch exposes none of them)."""
-
-    def __init__(self, device: int) -> None:
-        self.lib = ctypes.CDLL("libcuda.so.1")
-        u64, size = ctypes.c_uint64, ctypes.c_size_t
-        signatures = {
-            "cuMemGetAllocationGranularity": [ctypes.POINTER(size), ctypes.POINTER(_AllocationProp), ctypes.c_int],
-            "cuMemAddressReserve": [ctypes.POINTER(u64), size, size, u64, u64],
-            "cuMemAddressFree": [u64, size],
-            "cuMemCreate": [ctypes.POINTER(u64), size, ctypes.POINTER(_AllocationProp), u64],
-            "cuMemRelease": [u64],
-            "cuMemMap": [u64, size, size, u64, u64],
-            "cuMemUnmap": [u64, size],
-            "cuMemSetAccess": [u64, size, ctypes.POINTER(_AccessDesc), size],
-            "cuGetErrorString": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)],
-        }
-        for name, argtypes in signatures.items():
-            getattr(self.lib, name).argtypes = argtypes
-            getattr(self.lib, name).restype = ctypes.c_int
-        self.prop = _AllocationProp(type=_ALLOCATION_TYPE_PINNED, location=_Location(_LOCATION_TYPE_DEVICE, device))
-        self.access = _AccessDesc(location=_Location(_LOCATION_TYPE_DEVICE, device), flags=_ACCESS_READ_WRITE)
-
-    def __call__(self, name: str, *args: object) -> None:
-        code = getattr(self.lib, name)(*args)
-        if code:
-            text = ctypes.c_char_p()
-            self.lib.cuGetErrorString(code, ctypes.byref(text))
-            raise RuntimeError(f"{name} failed: {code} {(text.value or b'?').decode()}")
-
-    def granularity(self, recommended: bool) -> int:
-        out = ctypes.c_size_t()
-        flag = _GRANULARITY_RECOMMENDED if recommended else _GRANULARITY_MINIMUM
-        self("cuMemGetAllocationGranularity", ctypes.byref(out), ctypes.byref(self.prop), flag)
-        return out.value
-
-
-class VmmBuffer:
-    """Device bytes at a fixed address that grow and shrink at the tail, chunk by chunk."""
-
-    def __init__(self, driver: Driver, reserve_bytes: int, chunk_bytes: int = 0) -> None:
-        self.cu = driver
-        grain = driver.granularity(recommended=True)
-        self.chunk = math.ceil(max(chunk_bytes, grain) / grain) * grain
-        # One chunk more: each grow rounds up to whole chunks, and two rounded grows fit in one more.
-        self.reserved = (math.ceil(reserve_bytes / self.chunk) + 1) * self.chunk
-        address = ctypes.c_uint64()
-        self.cu("cuMemAddressReserve", ctypes.byref(address), self.reserved, grain, 0, 0)
-        self.address = address.value
-        self.handles: list[int] = []
-
-    @property
-    def mapped(self) -> int:
-        return len(self.handles) * self.chunk
-
-    def grow(self, num_bytes: int) -> None:
-        start, count = self.mapped, math.ceil(num_bytes / self.chunk)
-        if start + count * self.chunk > self.reserved:
-            raise ValueError(f"grow by {num_bytes} B past the {self.reserved} B reserved")
-        for i in range(count):
-            handle = ctypes.c_uint64()
-            self.cu("cuMemCreate", ctypes.byref(handle), self.chunk, ctypes.byref(self.cu.prop), 0)
-            self.cu("cuMemMap", self.address + start + i * self.chunk, self.chunk, 0, handle.value, 0)
-            self.handles.append(handle.value)
-        # One access grant for the whole new range: it spans mappings that are all in place now.
-        self.cu("cuMemSetAccess", self.address + start, count * self.chunk, ctypes.byref(self.cu.access), 1)
-
-    def shrink(self, num_bytes: int) -> None:
-        torch.cuda.synchronize()  # no kernel may still read what is unmapped
-        for _ in range(min(math.ceil(num_bytes / self.chunk), len(self.handles))):
-            handle = self.handles.pop()
-            self.cu("cuMemUnmap", self.address + self.mapped, self.chunk)
-            self.cu("cuMemRelease", handle)
-
-    def tensor(self) -> torch.Tensor:
-        """The whole reservation as uint8; only its mapped head may be touched."""
-        if not self.handles:
-            raise RuntimeError("map something before viewing the buffer")
-        interface = {"shape": (self.reserved,), "typestr": "|u1", "data": (self.address, False), "version": 3}
-        holder = type("VmmView", (), {"__cuda_array_interface__": interface})()
-        return torch.as_tensor(holder, device="cuda")
-
-    def close(self) -> None:
-        self.shrink(self.mapped)
-        self.cu("cuMemAddressFree", self.address, self.reserved)
+def reserve(cu: Driver, *sizes: int, chunk: int = 0) -> VmmBuffer:
+    """A buffer with room for grows of each of ``sizes`` in turn (each rounds up to whole chunks)."""
+    probe = VmmBuffer(cu, 1, chunk)
+    step = probe.chunk
+    probe.close()
+    return VmmBuffer(cu, sum(-(-size // step) * step for size in sizes), chunk)
 
 
 def _timed(fn: object, *args: object) -> float:
@@ -172,12 +73,12 @@ def resize_rows(cu: Driver, sizes: list[float], chunks_mb: list[int], base: int,
     for chunk_mb in chunks_mb:
         for size_gb in sizes:
             extra = int(size_gb * GB)
-            buffer = VmmBuffer(cu, base + extra, chunk_mb * MB)
-            buffer.grow(base)
+            buffer = reserve(cu, base, extra, chunk=chunk_mb * MB)
+            grow(buffer, base)
             grows, shrinks = [], []
             for _ in range(reps):
-                grows.append(_timed(buffer.grow, extra))
-                shrinks.append(_timed(buffer.shrink, extra))
+                grows.append(_timed(grow, buffer, extra))
+                shrinks.append(_timed(shrink, buffer, extra))
             yield {
                 "kind": "resize",
                 "chunk_mb": buffer.chunk / MB,
@@ -192,12 +93,12 @@ def resize_rows(cu: Driver, sizes: list[float], chunks_mb: list[int], base: int,
 
 def graph_row(cu: Driver, base: int, extra: int) -> dict:
     """A gather captured before the grow reads blocks mapped after it, and blocks moved back before the shrink."""
-    buffer = VmmBuffer(cu, base + extra)
-    buffer.grow(base)
+    buffer = reserve(cu, base, extra)
+    grow(buffer, base)
     block_floats = 64 * 1024  # 256 KiB blocks
     blocks = buffer.tensor().view(torch.float32).view(-1, block_floats)
     address = blocks.data_ptr()
-    base_blocks = buffer.mapped // (4 * block_floats)
+    base_blocks = buffer.mapped_bytes // (4 * block_floats)
     blocks[:base_blocks].copy_(torch.arange(base_blocks, device="cuda", dtype=torch.float32)[:, None])
     picks = 16
     index = torch.arange(picks, device="cuda")
@@ -211,8 +112,8 @@ def graph_row(cu: Driver, base: int, extra: int) -> dict:
     with torch.cuda.graph(graph):
         torch.index_select(blocks, 0, index, out=out)
 
-    buffer.grow(extra)
-    grown_blocks = buffer.mapped // (4 * block_floats)
+    grow(buffer, extra)
+    grown_blocks = buffer.mapped_bytes // (4 * block_floats)
     new = torch.arange(base_blocks, grown_blocks, device="cuda")
     blocks[base_blocks:grown_blocks].copy_(new.to(torch.float32)[:, None])
     wanted = new[torch.linspace(0, len(new) - 1, picks, device="cuda").long()]
@@ -224,7 +125,7 @@ def graph_row(cu: Driver, base: int, extra: int) -> dict:
     # Migrate the picked blocks into the base region (as contraction would), shrink, replay on their new ids.
     targets = torch.arange(picks, device="cuda")
     blocks[targets] = blocks[wanted]
-    buffer.shrink(extra)
+    shrink(buffer, extra)
     index.copy_(targets)
     graph.replay()
     torch.cuda.synchronize()
@@ -250,8 +151,8 @@ def _all_equal(t: torch.Tensor, value: int) -> bool:
 def full_row(cu: Driver, base: int, extra: int) -> dict:
     """The offload and reload on a GPU whose free memory is less than the draft's bytes."""
     free = lambda: torch.cuda.mem_get_info()[0]  # noqa: E731 - the driver's count, what every allocator sees
-    buffer = VmmBuffer(cu, base + extra)
-    buffer.grow(base)
+    buffer = reserve(cu, base, extra)
+    grow(buffer, base)
     kv = buffer.tensor()[:base]
     kv.fill_(7)
     draft = torch.full((extra,), 3, dtype=torch.uint8, device="cuda")
@@ -285,13 +186,13 @@ def full_row(cu: Driver, base: int, extra: int) -> dict:
         row["reallocation_fits"] = False
     torch.cuda.empty_cache()
     before = free()
-    row["vmm_grow_s"] = _timed(buffer.grow, extra)
+    row["vmm_grow_s"] = _timed(grow, buffer, extra)
     row["vmm_grow_took_gb"] = (before - free()) / GB
     grown = buffer.tensor()[: base + extra]
     grown[base:].fill_(9)
     row["kv_kept"] = _all_equal(grown[:base], 7) and _all_equal(grown[base:], 9)
     before = free()
-    row["vmm_shrink_s"] = _timed(buffer.shrink, extra)
+    row["vmm_shrink_s"] = _timed(shrink, buffer, extra)
     row["vmm_shrink_gave_gb"] = (free() - before) / GB
     restored = torch.empty(extra, dtype=torch.uint8, device="cuda")
     row["reload_s"] = _timed(restored.copy_, host, True)  # non_blocking, from the pinned copy
@@ -315,7 +216,6 @@ def main() -> int:
         parser.error("no CUDA device: this checks CUDA virtual memory")
     if min(args.sizes_gb) <= 0 or args.base_gb <= 0 or args.reps < 1 or min(args.chunks_mb) < 0:
         parser.error("sizes and --base-gb must be positive, chunks non-negative, --reps at least 1")
-    torch.zeros(1, device="cuda")  # makes the primary context current for the driver calls
     cu = Driver(torch.cuda.current_device())
     base, largest = int(args.base_gb * GB), int(max(args.sizes_gb) * GB)
     checks = {

@@ -314,9 +314,10 @@ def resize_kv(runner: Any, num_blocks: int, lend_draft_kv: bool = False, capacit
     moved = reserve is None or num_blocks > reserve.capacity
     if moved:
         full = _full_kv_config(runner)
-        reserve = KvReserve(full, max(num_blocks, capacity, full.num_blocks), full.num_blocks)
+        reserve = KvReserve(full, max(num_blocks, capacity, full.num_blocks), full.num_blocks, runner.device)
     assert reserve is not None
     config = reserve.config(num_blocks, lend_draft_kv)
+    reserve.commit(num_blocks, lend_draft_kv)  # a GPU backs a page only once it is mapped
     kv_caches = reserve.views(config, runner.cache_config.get_resolved_kv_cache_layout(), runner._kernel_block_sizes)
     if moved:  # into a new buffer: the pages of the blocks that stay are copied, once
         kept = _blocks_to_keep(runner, min(old_n, num_blocks))

@@ -13,9 +13,10 @@ only once it is written (vLLM zeroes every block it hands out), so the reserve c
 - **Lend the draft's pages** (the draft is away): the draft's regions are given back whole and its layers bind
   an empty cache; laid out again, they read as zeros (a rebuilt draft catches its KV up anyway).
 
-This is what CUDA's virtual memory management does on a GPU (``cuMemAddressReserve`` once, ``cuMemMap`` /
-``cuMemUnmap`` of physical chunks to grow and shrink), the mechanism ``kvcached`` builds on; only the CPU
-version is written and tested here.
+On a GPU the same layout stands on CUDA virtual memory (``cuda_vmm``): address space reserved once, physical
+chunks mapped before a wider pool binds its views (``commit``; a GPU backs nothing on first write) and unmapped
+by the trim. Regions then align to the driver's chunk (2 MiB) instead of the operating system's page. The device
+backing is verified with torch alone on an H100 and an H200 (``tests/gpu``); no vLLM engine on a GPU uses it yet.
 
 Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0): ``v1/kv_cache_interface.py``
 ``KVCacheTensor`` (``size``, ``layers``, ``layer_stride``, ``block_stride``, ``offset``) and
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+from collections.abc import Iterable
 from copy import deepcopy
 from dataclasses import dataclass, replace
 from typing import Any
@@ -45,21 +47,98 @@ def _is_draft(part: Any) -> bool:
     return bool(part.layers[0].startswith(DRAFT_PREFIX))
 
 
-def _page_up(n: int) -> int:
-    return -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
+def _up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
 
 
 @dataclass(frozen=True, slots=True)
 class Region:
-    """One layer's pages: ``[start, start + capacity * page)`` of the buffer, ``page`` bytes a block."""
+    """One layer's pages: ``[start, start + capacity * page)`` of the buffer, ``page`` bytes a block; ``unit`` is
+    the backing's page (what it backs or gives back at once)."""
 
     start: int
     page: int
     capacity: int
+    unit: int = mmap.PAGESIZE
+
+    def head(self, num_blocks: int) -> tuple[int, int]:
+        """The bytes of the first ``num_blocks`` blocks."""
+        return self.start, self.start + num_blocks * self.page
 
     def tail(self, num_blocks: int) -> tuple[int, int]:
-        """The whole pages past ``num_blocks`` blocks (a page shared with a kept block stays)."""
-        return _page_up(self.start + num_blocks * self.page), self.start + self.capacity * self.page
+        """The whole backing pages past ``num_blocks`` blocks (a page shared with a kept block stays), up to the
+        region's end, which is aligned to the backing's page (the last block may end mid-page)."""
+        return _up(self.start + num_blocks * self.page, self.unit), _up(
+            self.start + self.capacity * self.page, self.unit
+        )
+
+
+class HostPages:
+    """Anonymous memory the operating system backs page by page on first write."""
+
+    def __init__(self, size: int) -> None:
+        self.unit = mmap.PAGESIZE
+        self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+        # Shares the mapping's pages and keeps the mapping alive as long as a view of it lives.
+        self.raw = torch.frombuffer(self._map, dtype=torch.int8)
+
+    def commit(self, ranges: Iterable[tuple[int, int]]) -> int:
+        return 0  # a page is backed when it is first written
+
+    def release(self, ranges: Iterable[tuple[int, int]]) -> int:
+        advised = 0
+        for start, end in ranges:
+            start, end = _up(start, self.unit), end - end % self.unit
+            if end > start:
+                self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+                advised += end - start
+        return advised
+
+    def resident_bytes(self) -> int:
+        """``mincore``: per page of this range alone (the kernel may merge the mapping with a neighbour, so its
+        ``/proc/self/smaps`` entry can cover more)."""
+        vector = np.zeros(self.raw.numel() // self.unit, dtype=np.uint8)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+        if libc.mincore(self.raw.data_ptr(), self.raw.numel(), vector.ctypes.data) != 0:
+            raise OSError(ctypes.get_errno(), "mincore failed on the KV reserve")
+        return int(np.count_nonzero(vector & 1)) * self.unit
+
+
+class DevicePages:
+    """CUDA virtual memory: a chunk is backed only once ``commit`` maps it, and ``release`` unmaps it."""
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        from specserve.replicas.cuda_vmm import Driver, VmmBuffer
+
+        self._buffer = VmmBuffer(Driver(device.index or 0), size)
+        self.unit = self._buffer.chunk
+        self._buffer.map(0, 1)  # torch locates a tensor by its first byte (the first target layer's first block)
+        self.raw = self._buffer.tensor().view(torch.int8)
+
+    def commit(self, ranges: Iterable[tuple[int, int]]) -> int:
+        return sum(self._buffer.map(start, end) for start, end in ranges if end > start)
+
+    def release(self, ranges: Iterable[tuple[int, int]]) -> int:
+        return sum(self._buffer.unmap(start, end) for start, end in ranges if end > start)
+
+    def resident_bytes(self) -> int:
+        return self._buffer.mapped_bytes
+
+    def close(self) -> None:
+        """Unmap everything and free the address space; the buffer must not be used after."""
+        self._buffer.close()
+
+
+def unit_of(device: torch.device) -> int:
+    """The backing's page on ``device``: the operating system's, or the CUDA driver's chunk."""
+    if device.type == "cpu":
+        return mmap.PAGESIZE
+    if device.type != "cuda":
+        raise ValueError(f"a KV reserve on {device.type} is not built (CPU and CUDA are)")
+    from specserve.replicas.cuda_vmm import Driver
+
+    return Driver(device.index or 0).granularity()
 
 
 class KvReserve:
@@ -69,11 +148,13 @@ class KvReserve:
     target part and a draft part, each with a region per layer at a page-aligned offset.
     """
 
-    def __init__(self, template: Any, capacity: int, draft_capacity: int) -> None:
+    def __init__(self, template: Any, capacity: int, draft_capacity: int, device: torch.device | str = "cpu") -> None:
+        device = torch.device(device)
         if capacity < template.num_blocks or draft_capacity > capacity:
             raise ValueError(f"capacity {capacity} must cover the {template.num_blocks} blocks and {draft_capacity}")
         self.capacity = capacity
         self.draft_capacity = draft_capacity
+        self.unit = unit_of(device)
         parts, offset = [], 0
         for tensor in template.kv_cache_tensors:
             if tensor.layer_stride != tensor.block_stride * template.num_blocks:
@@ -82,19 +163,18 @@ class KvReserve:
                 layers = [name for name in tensor.layers if name.startswith(DRAFT_PREFIX) == draft]
                 if not layers:
                     continue
-                stride = _page_up(tensor.block_stride * (draft_capacity if draft else capacity))
+                stride = _up(tensor.block_stride * (draft_capacity if draft else capacity), self.unit)
                 parts.append(replace(tensor, layers=layers, layer_stride=stride, offset=offset))
                 offset += stride * len(layers)
-        self.size = max(offset, mmap.PAGESIZE)
+        self.size = max(offset, self.unit)
         self.tensors = [replace(part, size=self.size) for part in parts]
         self.template = template
-        self._map = mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
-        # Shares the mapping's pages and keeps the mapping alive as long as a view of it lives.
-        self.raw = torch.frombuffer(self._map, dtype=torch.int8)
+        self.pages = HostPages(self.size) if device.type == "cpu" else DevicePages(self.size, device)
+        self.raw = self.pages.raw
 
     def regions(self, draft: bool) -> list[Region]:
         return [
-            Region(part.offset + index * part.layer_stride, part.block_stride, self._capacity_of(part))
+            Region(part.offset + index * part.layer_stride, part.block_stride, self._capacity_of(part), self.unit)
             for part in self.tensors
             if _is_draft(part) == draft
             for index in range(len(part.layers))
@@ -134,16 +214,16 @@ class KvReserve:
             caches.update(zip(tensor.layers, views, strict=True))
         return caches
 
+    def commit(self, num_blocks: int, lend_draft_kv: bool) -> int:
+        """Back every page a pool of ``num_blocks`` addresses, before its views are bound (nothing to do on a
+        CPU, whose pages are backed on first write). Returns the bytes newly backed."""
+        ranges = [region.head(num_blocks) for region in self.regions(draft=False)]
+        ranges += [] if lend_draft_kv else [region.head(num_blocks) for region in self.regions(draft=True)]
+        return self.pages.commit(ranges)
+
     def give_back(self, ranges: list[tuple[int, int]]) -> int:
-        """Hand these byte ranges' whole pages back to the operating system. Returns the bytes advised."""
-        advised = 0
-        for start, end in ranges:
-            start = _page_up(start)
-            end -= end % mmap.PAGESIZE
-            if end > start:
-                self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
-                advised += end - start
-        return advised
+        """Hand these byte ranges' whole pages back. Returns the bytes given back."""
+        return self.pages.release(ranges)
 
     def trim(self, num_blocks: int, lend_draft_kv: bool) -> int:
         """Give back every page a pool of ``num_blocks`` does not address: the target regions' tails, and the
@@ -162,11 +242,5 @@ class KvReserve:
         )
 
     def resident_bytes(self) -> int:
-        """Bytes of this buffer the operating system backs now (``mincore``: per page of this range alone; the
-        kernel may merge the mapping with a neighbour, so its ``/proc/self/smaps`` entry can cover more)."""
-        vector = np.zeros(self.size // mmap.PAGESIZE, dtype=np.uint8)
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-        if libc.mincore(self.raw.data_ptr(), self.size, vector.ctypes.data) != 0:
-            raise OSError(ctypes.get_errno(), "mincore failed on the KV reserve")
-        return int(np.count_nonzero(vector & 1)) * mmap.PAGESIZE
+        """Bytes of this buffer backed now: by the operating system, or mapped on the device."""
+        return self.pages.resident_bytes()

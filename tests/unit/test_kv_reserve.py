@@ -107,3 +107,11 @@ def test_lending_gives_the_draft_regions_back_whole():
     draft_region = SPEC.page_size_bytes * BASELINE * len(DRAFT)
     assert before - reserve.resident_bytes() == draft_region
     assert advised >= draft_region and advised % mmap.PAGESIZE == 0
+
+
+def test_a_reserve_on_a_device_without_a_backing_or_without_cuda_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="on meta is not built"):
+        KvReserve(vllm_layout(), CAPACITY, BASELINE, device="meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="needs a CUDA device"):
+            KvReserve(vllm_layout(), CAPACITY, BASELINE, device="cuda")

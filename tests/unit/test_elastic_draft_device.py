@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from specserve.memory import ResidencyParams
 from specserve.replicas.elastic_draft import RESIDENT, ElasticDraft
@@ -36,3 +37,10 @@ def test_a_cpu_engine_keeps_its_triggers_and_goes_on_to_its_own_checks(tmp_path)
     assert elastic.auto == ResidencyParams() and not elastic.refused
     with pytest.raises(RuntimeError, match="its size is unknown"):  # this fake draft has no checkpoint
         elastic.offload(core=None)
+
+
+def test_parking_a_draft_that_is_not_on_a_gpu_is_refused_naming_its_device():
+    from specserve.replicas.draft_vmm import ParkedWeights
+
+    with pytest.raises(ValueError, match=r"one CUDA device \(found \['cpu'\]\)"):
+        ParkedWeights(torch.nn.Linear(4, 4))

@@ -92,7 +92,10 @@ def plot_resize(vmm: dict[str, list[dict]], path: Path) -> None:
             ax.plot(sizes, [1e3 * r["grow_median_s"] for r in pts], "o-", label=f"{gpu} grow, {chunk:g} MiB chunks")
             ax.plot(sizes, [1e3 * r["shrink_median_s"] for r in pts], "x--", label=f"{gpu} shrink, {chunk:g} MiB")
     ax.set(
-        yscale="log", xlabel="bytes mapped or unmapped (GB)", ylabel="ms", title="KV buffer grown in place (CUDA VMM)"
+        yscale="log",
+        xlabel="bytes mapped or unmapped (GB)",
+        ylabel="ms",
+        title="KV buffer grown and shrunk in place (CUDA VMM)",
     )
     ax.legend(fontsize=7)
     fig.tight_layout()

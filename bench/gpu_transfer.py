@@ -168,8 +168,8 @@ def copy_beside_steps(
     steps: list[torch.cuda.Event] = []
     if overlap is not None:
         weights, x, step_s = overlap
-        copy_s = host.numel() * 2 / 50e9  # enough steps to outlast the copy at a fast link
-        steps = _step_times(weights, x, int(copy_s / max(step_s, 1e-4)) + 4)
+        expected_s = host.numel() * 2 / 50e9  # enough steps to outlast the copy at a fast link
+        steps = _step_times(weights, x, int(expected_s / max(step_s, 1e-4)) + 4)
     torch.cuda.synchronize()
     copy_s = begin.elapsed_time(end) / 1e3
     pairs = zip(steps, steps[1:], strict=False)

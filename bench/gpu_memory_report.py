@@ -4,6 +4,7 @@ a Markdown report and two plots, and the simulator's transfer model checked agai
     python bench/gpu_memory_report.py --measurements bench/results/gpu --out bench/results
 
 Reads ``transfer-<gpu>.jsonl``, ``vmm-<gpu>.jsonl`` and ``vmm-expandable-<gpu>.jsonl`` for every GPU there;
+with ``cycle-<run>.jsonl`` of bench/gpu_cycle.py, the whole cycle's section and ``gpu-memory-cycle-<run>.png``;
 writes ``gpu-memory.md``, ``gpu-memory-copies.png`` (n concurrent copies: measured against the processor-sharing
 model the simulator's ``TransferLink`` and the controller's reload slots assume) and ``gpu-memory-resize.png``.
 """
@@ -21,6 +22,7 @@ import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from gpu_cycle_report import section as cycle_section  # noqa: E402  (this script's folder)
 
 from specserve.sim.profiles import hardware_profiles  # noqa: E402
 from specserve.sim.transfers import TransferLink  # noqa: E402
@@ -232,6 +234,7 @@ def main() -> int:
         parser.error(f"no transfer-<gpu>.jsonl in {args.measurements}")
     text, copies, vmm = report(args.measurements)
     args.out.mkdir(parents=True, exist_ok=True)
+    text += "\n".join(cycle_section(args.measurements, args.out))
     (args.out / "gpu-memory.md").write_text(text)
     plot_copies(copies, args.out / "gpu-memory-copies.png")
     plot_resize(vmm, args.out / "gpu-memory-resize.png")

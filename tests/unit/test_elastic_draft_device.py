@@ -44,3 +44,22 @@ def test_parking_a_draft_that_is_not_on_a_gpu_is_refused_naming_its_device():
 
     with pytest.raises(ValueError, match=r"one CUDA device \(found \['cpu'\]\)"):
         ParkedWeights(torch.nn.Linear(4, 4))
+
+
+@pytest.mark.parametrize("num_bytes", [1, 3 << 20, 640_000_000, 7 << 30])
+def test_a_parked_draft_maps_in_few_chunks_of_the_drivers_granularity_wasting_at_most_one(num_bytes):
+    from specserve.replicas.draft_vmm import weights_chunk
+
+    granule, most = 2 << 20, 32
+    chunk = weights_chunk(num_bytes, granule, most)
+    chunks = -(-num_bytes // chunk)
+    assert chunk % granule == 0 and 1 <= chunks <= most
+    assert chunks * chunk - num_bytes < chunk, "a whole chunk mapped for nothing"
+    assert chunk - granule < -(-num_bytes // most), "chunks bigger than the even split needs"
+
+
+def test_a_parked_drafts_chunk_refuses_sizes_that_are_not_positive():
+    from specserve.replicas.draft_vmm import weights_chunk
+
+    with pytest.raises(ValueError, match="num_bytes=0"):
+        weights_chunk(0, 2 << 20)

@@ -2,6 +2,7 @@
 while a burst drives the draft out and back, the residency state machine deciding every move.
 
     PYTHONPATH=. python3 bench/gpu_cycle.py --out bench/results/gpu/cycle-h200.jsonl [--small] [--replays 2]
+        [--deterministic]
 
 What runs is a small decoding engine of its own: Llama-shaped decoders (random bf16 weights, RMSNorm, grouped
 attention over a paged KV cache, no rotary embedding), greedy, one decode step for every running request per
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -589,7 +591,19 @@ def main() -> int:
         default=-1,
         help="free memory left beside the run once warmed up (default: half the draft's bytes; 0: no filler)",
     )
+    parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="torch's deterministic algorithms, cuBLAS's fixed workspace and the math attention kernel: to tell "
+        "whether the replays' differences come from the kernels (not yet run on a GPU)",
+    )
     args = parser.parse_args()
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts, after this
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
     size = SMALL if args.small else FULL

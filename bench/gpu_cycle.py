@@ -57,7 +57,7 @@ from specserve.memory import (
     StartReload,
 )
 from specserve.replicas.draft_vmm import ParkedWeights
-from specserve.replicas.kv_reserve import KvReserve
+from specserve.replicas.kv_reserve import KvReserve, plain_layout
 
 BLOCK = 16  # tokens a block
 KV_HEADS, HEAD_DIM = 8, 128
@@ -134,21 +134,6 @@ class Decoder(nn.Module):
         return self.head(F.rms_norm(x[:, -1], x.shape[-1:]))
 
 
-@dataclass
-class Layer:  # the fields of vLLM's KVCacheTensor that KvReserve reads
-    size: int
-    layers: list[str]
-    layer_stride: int
-    block_stride: int
-    offset: int = 0
-
-
-@dataclass
-class Layout:
-    num_blocks: int
-    kv_cache_tensors: list[Layer] = field(default_factory=list)
-
-
 def page_bytes() -> int:
     return 2 * BLOCK * KV_HEADS * HEAD_DIM * 2  # K and V, bf16
 
@@ -156,9 +141,7 @@ def page_bytes() -> int:
 def make_reserve(size: Size, capacity: int, draft_capacity: int) -> KvReserve:
     names = [f"{TARGET_PREFIX}{i}" for i in range(size.target_layers)]
     names += [f"{DRAFT_PREFIX}{i}" for i in range(size.draft_layers)]
-    stride = page_bytes() * size.base_blocks
-    layout = Layout(size.base_blocks, [Layer(stride * len(names), names, stride, page_bytes())])
-    return KvReserve(layout, capacity, draft_capacity, device=DEVICE)
+    return KvReserve(plain_layout(names, page_bytes(), size.base_blocks), capacity, draft_capacity, device=DEVICE)
 
 
 def views(reserve: KvReserve, draft: bool, num_blocks: int) -> list[torch.Tensor]:

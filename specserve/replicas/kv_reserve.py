@@ -30,7 +30,7 @@ import ctypes
 import mmap
 from collections.abc import Iterable
 from copy import deepcopy
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -128,6 +128,33 @@ class DevicePages:
     def close(self) -> None:
         """Unmap everything and free the address space; the buffer must not be used after."""
         self._buffer.close()
+
+
+@dataclass
+class PlainTensor:
+    """The fields of vLLM's ``KVCacheTensor`` that the reserve reads."""
+
+    size: int
+    layers: list[str]
+    layer_stride: int
+    block_stride: int
+    offset: int = 0
+
+
+@dataclass
+class PlainLayout:
+    """The fields of vLLM's ``KVCacheConfig`` that the reserve reads."""
+
+    num_blocks: int
+    kv_cache_tensors: list[PlainTensor] = field(default_factory=list)
+
+
+def plain_layout(layers: list[str], page: int, num_blocks: int) -> PlainLayout:
+    """vLLM's layer-outermost layout of ``num_blocks`` blocks of ``page`` bytes per layer, without vLLM: a reserve's
+    template where no engine made one (on a GPU with torch alone: tests/gpu, bench/gpu_cycle.py). Layers whose
+    names start with ``draft_model.`` are the draft's."""
+    stride = page * num_blocks
+    return PlainLayout(num_blocks, [PlainTensor(stride * len(layers), list(layers), stride, page)])
 
 
 def unit_of(device: torch.device) -> int:

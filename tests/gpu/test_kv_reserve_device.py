@@ -1,19 +1,16 @@
 """The KV reserve on a GPU: CUDA virtual memory behind the layout the CPU engine grows its pool in.
 
-Torch and the CUDA driver only, no vLLM: the layout is built from stand-ins with the fields of vLLM's
-``KVCacheTensor``, and the pages are read and written through the reserve's raw buffer at its regions. Free
-memory is the driver's count. Skipped without a CUDA device; run on one with
-``python3 -m pytest --noconftest -p no:cacheprovider tests/gpu``.
+Torch and the CUDA driver only, no vLLM: the layout is ``plain_layout``'s stand-in for vLLM's, and the pages
+are read and written through the reserve's raw buffer at its regions. Free memory is the driver's count.
+Skipped without a CUDA device; run on one with ``python3 -m pytest --noconftest -p no:cacheprovider tests/gpu``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 import torch
 
-from specserve.replicas.kv_reserve import KvReserve
+from specserve.replicas.kv_reserve import KvReserve, PlainLayout, plain_layout
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -29,25 +26,8 @@ def up(n: int, unit: int) -> int:
     return -(-n // unit) * unit
 
 
-@dataclass
-class Tensor:  # the fields of vllm.v1.kv_cache_interface.KVCacheTensor that the reserve reads
-    size: int
-    layers: list[str]
-    layer_stride: int
-    block_stride: int
-    offset: int = 0
-
-
-@dataclass
-class Layout:
-    num_blocks: int
-    kv_cache_tensors: list[Tensor] = field(default_factory=list)
-
-
-def layout() -> Layout:
-    stride = PAGE * BASELINE
-    tensors = [Tensor(stride * 3, TARGET + DRAFT, stride, PAGE)]
-    return Layout(BASELINE, tensors)
+def layout() -> PlainLayout:
+    return plain_layout(TARGET + DRAFT, PAGE, BASELINE)
 
 
 def free_bytes() -> int:

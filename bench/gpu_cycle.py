@@ -2,7 +2,7 @@
 while a burst drives the draft out and back, the residency state machine deciding every move.
 
     PYTHONPATH=. python3 bench/gpu_cycle.py --out bench/results/gpu/cycle-h200.jsonl [--small] [--replays 2]
-        [--deterministic]
+        [--deterministic] [--dtype float32]
 
 What runs is a small decoding engine of its own: Llama-shaped decoders (random bf16 weights, RMSNorm, grouped
 attention over a paged KV cache, no rotary embedding), greedy, one decode step for every running request per
@@ -26,8 +26,11 @@ engine and the simulator run:
 A second run replays the same admissions with the draft resident throughout and the pool at full size from the
 start. Checks: every request's target tokens identical between the runs (blocks moved, grown, trimmed and
 remapped hold what they held), and after the catch-up the draft's proposals those of a draft that never left.
-That holds only where the engine is deterministic: ``--replays 2`` compares two replays as well (at the full
-size on an H200 they differed, so there the run measures the mechanism's costs, not its correctness).
+That holds only where the engine is deterministic: ``--replays 2`` compares two replays as well. At the full
+size on an H200 two replays differ with the default kernels; with ``--deterministic`` they agree, and so do the
+cycle's target tokens. The draft after its catch-up then proposes what the never-offloaded draft proposes in
+float32 (``--dtype float32``) but not always in bf16: its KV was rebuilt by one prefill-shaped forward, the
+replay's written one decode step at a time, and bf16 rounds the two differently.
 One JSON object per line: ``setup``, one ``step`` per step (state, batch, k, milliseconds, tokens), one ``event``
 per transition (seconds, bytes by the driver's count), ``check`` and ``check replay``.
 """
@@ -63,6 +66,7 @@ BLOCK = 16  # tokens a block
 KV_HEADS, HEAD_DIM = 8, 128
 VOCAB = 32000
 DEVICE = "cuda"
+DTYPE = torch.bfloat16  # --dtype float32: rounding out of the question when the draft is compared
 TARGET_PREFIX, DRAFT_PREFIX = "model.layers.", "draft_model.model.layers."
 
 
@@ -135,7 +139,7 @@ class Decoder(nn.Module):
 
 
 def page_bytes() -> int:
-    return 2 * BLOCK * KV_HEADS * HEAD_DIM * 2  # K and V, bf16
+    return 2 * BLOCK * KV_HEADS * HEAD_DIM * DTYPE.itemsize  # K and V
 
 
 def make_reserve(size: Size, capacity: int, draft_capacity: int) -> KvReserve:
@@ -147,7 +151,7 @@ def make_reserve(size: Size, capacity: int, draft_capacity: int) -> KvReserve:
 def views(reserve: KvReserve, draft: bool, num_blocks: int) -> list[torch.Tensor]:
     shape = (num_blocks, 2, BLOCK, KV_HEADS, HEAD_DIM)
     return [
-        reserve.raw[r.start : r.start + num_blocks * r.page].view(torch.bfloat16).view(shape)
+        reserve.raw[r.start : r.start + num_blocks * r.page].view(DTYPE).view(shape)
         for r in reserve.regions(draft)
     ]
 
@@ -454,8 +458,8 @@ def requests(size: Size) -> tuple[list[Request], list[Request]]:
 
 def models(size: Size) -> tuple[Decoder, Decoder]:
     torch.manual_seed(0)
-    target = Decoder(size.target_layers, size.target_hidden).to(DEVICE, torch.bfloat16).eval()
-    draft = Decoder(size.draft_layers, size.draft_hidden).to(DEVICE, torch.bfloat16).eval()
+    target = Decoder(size.target_layers, size.target_hidden).to(DEVICE, DTYPE).eval()
+    draft = Decoder(size.draft_layers, size.draft_hidden).to(DEVICE, DTYPE).eval()
     return target, draft
 
 
@@ -585,10 +589,13 @@ def main() -> int:
     parser.add_argument(
         "--deterministic",
         action="store_true",
-        help="torch's deterministic algorithms, cuBLAS's fixed workspace and the math attention kernel: to tell "
-        "whether the replays' differences come from the kernels (not yet run on a GPU)",
+        help="torch's deterministic algorithms, cuBLAS's fixed workspace and the math attention kernel: without "
+        "them two replays at the full size already differ on an H200 (step times then say nothing about speed)",
     )
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     args = parser.parse_args()
+    global DTYPE
+    DTYPE = getattr(torch, args.dtype)
     if args.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts, after this
         torch.use_deterministic_algorithms(True)
@@ -606,7 +613,15 @@ def main() -> int:
             if row["kind"] != "step":
                 print(json.dumps(row), file=sys.stderr, flush=True)
 
-        emit({"kind": "device", "name": torch.cuda.get_device_name(), "torch": torch.__version__})
+        emit(
+            {
+                "kind": "device",
+                "name": torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "dtype": args.dtype,
+                "deterministic": args.deterministic,
+            }
+        )
         headroom = args.headroom_mb if args.headroom_mb <= 0 else args.headroom_mb << 20
         cycled, admissions = run(size, True, None, emit, headroom)
         torch.cuda.empty_cache()

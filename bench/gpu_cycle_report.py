@@ -9,6 +9,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 MB = 1 << 20
+DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
 COLOURS = {"resident": "tab:blue", "offloaded": "tab:orange", "reloading": "tab:red"}
 
 
@@ -57,13 +58,20 @@ def section(folder: Path, out: Path) -> list[str]:
         "simulator run. A burst fills the pool; free memory is first filled to half the bytes the offload will lend.",
         "A replay of the same admissions with the draft resident throughout and a full-size pool gives the",
         "reference tokens. Reproduce: `PYTHONPATH=. python3 bench/gpu_cycle.py [--small] --out",
-        "bench/results/gpu/cycle-<run>.jsonl` on the GPU.",
+        "bench/results/gpu/cycle-<run>.jsonl [--deterministic] [--dtype float32] [--replays 2]` on the GPU.",
+        "Deterministic kernels (torch's deterministic algorithms, math attention) make steps several times slower:",
+        "their runs are checks of correctness, and their step times are not plotted.",
         "",
-        "| run | models | draft | free before offload | offload | expand (mapped) | contract (moved, given) | "
-        "reload: map / copy (steps beside) | catch-up | target tokens = replay | draft after catch-up = replay |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+        "| run | models | kernels | draft | free before offload | offload | expand (mapped) | contract (moved, given) | "
+        "reload: map / copy (steps beside) | catch-up | target tokens = replay | draft after catch-up = replay | "
+        "replay = replay |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
     ]
     for name, rows in runs.items():
+        device = next(r for r in rows if r["kind"] == "device")
+        kernels = DTYPES[device.get("dtype", "bfloat16")] + (", deterministic" if device.get("deterministic") else "")
+        again = [r for r in rows if r["kind"] == "check replay"]
+        replays = "-" if not again else "yes" if all(r["target_tokens_identical"] for r in again) else "no"
         setup = next(r for r in rows if r["kind"] == "setup" and r["cycle"])
         size, check = setup["size"], next(r for r in rows if r["kind"] == "check")
         off, grow, back = _event(rows, "offload"), _event(rows, "expand"), _event(rows, "contract")
@@ -72,15 +80,17 @@ def section(folder: Path, out: Path) -> list[str]:
         agreement = check["draft_agreement"]
         identical = "yes" if check["target_tokens_identical"] else f"no ({len(check['requests_differing'])} differ)"
         lines.append(
-            f"| {name} | {models} | {setup['draft_bytes'] / MB:.0f} MiB | {off['free_before'] / MB:.0f} MiB | "
+            f"| {name} | {models} | {kernels} | {setup['draft_bytes'] / MB:.0f} MiB | {off['free_before'] / MB:.0f} MiB | "
             f"{1e3 * off['seconds']:.1f} ms, {off['bytes_given'] / MB:.0f} MiB back | "
             f"{1e3 * grow['seconds']:.1f} ms ({grow['bytes_mapped'] / MB:.0f} MiB, {grow['blocks']} blocks) | "
             f"{1e3 * back['seconds']:.1f} ms ({back['moved']}, {back['bytes_given'] / MB:.0f} MiB) | "
             f"{1e3 * issued['seconds']:.1f} / {1e3 * reload['copy_seconds']:.1f} ms ({reload['steps_during']}) | "
             f"{1e3 * catch['seconds']:.0f} ms, {catch['tokens']} tokens | {identical} | "
-            f"{'-' if agreement is None else f'{100 * agreement:.1f} %'} |"
+            f"{'-' if agreement is None else f'{100 * agreement:.1f} %'} | {replays} |"
         )
-        plot(name, rows, out / f"gpu-memory-cycle-{name}.png")
-    largest = max(runs, key=lambda name: next(r for r in runs[name] if r["kind"] == "setup")["draft_bytes"])
+        if not device.get("deterministic"):
+            plot(name, rows, out / f"gpu-memory-cycle-{name}.png")
+    timed = [name for name in runs if not next(r for r in runs[name] if r["kind"] == "device").get("deterministic")]
+    largest = max(timed, key=lambda name: next(r for r in runs[name] if r["kind"] == "setup")["draft_bytes"])
     lines += ["", f"![cycle](gpu-memory-cycle-{largest}.png)", ""]
     return lines

@@ -62,8 +62,8 @@ def section(folder: Path, out: Path) -> list[str]:
         "Deterministic kernels (torch's deterministic algorithms, math attention) make steps several times slower:",
         "their runs are checks of correctness, and their step times are not plotted.",
         "",
-        "| run | models | kernels | draft | free before offload | offload | expand (mapped) | contract (moved, given) | "
-        "reload: map / copy (steps beside) | catch-up | target tokens = replay | draft after catch-up = replay | "
+        "| run | models | kernels | draft | free before offload | offload | expand (mapped) | "
+        "contract (moved, given) | reload: map / copy (steps beside) | catch-up | target tokens = replay | draft after catch-up = replay | "
         "replay = replay |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
     ]
@@ -80,7 +80,8 @@ def section(folder: Path, out: Path) -> list[str]:
         agreement = check["draft_agreement"]
         identical = "yes" if check["target_tokens_identical"] else f"no ({len(check['requests_differing'])} differ)"
         lines.append(
-            f"| {name} | {models} | {kernels} | {setup['draft_bytes'] / MB:.0f} MiB | {off['free_before'] / MB:.0f} MiB | "
+            f"| {name} | {models} | {kernels} | {setup['draft_bytes'] / MB:.0f} MiB | "
+            f"{off['free_before'] / MB:.0f} MiB | "
             f"{1e3 * off['seconds']:.1f} ms, {off['bytes_given'] / MB:.0f} MiB back | "
             f"{1e3 * grow['seconds']:.1f} ms ({grow['bytes_mapped'] / MB:.0f} MiB, {grow['blocks']} blocks) | "
             f"{1e3 * back['seconds']:.1f} ms ({back['moved']}, {back['bytes_given'] / MB:.0f} MiB) | "

@@ -63,8 +63,8 @@ def section(folder: Path, out: Path) -> list[str]:
         "their runs are checks of correctness, and their step times are not plotted.",
         "",
         "| run | models | kernels | draft | free before offload | offload | expand (mapped) | "
-        "contract (moved, given) | reload: map / copy (steps beside) | catch-up | target tokens = replay | draft after catch-up = replay | "
-        "replay = replay |",
+        "contract (moved, given) | reload: map / copy (steps beside) | catch-up | target tokens = replay | "
+        "draft after catch-up = replay | replay = replay |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
     ]
     for name, rows in runs.items():

@@ -151,8 +151,7 @@ def make_reserve(size: Size, capacity: int, draft_capacity: int) -> KvReserve:
 def views(reserve: KvReserve, draft: bool, num_blocks: int) -> list[torch.Tensor]:
     shape = (num_blocks, 2, BLOCK, KV_HEADS, HEAD_DIM)
     return [
-        reserve.raw[r.start : r.start + num_blocks * r.page].view(DTYPE).view(shape)
-        for r in reserve.regions(draft)
+        reserve.raw[r.start : r.start + num_blocks * r.page].view(DTYPE).view(shape) for r in reserve.regions(draft)
     ]
 
 

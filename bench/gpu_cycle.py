@@ -391,7 +391,9 @@ class Engine:
                 parked.reload(self.side)
                 end.record(self.side)
                 self.reload = PendingReload(start, end, started, next_step)
-                self.event("reload issued", started, free, bytes=parked.num_bytes)
+                # No wait: the copy runs on the side stream beside the next steps (a wait here had it finish
+                # before them, and timed the copy as the host's pause).
+                self.event("reload issued", started, free, wait=False, bytes=parked.num_bytes)
 
     def migrate(self, moves: list[tuple[int, int]]) -> None:
         """The plan's copies in every target layer, then the requests' block ids pointed at the destinations."""
@@ -423,8 +425,10 @@ class Engine:
         self.drafting = True
         self.event("catch-up", started, free, requests=len(self.running), tokens=tokens)
 
-    def event(self, name: str, started: float, free_before: int, **fields: object) -> None:
-        torch.cuda.synchronize()
+    def event(self, name: str, started: float, free_before: int, wait: bool = True, **fields: object) -> None:
+        """An event's time; ``wait=False`` times the host's part only (what it queued on a stream still runs)."""
+        if wait:
+            torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         self.emit(
             {
@@ -432,14 +436,17 @@ class Engine:
                 "name": name,
                 "seconds": seconds,
                 "free_before": free_before,
-                "free_after": driver_free(),
+                "free_after": driver_free(wait),
                 **fields,
             }
         )
 
 
-def driver_free() -> int:
-    torch.cuda.synchronize()
+def driver_free(wait: bool = True) -> int:
+    """The driver's free bytes; mapping and unmapping are synchronous on the host, so no wait is needed to see
+    them, only to let freed work finish."""
+    if wait:
+        torch.cuda.synchronize()
     return torch.cuda.mem_get_info()[0]
 
 

@@ -4,14 +4,14 @@ while a burst drives the draft out and back, the residency state machine decidin
     PYTHONPATH=. python3 bench/gpu_cycle.py --out bench/results/gpu/cycle-h200.jsonl [--small] [--replays 2]
         [--deterministic] [--dtype float32]
 
-What runs is a small decoding engine of its own: Llama-shaped decoders (random bf16 weights, RMSNorm, grouped
-attention over a paged KV cache, no rotary embedding), greedy, one decode step for every running request per
-step, the draft's forward beside the target's while the draft is resident (its proposals are recorded, not
-verified: what matters here is the memory under them). A request is admitted once every block it will take is
-free beside what the running ones still need; blocks are taken as requests grow, lowest id first. Its KV cache
-is a ``KvReserve`` over CUDA virtual memory, the draft's weights ``ParkedWeights``, and every decision comes from
-``specserve.memory``'s ``ResidencyMachine`` over a ``KvCapacity`` of the real byte counts, the code the CPU
-engine and the simulator run:
+What runs is a small decoding engine of its own: Llama-shaped decoders (random weights, bf16 unless --dtype,
+RMSNorm, grouped attention over a paged KV cache, no rotary embedding), greedy, one decode step for every
+running request per step, the draft's forward beside the target's while the draft is resident (its proposals
+are recorded, not verified: what matters here is the memory under them). A request is admitted once every block
+it will take is free beside what the running ones still need; blocks are taken as requests grow, lowest id
+first. Its KV cache is a ``KvReserve`` over CUDA virtual memory, the draft's weights ``ParkedWeights``, and every
+decision comes from ``specserve.memory``'s ``ResidencyMachine`` over a ``KvCapacity`` of the real byte counts,
+the code the CPU engine and the simulator run:
 
 1. long requests decode; a burst arrives and fills the pool (the stand-in policy keeps k = 0 while more than the
    long requests run); free memory is first filled to half the bytes the offload will lend, so the grown pool

@@ -85,6 +85,15 @@ def step_gaps(steps: list[dict[str, Any]], last_step: int, reload_step: int, res
     }
 
 
+def catch_up_gap(steps: list[dict[str, Any]], last_step: int, reload_step: int, caught_up_step: int) -> float:
+    """The longest wall-clock gap between the starts of two consecutive steps from the reload's request until every
+    request had caught up: the rebuild's steps at k = 0 and the steps that ran the catch-up."""
+    first_step = last_step - len(steps) + 1
+    starts = [step["now_s"] for step in steps]
+    window = starts[max(reload_step - first_step, 0) : max(caught_up_step + 2 - first_step, 0)]
+    return max((b - a for a, b in zip(window, window[1:], strict=False)), default=float("nan"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pair", choices=("trained", "perf"), default="perf")
@@ -97,6 +106,12 @@ def main() -> None:
         "--dtype",
         default="bfloat16",
         help="the engine's dtype; float32 takes the target's near-ties out of the output check (see the README)",
+    )
+    parser.add_argument(
+        "--catch-up-max-tokens",
+        type=int,
+        help="most tokens a step catches the draft's KV up over (default: the engine's, 512 on CPU; a number at "
+        "least the token budget, 2048 here, takes no cap)",
     )
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
@@ -115,6 +130,7 @@ def main() -> None:
         max_k=4,
         max_num_seqs=16,
         dtype=args.dtype,
+        catch_up_max_tokens=args.catch_up_max_tokens,
     )
     kwargs = {**speculative_engine_kwargs(spec), "num_gpu_blocks_override": args.blocks, "block_size": args.block_size}
     marks: dict[str, Any] = {}
@@ -147,11 +163,15 @@ def main() -> None:
                 elif "reload_asked_s" in marks and "resident_s" not in marks:
                     if offline.draft_memory(llm)["state"] == "resident":
                         marks["resident_s"], marks["at_resident"] = now, offline.read_telemetry(llm)
-                elif "resident_s" in marks and "drafting_s" not in marks:
-                    if sum(offline.read_telemetry(llm).num_drafted_per_pos) > sum(
+                elif "resident_s" in marks and "caught_up_s" not in marks:
+                    now_t = offline.read_telemetry(llm)
+                    if "drafting_s" not in marks and sum(now_t.num_drafted_per_pos) > sum(
                         marks["at_resident"].num_drafted_per_pos
                     ):
                         marks["drafting_s"] = now
+                    caught_up = now_t.num_requests_caught_up - marks["at_reload"].num_requests_caught_up
+                    if caught_up >= marks["at_reload"].num_running:
+                        marks["caught_up_s"], marks["at_caught_up"] = now, now_t
 
             print("the cycle under load (fixed k = 4)...", file=sys.stderr)
             tokens = stream(llm, prompts, args.max_tokens, on_step)
@@ -171,6 +191,7 @@ def main() -> None:
         "baseline_blocks": args.blocks,
         "block_size": args.block_size,
         "dtype": args.dtype,
+        "catch_up_max_tokens": args.catch_up_max_tokens,
         "outputs_identical_to_plain_decoding": tokens == reference,
         # Per differing request: (request, first differing position); empty when identical.
         "first_differences": first_differences(tokens, reference),
@@ -204,6 +225,16 @@ def main() -> None:
         "steps_at_k0_while_reloading": memory["last_reload_steps_k0"],
         **step_gaps(steps, end.num_steps, marks["at_reload"].num_steps, marks["at_resident"].num_steps),
         "reload_to_drafting_s": marks.get("drafting_s", float("nan")) - marks["reload_asked_s"],
+        # Every request running at the reload caught up: with a catch-up cap, over several steps.
+        "reload_to_all_caught_up_s": marks.get("caught_up_s", float("nan")) - marks["reload_asked_s"],
+        "steps_catching_up": (
+            marks["at_caught_up"].num_steps - marks["at_resident"].num_steps if "at_caught_up" in marks else None
+        ),
+        "longest_step_gap_reload_to_caught_up_s": (
+            catch_up_gap(steps, end.num_steps, marks["at_reload"].num_steps, marks["at_caught_up"].num_steps)
+            if "at_caught_up" in marks
+            else None
+        ),
         "worker_rss_restored_bytes": memory["last_rss_restored_bytes"],
         "steps_at_k0_while_offloaded": marks["at_reload"].num_steps_by_k[0] - start.num_steps_by_k[0],
         # Nothing catches up while the draft is away (every pass is skipped), so these are the reload's.

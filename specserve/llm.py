@@ -64,6 +64,11 @@ class Speculation(BaseModel):
     skip_k0_draft_pass: bool = Field(
         True, description="Skip the draft's forward pass at k = 0 and catch its KV up when k > 0 resumes."
     )
+    catch_up_max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Most tokens one step catches the draft's KV up over; null: 512 on CPU, the token budget on GPU.",
+    )
     draft_offload: bool = Field(
         False, description="Elastic draft memory: lend the draft's bytes to the KV cache while k stays 0 under load."
     )
@@ -76,6 +81,12 @@ class Speculation(BaseModel):
     )
     offload_window_steps: int = Field(
         3, ge=1, description="With draft_offload: steps a trigger must hold before the draft moves."
+    )
+    offload_min_resident_s: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="With draft_offload: seconds a reloaded draft stays resident before it may be offloaded again.",
     )
     step_log: str | None = Field(
         None, description="Append every engine step to this file as a JSON line, for `bench/policy_replay.py`."
@@ -123,11 +134,14 @@ def speculative_llm_config_kwargs(
             # vLLM carries the last row's k on to larger batches, so vLLM's own default batch size needs no number.
             max_num_seqs=user.get("max_num_seqs", 1),
             skip_k0_draft_pass=spec.skip_k0_draft_pass,
+            catch_up_max_tokens=spec.catch_up_max_tokens,
             draft_signals=spec.draft_signals,
             step_log=spec.step_log,
             policy_modules=spec.policy_modules,
             draft_offload=(
-                DraftOffload(spec.offload_low_free_ratio, spec.offload_window_steps) if spec.draft_offload else None
+                DraftOffload(spec.offload_low_free_ratio, spec.offload_window_steps, spec.offload_min_resident_s)
+                if spec.draft_offload
+                else None
             ),
         )
     )

@@ -62,6 +62,14 @@ class ServeConfig(BaseModel):
         description="Skip the draft's forward pass on k = 0 decode steps and catch its KV up when k > 0 "
         "resumes; false: vLLM's own behaviour (the draft runs every step).",
     )
+    catch_up_max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Most tokens one step's draft pass catches up over for requests whose draft KV lags (after "
+        "k = 0 stretches, and every request's whole context after a draft reload), so that a catch-up is spread "
+        "over steps as a chunked prefill is; the shortest lag goes whatever its length. null: 512 on a CPU engine, "
+        "where the draft's pass is dear beside a step; on a GPU, what the step's token budget leaves.",
+    )
     draft_signals: bool = Field(
         True,
         description="Compute, in each engine's worker, the draft's confidence and entropy per drafted token from "
@@ -77,6 +85,12 @@ class ServeConfig(BaseModel):
     )
     offload_window_steps: int = Field(
         3, ge=1, description="With draft_offload: steps a trigger must hold before the draft moves."
+    )
+    offload_min_resident_s: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="With draft_offload: seconds a reloaded draft stays resident before it may be offloaded again.",
     )
     step_log: str | None = Field(
         None,

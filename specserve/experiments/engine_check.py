@@ -42,6 +42,7 @@ from specserve.sim.config import (
     WorkloadConfig,
 )
 from specserve.sim.latency import LinearForward, StepTimer
+from specserve.speculation.draft_sync import CPU_CATCH_UP_MAX_TOKENS
 
 PROMPT_TOKENS, OUTPUT_TOKENS = 32, 64
 WINDOW_S = 5.0
@@ -234,6 +235,7 @@ def simulate_trace(
             k0_runs_draft_pass=False,
             draft_first_pass="scheduled",
             drafts_ahead=True,
+            catch_up_max_tokens=CPU_CATCH_UP_MAX_TOKENS,  # the CPU engine's cap (k0_skip.catch_up_cap)
             num_kv_blocks=4096,
             max_model_len=512,
         ),

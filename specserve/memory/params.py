@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -25,6 +26,12 @@ class ResidencyParams:
     # After a failed transfer, wait this long before wanting it again; doubles per consecutive failure.
     retry_s: float = 5.0
     retry_max_s: float = 120.0
+    # Dwell: after a reload, the offload trigger may not act for this many seconds, so that a draft just copied back
+    # (0.3-2 s of contraction and copy) is not thrown away by the next swing of an oscillating load; the window
+    # still counts meanwhile. 0, as Nightjar: in the simulator W and the reload's buffer already keep a reloaded
+    # draft resident 8.7 s or more, so dwells of 1-3 reloads change nothing, and a binding one (10 s) trims cycles
+    # without helping latency (bench/results/memory-dwell.md).
+    min_resident_s: float = 0.0
 
     def __post_init__(self) -> None:
         checks = {
@@ -35,6 +42,7 @@ class ResidencyParams:
             "drain_timeout_s": self.drain_timeout_s >= 0,
             "retry_s": self.retry_s > 0,
             "retry_max_s": self.retry_max_s >= self.retry_s,
+            "min_resident_s": math.isfinite(self.min_resident_s) and self.min_resident_s >= 0,
         }
         for name, ok in checks.items():
             if not ok:

@@ -8,7 +8,10 @@
                                                   failed: back to OFFLOADED, pool re-expanded
 
 Triggers, each held for ``window_steps`` consecutive steps:
-- offload: the policy keeps k = 0 and free blocks stay below ``low_free_ratio`` of the pool;
+- offload: the policy keeps k = 0 and free blocks stay below ``low_free_ratio`` of the pool; after a successful
+  reload it also waits until the draft has been resident ``min_resident_s`` (the dwell), so that an oscillating
+  load does not throw away a draft just copied back. The window counts meanwhile, so pressure that held W steps
+  offloads at the dwell's end. The initial RESIDENT state has no dwell;
 - reload: the waiting queue is empty and free blocks cover the draft plus a safety buffer; then contraction waits
   (up to ``drain_timeout_s``) until few live blocks remain in the extra region, and moves those (migration.py).
 
@@ -116,6 +119,7 @@ class ResidencyMachine:
         self._streak = 0
         self._drain_since_s: float | None = None
         self._retry_at_s = -math.inf
+        self._resident_since_s = -math.inf  # the last successful reload; no dwell before the first
         self._num_failures = 0
         p, c = self.params, capacity
         self.low_free_blocks = math.ceil(p.low_free_ratio * c.num_base_blocks)
@@ -162,10 +166,20 @@ class ResidencyMachine:
     def _while_resident(self, obs: MemoryStep) -> list[Action]:
         pressed = obs.k == 0 and obs.num_kv_blocks_free < self.low_free_blocks
         self._streak = self._streak + 1 if pressed else 0
-        if self._streak < self.params.window_steps or obs.now_s < self._retry_at_s:
+        resident_s = obs.now_s - self._resident_since_s
+        dwelling = resident_s < self.params.min_resident_s
+        if self._streak < self.params.window_steps or obs.now_s < self._retry_at_s or dwelling:
             self._withdraw_offload()
             if obs.now_s >= self._retry_at_s:  # else the failure's reason stands until the retry
-                self.reason = "KV pressure, within the window" if pressed else "draft resident"
+                if not pressed:
+                    self.reason = "draft resident"
+                elif dwelling:
+                    self.reason = (
+                        f"KV pressure for {self._streak} steps; resident for {resident_s:.2f} s of the "
+                        f"{self.params.min_resident_s:g} s dwell after a reload"
+                    )
+                else:
+                    self.reason = "KV pressure, within the window"
             return []
         self.offload_wanted = True
         self.offload_granted = self.offload_granted or self.self_grant
@@ -237,6 +251,7 @@ class ResidencyMachine:
             self._fail(now_s, DraftState.OFFLOADED, "reload failed; speculation stays off")
             return [ExpandPool(self.capacity.num_draft_blocks, "reload failed")]
         self._num_failures = 0
+        self._resident_since_s = now_s
         self._enter(DraftState.RESIDENT)
         self.reason = "draft resident again"
         return []

@@ -37,7 +37,8 @@ the same plan to its tracker. Interfaces touched for it:
   only reaches back), the cached ``_num_computed_tokens_cache`` / ``_token_to_req_indices_cache`` cleared.
 - ``GPUModelRunner.input_batch.token_ids_cpu`` (the missed tokens' ids), ``.req_ids``,
   ``discard_request_mask.np`` (which rows sample a token this step, runner 2058),
-  ``vllm_config.scheduler_config.max_num_batched_tokens`` (the draft's buffers are sized to it).
+  ``vllm_config.scheduler_config.max_num_batched_tokens`` (the draft's buffers are sized to it); the plan's cap,
+  ``k0_skip.catch_up_cap``, comes from the config both processes read.
 - ``SpecDecodeBaseProposer.method``: catch-up only for ``draft_model``, whose draft reads token ids alone.
 
 What a skip leaves out besides the draft forward: ``prepare_next_token_ids_padded`` and
@@ -57,7 +58,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 # sampler_guard, draft_signals, plain_step and shape_warmup install their wrappers on import.
 from specserve.replicas import draft_memory, draft_signals, plain_step, sampler_guard, shape_warmup  # noqa: F401
-from specserve.replicas.k0_skip import runner_skips, step_skips_draft_pass
+from specserve.replicas.k0_skip import runner_catch_up_cap, runner_skips, step_skips_draft_pass
 from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan
 
 # Per worker process: draft passes skipped and run, requests caught up and their tokens, read by tests
@@ -125,7 +126,7 @@ def _propose_with_catch_up(runner: GPUModelRunner, original: Any, kwargs: dict[s
     starts = positions[bounds[:-1]].tolist() if req_ids else []
     lags = {rid: tracker.lag(rid, start) for rid, start in zip(req_ids, starts, strict=True)}
     room = runner.vllm_config.scheduler_config.max_num_batched_tokens - output.total_num_scheduled_tokens
-    plan = catch_up_plan(lags, room)
+    plan = catch_up_plan(lags, room, runner_catch_up_cap(runner))
     if plan:
         kwargs = _prepend_missed_tokens(runner, kwargs, req_ids, bounds, starts, [plan.get(r, 0) for r in req_ids])
         _counts["caught_up"] += len(plan)

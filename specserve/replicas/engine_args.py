@@ -49,6 +49,7 @@ class DraftOffload:
 
     low_free_ratio: float = 0.10
     window_steps: int = 3
+    min_resident_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,9 @@ class EngineControlConfig:
     # Skip the draft's forward pass on k = 0 decode steps (specserve.speculation.draft_sync); the next pass
     # catches up the requests whose draft KV then has a hole. False: vLLM's own behaviour.
     skip_k0_draft_pass: bool = True
+    # Most tokens one step's draft pass prepends to catch lagging requests' draft KV up (draft_sync.catch_up_plan);
+    # None: k0_skip.catch_up_cap's device default.
+    catch_up_max_tokens: int | None = None
     # Modules the scheduler imports before building the policy: where user policies register themselves.
     policy_modules: tuple[str, ...] = ()
     # Elastic draft memory under Nightjar's triggers (elastic_draft.py); None: offload only when asked.
@@ -76,8 +80,11 @@ class EngineControlConfig:
         return {
             "policy": self.policy,
             "skip_k0_draft_pass": self.skip_k0_draft_pass,
+            "catch_up_max_tokens": self.catch_up_max_tokens,
             "policy_modules": list(self.policy_modules),
-            "draft_offload": None if offload is None else [offload.low_free_ratio, offload.window_steps],
+            "draft_offload": (
+                None if offload is None else [offload.low_free_ratio, offload.window_steps, offload.min_resident_s]
+            ),
             "draft_signals": self.draft_signals,
             "step_log": self.step_log,
         }
@@ -92,6 +99,7 @@ class EngineControlConfig:
         return cls(
             policy=str(data["policy"]),
             skip_k0_draft_pass=bool(data.get("skip_k0_draft_pass", True)),
+            catch_up_max_tokens=data.get("catch_up_max_tokens"),
             policy_modules=tuple(data.get("policy_modules", ())),
             draft_offload=DraftOffload(*data["draft_offload"]) if data.get("draft_offload") else None,
             draft_signals=bool(data.get("draft_signals", True)),
@@ -116,6 +124,8 @@ class EngineSpec:
     seed: int = 0
     # See EngineControlConfig.skip_k0_draft_pass.
     skip_k0_draft_pass: bool = True
+    # See EngineControlConfig.catch_up_max_tokens.
+    catch_up_max_tokens: int | None = None
     # See EngineControlConfig.policy_modules.
     policy_modules: tuple[str, ...] = ()
     # See EngineControlConfig.draft_offload.
@@ -147,6 +157,7 @@ def speculative_engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
             ADDITIONAL_CONFIG_KEY: EngineControlConfig(
                 policy=spec.policy,
                 skip_k0_draft_pass=spec.skip_k0_draft_pass,
+                catch_up_max_tokens=spec.catch_up_max_tokens,
                 policy_modules=spec.policy_modules,
                 draft_offload=spec.draft_offload,
                 draft_signals=spec.draft_signals,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specserve.replicas.engine_args import ADDITIONAL_CONFIG_KEY, EngineControlConfig
-from specserve.speculation.draft_sync import skips_draft_pass
+from specserve.speculation.draft_sync import CPU_CATCH_UP_MAX_TOKENS, skips_draft_pass
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -49,6 +49,28 @@ def runner_skips(runner: Any) -> bool:
         enabled = skipping_enabled(runner.vllm_config)
         setattr(runner, _RUNNER_ATTR, enabled)
     return enabled
+
+
+def catch_up_cap(vllm_config: Any) -> int | None:
+    """Most tokens a step's draft pass catches up over (``draft_sync.catch_up_plan``'s ``max_tokens``): the
+    configured ``catch_up_max_tokens``, else ``draft_sync.CPU_CATCH_UP_MAX_TOKENS`` on a CPU engine and no cap
+    beyond the token budget elsewhere. The scheduler and the worker both call it, so their plans agree."""
+    data = (vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
+    configured = EngineControlConfig.from_additional_config(data).catch_up_max_tokens
+    if configured is not None:
+        return configured
+    return CPU_CATCH_UP_MAX_TOKENS if getattr(vllm_config.device_config, "device_type", None) == "cpu" else None
+
+
+_CAP_ATTR = "_specserve_catch_up_max_tokens"
+
+
+def runner_catch_up_cap(runner: Any) -> int | None:
+    """``catch_up_cap`` for a worker's model runner, read from its config once and kept on it."""
+    if not hasattr(runner, _CAP_ATTR):
+        setattr(runner, _CAP_ATTR, catch_up_cap(runner.vllm_config))
+    cap: int | None = getattr(runner, _CAP_ATTR)
+    return cap
 
 
 CATCH_UP_PROFILE = Path(__file__).with_name("catch_up_cpu.json")

@@ -48,7 +48,7 @@ from specserve.replicas.engine_args import (
     EngineControlConfig,
 )
 from specserve.replicas.engine_log import engine_logger
-from specserve.replicas.k0_skip import resume_cost, skipping_enabled, step_skips_draft_pass
+from specserve.replicas.k0_skip import catch_up_cap, resume_cost, skipping_enabled, step_skips_draft_pass
 from specserve.replicas.signalled_drafts import SignalledDraftTokenIds
 from specserve.replicas.telemetry import StepCounters
 from specserve.speculation import (
@@ -88,6 +88,8 @@ class AdaptiveKScheduler(Scheduler):
         # Read as the worker extension reads it, so both sides skip the same steps.
         self.skips_k0_draft_pass = skipping_enabled(self.vllm_config)
         self.draft_kv = DraftKVTracker()
+        # The worker reads the same key (k0_skip.runner_catch_up_cap), so both trackers apply the same plan.
+        self.catch_up_max_tokens = catch_up_cap(self.vllm_config)
         for module in control.policy_modules:
             importlib.import_module(module)  # registers the user's policies in this process
         self.traits = EngineTraits(
@@ -307,7 +309,9 @@ class AdaptiveKScheduler(Scheduler):
         if not skipped:
             lags = {req_id: self.draft_kv.lag(req_id, start) for req_id, start in starts.items()}
             caught_up = catch_up_plan(
-                lags, self.scheduler_config.max_num_batched_tokens - out.total_num_scheduled_tokens
+                lags,
+                self.scheduler_config.max_num_batched_tokens - out.total_num_scheduled_tokens,
+                self.catch_up_max_tokens,
             )
             self.counters.num_requests_caught_up += len(caught_up)
             self.counters.num_catch_up_tokens += sum(caught_up.values())
@@ -428,7 +432,11 @@ def _residency_params(control: EngineControlConfig) -> ResidencyParams | None:
     offload = control.draft_offload
     if offload is None:
         return None
-    return ResidencyParams(low_free_ratio=offload.low_free_ratio, window_steps=offload.window_steps)
+    return ResidencyParams(
+        low_free_ratio=offload.low_free_ratio,
+        window_steps=offload.window_steps,
+        min_resident_s=offload.min_resident_s,
+    )
 
 
 # EngineCore utility methods. They run between two steps in the engine's busy loop, so they are

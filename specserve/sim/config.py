@@ -28,6 +28,13 @@ class EngineConfig(_Closed):
         description="k=0 still runs one draft pass to keep the draft KV in sync (vLLM as shipped); false: k=0 "
         "decode steps skip it and the next pass catches the draft's KV up (specserve's engine)",
     )
+    catch_up_max_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="most tokens one step's draft pass catches lagging requests' draft KV up over (the shortest lag "
+        "goes whatever its length); null: what the token budget leaves, as specserve's GPU engines do (its CPU "
+        "engines cap at 512)",
+    )
     enable_chunked_prefill: bool = Field(True, description="split long prompts across steps (vLLM V1 default)")
     draft_first_pass: Literal["new_tokens", "scheduled"] = Field(
         "new_tokens",
@@ -217,6 +224,12 @@ class MemoryConfig(_Closed):
         0.30, ge=0, le=1, description="contract once this share of the extra region is live"
     )
     drain_timeout_s: float = Field(5.0, ge=0, description="then contract whatever is live")
+    min_resident_s: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="dwell: no offload until the draft is resident this long after a reload",
+    )
     # Nightjar App. C, Table 14, burst-spike trace (the appendix does not name the model): expand 88.95 ms, contract
     # 306.00 ms.
     expand_s: float = Field(0.089, ge=0, description="evicting the draft and growing the pool, device-local")

@@ -83,6 +83,7 @@ class DraftMemorySim:
             reload_buffer_ratio=cfg.reload_buffer_ratio,
             max_migrate_ratio=cfg.max_migrate_ratio,
             drain_timeout_s=cfg.drain_timeout_s,
+            min_resident_s=cfg.min_resident_s,
         )
         self.machines = [ResidencyMachine(self.capacity, params, cfg.coordination == "local") for _ in replicas]
         for replica, machine in zip(replicas, self.machines, strict=True):

@@ -252,6 +252,8 @@ class Replica:
             drafts_per_row = caps[:n] if n <= len(caps) else np.concatenate((caps, np.full(n - len(caps), k)))
         if self.cfg.drafts_ahead:  # only what the last step proposed can be verified
             drafts_per_row = np.minimum(drafts_per_row, b.proposed)
+            # The engine's lag rule: drafts made on a draft KV cache with a hole are cut (_cut_lagging_drafts).
+            drafts_per_row = np.where(b.draft_lag > 1, 0, drafts_per_row)
         need = np.where(decoding, 1 + drafts_per_row, remaining)
         before = np.cumsum(need) - need
         tokens = np.minimum(np.maximum(self.cfg.max_num_batched_tokens - before, 0), need)
@@ -302,6 +304,8 @@ class Replica:
 
     def _price(self, now_s: float, k: int, grant: _Grant, num_preempted: int, stop: StopHook | None) -> _Pending:
         b = self.batch
+        if not self.cfg.drafts_ahead:
+            grant = self._cut_lagging_drafts(grant)
         rows = np.flatnonzero(grant.drafts)
         accepted = np.zeros(len(b), dtype=np.int64)
         drafts = None
@@ -361,6 +365,25 @@ class Replica:
         self.series_running.append(record.num_running)
         return _Pending(grant, accepted, sampled, record, num_preempted, len(self.waiting), k)
 
+    def _catch_up_plan(self, holes: np.ndarray, num_batched: int) -> dict[str, int]:
+        rows = np.flatnonzero(holes)
+        lags = {str(r): int(holes[r]) for r in rows}
+        return catch_up_plan(lags, self.cfg.max_num_batched_tokens - num_batched, self.cfg.catch_up_max_tokens)
+
+    def _cut_lagging_drafts(self, grant: _Grant) -> _Grant:
+        """The engine's lag rule where a step drafts for itself: a request whose draft KV has a hole drafts
+        nothing unless this step's pass catches it up first (the same plan, over the tokens left after the cut)."""
+        b = self.batch
+        lagging = (b.draft_lag > 1) & (grant.drafts > 0)
+        if not lagging.any():
+            return grant
+        holes = np.maximum(b.draft_lag - 1, 0) * (grant.tokens > 0)
+        plan = self._catch_up_plan(holes, int(grant.tokens.sum()))
+        cut = np.array([r for r in np.flatnonzero(lagging) if str(r) not in plan], dtype=np.int64)
+        if not len(cut):
+            return grant
+        return self._verify_only_drafted(grant, cut, np.zeros(len(cut), dtype=np.int64))
+
     def _catch_up(self, scheduled: np.ndarray, num_batched: int) -> int:
         """Tokens the draft's first pass prepends for lagging requests (the engine's catch-up): a run of m
         skipped steps leaves m - 1 positions unwritten, and the same plan as the engine's picks who fits."""
@@ -370,7 +393,7 @@ class Replica:
         if not holes.any():
             return 0
         rows = np.flatnonzero(holes)
-        plan = catch_up_plan({str(r): int(holes[r]) for r in rows}, self.cfg.max_num_batched_tokens - num_batched)
+        plan = self._catch_up_plan(holes, num_batched)
         for r in rows:
             if str(r) not in plan:  # no room this step: still lagging
                 b.draft_lag[r] = holes[r] + 1

@@ -123,6 +123,31 @@ def test_resuming_speculation_mid_generation(engine, never_skipping):
         assert ours == pytest.approx(base, abs=0.05), f"position {pos}: {ours:.3f} vs never-skipped {base:.3f}"
 
 
+def test_a_catch_up_cap_spreads_the_catch_up_over_steps_losslessly(trained_pair):
+    """Four requests with 39-position holes against a cap of 16 tokens: each step's pass catches one of them up
+    (the shortest lag goes whatever the cap), the others' drafts are cut until their turn, and outputs and the
+    two processes' plans agree as without the cap."""
+    plan = dict(switch_after=40, max_tokens=64)
+    with running_engine(trained_pair, policy="fixed:k=0", catch_up_max_tokens=16) as engine:
+        plain, _ = engine.staggered(PROMPTS, [], before="fixed:k=0", after="fixed:k=0", **plan)
+        engine.llm.collective_rpc("specserve_propose_times")  # forget the passes so far
+        before, worker_before = engine.telemetry(), engine.draft_pass_counts()
+        tokens, gains = engine.staggered(PROMPTS, [], before="fixed:k=0", after="fixed:k=4", **plan)
+        after, worker_after = engine.telemetry(), engine.draft_pass_counts()
+        (passes,) = engine.llm.collective_rpc("specserve_propose_times")
+    assert tokens == plain
+    caught_up = after.num_requests_caught_up - before.num_requests_caught_up
+    assert caught_up == worker_after["caught_up"] - worker_before["caught_up"] == len(PROMPTS)
+    catching_up = [n for _, n, _ in passes if n > 0]
+    assert len(catching_up) == len(PROMPTS), "one request caught up per pass"
+    assert sum(catching_up) == after.num_catch_up_tokens - before.num_catch_up_tokens
+    # Requests waiting for their turn drafted on a draft KV with a hole: those drafts were cut, not verified.
+    assert after.num_drafts_cut_for_lag > before.num_drafts_cut_for_lag
+    # Once caught up, each speculates.
+    for i in range(len(PROMPTS)):
+        assert statistics.mean(gains[f"a{i}"][-16:]) > 1.2
+
+
 def test_skipping_can_be_turned_off(never_skipping):
     engine = never_skipping
     engine.set_policy("fixed:k=0")

@@ -66,6 +66,23 @@ def test_the_catch_up_plan_takes_short_lags_first_within_the_room_and_never_spli
     assert catch_up_plan(dict(reversed(list(lags.items()))), room=10) == catch_up_plan(lags, room=10)
 
 
+def test_the_catch_up_cap_spreads_a_reload_over_steps_and_never_starves_a_long_lag():
+    lags = {"a": 5, "c": 2, "d": 9, "e": 2}
+    assert catch_up_plan(lags, room=100, max_tokens=9) == {"c": 2, "e": 2, "a": 5}
+    assert catch_up_plan(lags, room=100, max_tokens=4) == {"c": 2, "e": 2}
+    # A lag above the cap still goes when it is the shortest and the room holds it, alone.
+    assert catch_up_plan({"d": 9, "f": 12}, room=100, max_tokens=4) == {"d": 9}
+    assert catch_up_plan({"d": 9}, room=8, max_tokens=4) == {}
+    # Steps in a row: every lagging request is caught up, none in a step over the cap but the first.
+    left, steps = dict(lags), 0
+    while left:
+        plan = catch_up_plan(left, room=100, max_tokens=6)
+        assert plan and (len(plan) == 1 or sum(plan.values()) <= 6)
+        left = {r: n for r, n in left.items() if r not in plan}
+        steps += 1
+    assert steps == 3  # {c, e}, {a}, {d}
+
+
 def test_partial_prefill_and_preemption():
     t = DraftKVTracker()
     step(t, False, ("r", 0, 8, False))  # a partial chunk samples nothing: only [0, 8) is written

@@ -32,7 +32,14 @@ def test_capacity_rejects_non_positive_sizes_naming_the_field(field: str) -> Non
 
 @pytest.mark.parametrize(
     "field,value",
-    [("low_free_ratio", 0.0), ("window_steps", 0), ("reload_buffer_ratio", 1.0), ("retry_max_s", 1.0)],
+    [
+        ("low_free_ratio", 0.0),
+        ("window_steps", 0),
+        ("reload_buffer_ratio", 1.0),
+        ("retry_max_s", 1.0),
+        ("min_resident_s", -1.0),
+        ("min_resident_s", float("nan")),
+    ],
 )
 def test_residency_params_reject_bad_values_naming_the_field(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from specserve.memory import (
     DraftState,
@@ -256,3 +257,114 @@ def test_a_revoked_grant_stops_a_contraction_that_was_waiting_for_the_drain() ->
     # Past the drain timeout, but without a grant the machine only keeps wanting.
     assert step(machine, 1.3 + PARAMS.drain_timeout_s + 1, free=CALM, live=many) == []
     assert machine.reload_wanted and not machine.reload_granted and machine.state is DraftState.OFFLOADED
+
+
+# -- the dwell after a reload (min_resident_s) ----------------------------------------------------------------
+
+DWELL = replace(PARAMS, min_resident_s=2.0)
+
+
+def resident_again(machine: ResidencyMachine, t: float) -> float:
+    """Offload, then reload with the reload finishing at the returned time."""
+    offloaded(machine, t)
+    reloading(machine, t + 1.0)
+    assert machine.reload_done(t + 1.1) == [] and machine.draft_resident
+    return t + 1.1
+
+
+def test_a_dwell_holds_back_an_offload_whose_trigger_held_w_steps_after_a_reload() -> None:
+    machine = ResidencyMachine(CAPACITY, DWELL)
+    done_s = resident_again(machine, 0.0)
+    for i in range(10 * PARAMS.window_steps):
+        assert step(machine, done_s + 0.01 + i * 0.01) == []
+    assert machine.state is DraftState.RESIDENT and not machine.offload_wanted
+    assert "dwell after a reload" in machine.reason and f"{DWELL.min_resident_s:g} s" in machine.reason
+
+
+def test_the_offload_fires_at_the_first_step_at_or_after_the_dwells_end_when_pressure_persisted() -> None:
+    machine = ResidencyMachine(CAPACITY, DWELL)
+    done_s = resident_again(machine, 0.0)
+    end_s = done_s + DWELL.min_resident_s
+    times = [done_s + 0.3 * i for i in range(1, 20)]
+    fired = [t for t in times if step(machine, t)]
+    assert fired == [min(t for t in times if t >= end_s)]
+    assert machine.state is DraftState.OFFLOADING
+
+
+def test_pressure_that_starts_near_the_dwells_end_still_needs_its_w_steps() -> None:
+    machine = ResidencyMachine(CAPACITY, DWELL)
+    end_s = resident_again(machine, 0.0) + DWELL.min_resident_s
+    steps = [end_s - 0.01 + i * 0.01 for i in range(PARAMS.window_steps)]
+    assert all(step(machine, t) == [] for t in steps[:-1])
+    assert [type(a) for a in step(machine, steps[-1])] == [StartOffload]
+
+
+def test_the_initial_resident_state_has_no_dwell() -> None:
+    machine = ResidencyMachine(CAPACITY, replace(PARAMS, min_resident_s=1e6))
+    actions = [step(machine, i * 0.01) for i in range(PARAMS.window_steps)]
+    assert [type(a) for a in actions[-1]] == [StartOffload]
+
+
+def test_no_dwell_offloads_again_w_steps_after_a_reload() -> None:
+    machine = ResidencyMachine(CAPACITY, PARAMS)
+    assert PARAMS.min_resident_s == 0.0
+    done_s = resident_again(machine, 0.0)
+    actions = [step(machine, done_s + 0.01 * (i + 1)) for i in range(PARAMS.window_steps)]
+    assert [type(a) for a in actions[-1]] == [StartOffload]
+
+
+def test_the_dwell_runs_from_the_reload_that_succeeded_not_from_a_failed_one() -> None:
+    machine = ResidencyMachine(CAPACITY, DWELL)
+    offloaded(machine)
+    reloading(machine, 1.0)
+    machine.reload_done(1.1, ok=False)
+    t = 1.1 + PARAMS.retry_s
+    while machine.state is DraftState.OFFLOADED:
+        step(machine, t, free=CALM)
+        t += 0.01
+    machine.contraction_done(t)
+    machine.reload_done(t + 0.1)
+    end_s = t + 0.1 + DWELL.min_resident_s
+    times = [t + 0.1 + 0.25 * i for i in range(1, 20)]
+    fired = [s for s in times if step(machine, s)]
+    assert fired == [min(s for s in times if s >= end_s)]
+
+
+def test_a_failed_offload_backs_off_as_before_with_no_dwell() -> None:
+    machine = ResidencyMachine(CAPACITY, replace(PARAMS, min_resident_s=10 * PARAMS.retry_s))
+    for t in (0.0, 0.1, 0.2):
+        step(machine, t)
+    machine.offload_done(0.3, ok=False)
+    assert "retry after" in machine.reason
+    assert all(step(machine, 0.4 + i * 0.1) == [] for i in range(40))
+    assert [type(a) for a in step(machine, 0.3 + PARAMS.retry_s + 0.01)] == [StartOffload]
+
+
+def cycles_under_oscillation(params: ResidencyParams) -> tuple[int, list[float]]:
+    """Offloads over an oscillating load (W + 7 steps busy, as many calm) with instant transfers, and how long the
+    draft stayed resident before each re-offload."""
+    machine = ResidencyMachine(CAPACITY, params)
+    half = PARAMS.window_steps + 7
+    resident_s: float | None = None
+    offloads, stays = 0, []
+    for i in range(2000):
+        t = i * 0.01
+        busy = (i // half) % 2 == 0
+        for action in step(machine, t, free=PRESSED if busy else CALM, waiting=5 if busy else 0):
+            if isinstance(action, StartOffload):
+                offloads += 1
+                if resident_s is not None:
+                    stays.append(t - resident_s)
+                machine.offload_done(t)
+            elif isinstance(action, StartContraction):
+                machine.contraction_done(t)
+                machine.reload_done(t)
+                resident_s = t
+    return offloads, stays
+
+
+def test_an_oscillating_load_cycles_less_with_a_dwell() -> None:
+    without, _ = cycles_under_oscillation(PARAMS)
+    with_dwell, stays = cycles_under_oscillation(replace(PARAMS, min_resident_s=0.5))
+    assert 1 < with_dwell < without
+    assert stays and min(stays) >= 0.5

@@ -11,7 +11,13 @@ from pydantic import ValidationError
 
 import specserve
 from specserve.llm import OWNED_ENGINE_KWARGS, SERVER_CLS, Speculation
-from specserve.replicas.engine_args import CPU_EXECUTOR_KEY, DraftOffload, EngineSpec, speculative_engine_kwargs
+from specserve.replicas.engine_args import (
+    CPU_EXECUTOR_KEY,
+    DraftOffload,
+    EngineControlConfig,
+    EngineSpec,
+    speculative_engine_kwargs,
+)
 
 FRAMEWORKS = ("ray", "vllm", "torch")
 
@@ -152,7 +158,9 @@ def test_serve_builds_its_llm_config_through_the_public_api_with_the_same_engine
     from specserve.cluster.app import ResolvedServe, llm_config
     from specserve.cluster.config import ServeConfig
 
-    config = ServeConfig(policy="fixed:k=2", k_max=3, max_num_seqs=4, draft_offload=True, cpu_executor="mp")
+    config = ServeConfig(
+        policy="fixed:k=2", k_max=3, max_num_seqs=4, draft_offload=True, offload_min_resident_s=2.0, cpu_executor="mp"
+    )
     built = llm_config(ResolvedServe(config, "/t", "/d", on_gpu=False, env_vars={"TMPDIR": "/scratch"}))
     expected = speculative_engine_kwargs(
         EngineSpec(
@@ -162,12 +170,14 @@ def test_serve_builds_its_llm_config_through_the_public_api_with_the_same_engine
             max_k=3,
             max_model_len=config.max_model_len,
             max_num_seqs=4,
-            draft_offload=DraftOffload(config.offload_low_free_ratio, config.offload_window_steps),
+            draft_offload=DraftOffload(config.offload_low_free_ratio, config.offload_window_steps, 2.0),
         )
     )
     for key in ("model", "tokenizer"):  # from model_loading_config; vLLM's tokenizer defaults to the model
         expected.pop(key)
     assert built.engine_kwargs == expected
+    control = EngineControlConfig.from_additional_config(built.engine_kwargs["additional_config"]["specserve"])
+    assert control.draft_offload is not None and control.draft_offload.min_resident_s == 2.0
     assert built.experimental_configs[CPU_EXECUTOR_KEY] == "mp"
     assert built.runtime_env["env_vars"]["TMPDIR"] == "/scratch"
 

@@ -38,6 +38,8 @@ def test_defaults_and_override_order(tmp_path):
         ("draft_offload: true\nskip_k0_draft_pass: false\n", "draft_offload needs skip_k0_draft_pass"),
         ("offload_low_free_ratio: 1.5\n", "offload_low_free_ratio: Input should be less than 1"),
         ("offload_window_steps: 0\n", "offload_window_steps: Input should be greater than or equal to 1"),
+        ("offload_min_resident_s: -1\n", "offload_min_resident_s: Input should be greater than or equal to 0"),
+        ("offload_min_resident_s: .inf\n", "offload_min_resident_s: Input should be a finite number"),
         ("min_resident_drafts: 3\nreplicas: 2\n", "min_resident_drafts=3 is more than replicas=2"),
         ("max_concurrent_reloads: 0\n", "max_concurrent_reloads: Input should be greater than or equal to 1"),
         ("resources_per_rank: {GPU: 1}\n", "resources_per_rank: 'GPU' is set by the accelerator"),

@@ -22,7 +22,8 @@ from specserve.sim.transfers import TransferLink
 from specserve.speculation import Decision, EngineTraits, Policy, StepContext, StepRecord
 
 
-def scenario(peak_qps: float = 20.0, num_replicas: int = 1, **memory: Any):
+def scenario(peak_qps: float = 20.0, num_replicas: int = 1, arrivals: dict | None = None, **memory: Any):
+    burst = {"kind": "burst", "base_qps": 1.0, "peak_qps": peak_qps, "burst_start_s": 3, "burst_duration_s": 6}
     return parse_scenario(
         {
             "name": "memory",
@@ -35,14 +36,7 @@ def scenario(peak_qps: float = 20.0, num_replicas: int = 1, **memory: Any):
                     "prompt_tokens": {"mean": 200, "std": 100, "max_tokens": 600},
                     "output_tokens": {"mean": 150, "std": 80, "max_tokens": 400},
                 },
-                "arrivals": {
-                    "kind": "burst",
-                    "base_qps": 1.0,
-                    "peak_qps": peak_qps,
-                    "burst_start_s": 3,
-                    "burst_duration_s": 6,
-                    "duration_s": 16,
-                },
+                "arrivals": {**(arrivals or burst), "duration_s": 16},
             },
             "acceptance": {"mean": 0.66},
             "memory": {"offload": True, **memory},
@@ -137,6 +131,29 @@ def test_a_reloaded_draft_catches_up_over_the_whole_context() -> None:
     assert record.duration_s > in_sync_s + hundred_tokens_s
 
 
+def drafting_after_reload(scen: Any) -> list[float]:
+    """The share of running requests that drafted, in each of the first 30 steps at k > 0 after the reload."""
+    result, steps = run(scen)
+    memory = result.memory
+    assert memory is not None and memory.reloads and memory.reloads[0].resident_s is not None
+    back_s = memory.reloads[0].resident_s
+    return [len(r.num_drafted_per_request) / r.num_running for r, _ in steps if r.now_s >= back_s and r.k > 0][:30]
+
+
+@pytest.mark.parametrize("drafts_ahead", [False, True])
+def test_a_catch_up_cap_spreads_a_reload_over_steps_and_lagging_requests_draft_nothing(drafts_ahead: bool) -> None:
+    base = scenario()
+    engine = base.engine.model_copy(update={"drafts_ahead": drafts_ahead})
+    uncapped = drafting_after_reload(base.model_copy(update={"engine": engine}))
+    capped_engine = engine.model_copy(update={"catch_up_max_tokens": 300})
+    capped = drafting_after_reload(base.model_copy(update={"engine": capped_engine}))
+    # Without a cap the token budget holds (nearly) every request's whole context: they draft at once. With one,
+    # requests join a few at a time, and whoever has not caught up yet drafts nothing meanwhile.
+    assert max(uncapped[:2]) >= 0.9
+    assert max(capped[:2]) < 0.5
+    assert max(capped) == 1.0
+
+
 def test_reloading_sets_every_running_requests_draft_lag_to_its_whole_context() -> None:
     result, _ = run(scenario(peak_qps=2.0))
     replica = result.replicas[0]
@@ -227,3 +244,31 @@ def test_without_offload_the_draft_stays_and_the_pool_keeps_its_size() -> None:
     result = simulate(scen, "bandit", seed=0, on_step=lambda _, stats: steps.append(stats))
     assert result.memory is None
     assert {s.num_kv_blocks_total for s in steps} == {resolve(scen).num_kv_blocks}
+
+
+def resident_stretches(result: SimResult) -> list[float]:
+    """Per replica, from each reload finishing to the next offload starting."""
+    assert result.memory is not None
+    stretches = []
+    for replica in range(result.resolved.scenario.num_replicas):
+        changes = [c for c in result.memory.changes if c.replica == replica]
+        stretches += [
+            b.time_s - a.time_s
+            for a, b in zip(changes, changes[1:], strict=False)
+            if (a.state, b.state) == (DraftState.RESIDENT, DraftState.OFFLOADING)
+        ]
+    return stretches
+
+
+def test_the_scenarios_dwell_keeps_a_reloaded_draft_resident_that_long() -> None:
+    # Load swings back soon after each reload: without a dwell the draft is offloaded again within seconds.
+    oscillation = {"kind": "oscillation", "high_qps": 20.0, "low_qps": 0.0, "period_s": 6.0}
+    undwelt = resident_stretches(run(scenario(arrivals=oscillation))[0])
+    dwell_s = 1.5 * min(undwelt)
+    dwelt = resident_stretches(run(scenario(arrivals=oscillation, min_resident_s=dwell_s))[0])
+    assert dwelt and min(dwelt) >= dwell_s
+
+
+def test_a_negative_dwell_is_rejected_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="min_resident_s"):
+        scenario(min_resident_s=-1.0)

@@ -21,13 +21,13 @@ include up to a few steps of slack.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 import time
 from typing import Any
 
+from specserve.experiments.report_io import emit_report
 from specserve.models.arguments import add_perf_options
 from specserve.models.prompts import OPENINGS
 
@@ -241,11 +241,7 @@ def main() -> None:
         "requests_caught_up_after_reload": end.num_requests_caught_up - marks["at_reload"].num_requests_caught_up,
         "catch_up_tokens_after_reload": end.num_catch_up_tokens - marks["at_reload"].num_catch_up_tokens,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import os
 import pstats
 import tempfile
@@ -27,6 +26,7 @@ from typing import Any
 
 from k0_step import PROMPTS, engine_kwargs, generation_s
 
+from specserve.experiments.report_io import emit_report
 from specserve.models.arguments import add_perf_options
 
 OURS = os.sep + "specserve" + os.sep
@@ -117,10 +117,7 @@ def main() -> None:
             plain_engine_s, plain_stats = profile_engine("no_spec", target, draft, args.batch, args.tokens)
             report["no_spec_unprofiled_ms_per_step"] = round(plain_engine_s / args.tokens * 1e3, 3)
             report["beyond_no_spec"] = beyond(stats, plain_stats, args.tokens, args.top)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit_report(report, args.out)
 
 
 if __name__ == "__main__":

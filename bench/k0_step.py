@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
 import tempfile
@@ -28,6 +27,7 @@ import time
 from typing import Any
 
 from specserve.bench.stats import spread
+from specserve.experiments.report_io import emit_report
 from specserve.models.arguments import add_perf_options
 from specserve.models.prompts import OPENINGS
 
@@ -160,11 +160,7 @@ def main() -> None:
         },
         "per_round": [{name: {str(b): round(v, 3) for b, v in r[name].items()} for name in ENGINES} for r in rounds],
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit_report(report, args.out)
 
 
 if __name__ == "__main__":

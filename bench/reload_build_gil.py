@@ -12,7 +12,6 @@ loading, post-processing into oneDNN handlers) are timed by wrapping them. Print
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -20,6 +19,7 @@ import threading
 import time
 from typing import Any
 
+from specserve.experiments.report_io import emit_report
 from specserve.models.arguments import add_perf_options
 
 
@@ -114,11 +114,7 @@ def main() -> None:
         "rounds": rounds,
         "longest_ticker_wait_s": max(r["longest_ticker_waits_s"][0] for r in rounds),
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit_report(report, args.out)
 
 
 if __name__ == "__main__":

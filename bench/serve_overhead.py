@@ -43,6 +43,7 @@ import yaml
 
 from specserve.bench.cpu_share import CpuTally
 from specserve.bench.stats import spread
+from specserve.experiments.report_io import emit_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -303,10 +304,7 @@ def main() -> None:
             way: {str(c): cpu_by_role(rounds, way, c) for c in args.concurrency} for way in ways
         },
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit_report(report, args.out)
 
 
 if __name__ == "__main__":

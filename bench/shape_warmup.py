@@ -14,13 +14,13 @@ setting and round, the median, mean and max excess in ms.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
 from typing import Any
 
+from specserve.experiments.report_io import emit_report
 from specserve.models.arguments import add_perf_options
 from specserve.models.prompts import OPENINGS
 
@@ -86,11 +86,7 @@ def main() -> int:
         os.environ[ENV_SWITCH] = "1" if setting == "on" else "0"  # read by the engine process it starts
         print(f"warm-up {setting}", file=sys.stderr)
         report[f"warm_up_{setting}"] = run(str(pair.target), str(pair.draft), args.rounds)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit_report(report, args.out)
     return 0
 
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan, skips_draft_pass
+from specserve.speculation.draft_sync import (
+    CPU_CATCH_UP_MAX_TOKENS,
+    DraftKVTracker,
+    ScheduledRequest,
+    catch_up_plan,
+    skips_draft_pass,
+)
 
 
 def skips(k=0, new=0, tokens=(1, 1), enabled=True):
@@ -169,3 +175,23 @@ def test_the_offload_triggers_reach_the_engine_through_its_config():
 
     assert control(None).draft_offload is None
     assert control(DraftOffload(0.2, 5)).draft_offload == DraftOffload(0.2, 5)
+
+
+@pytest.mark.parametrize(
+    ("configured", "device", "cap"),
+    [(None, "cpu", CPU_CATCH_UP_MAX_TOKENS), (None, "cuda", None), (64, "cuda", 64), (4096, "cpu", 4096)],
+)
+def test_both_engine_processes_read_one_catch_up_cap(configured, device, cap):
+    from types import SimpleNamespace
+
+    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.k0_skip import catch_up_cap, runner_catch_up_cap
+
+    kwargs = speculative_engine_kwargs(
+        EngineSpec(target="t", draft="d", policy="fixed:k=0", max_k=4, catch_up_max_tokens=configured)
+    )
+    vllm_config = SimpleNamespace(
+        additional_config=kwargs["additional_config"], device_config=SimpleNamespace(device_type=device)
+    )
+    assert catch_up_cap(vllm_config) == cap  # the scheduler's
+    assert runner_catch_up_cap(SimpleNamespace(vllm_config=vllm_config)) == cap  # the worker's

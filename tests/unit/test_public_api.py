@@ -159,7 +159,13 @@ def test_serve_builds_its_llm_config_through_the_public_api_with_the_same_engine
     from specserve.cluster.config import ServeConfig
 
     config = ServeConfig(
-        policy="fixed:k=2", k_max=3, max_num_seqs=4, draft_offload=True, offload_min_resident_s=2.0, cpu_executor="mp"
+        policy="fixed:k=2",
+        k_max=3,
+        max_num_seqs=4,
+        draft_offload=True,
+        offload_min_resident_s=2.0,
+        catch_up_max_tokens=96,
+        cpu_executor="mp",
     )
     built = llm_config(ResolvedServe(config, "/t", "/d", on_gpu=False, env_vars={"TMPDIR": "/scratch"}))
     expected = speculative_engine_kwargs(
@@ -171,6 +177,7 @@ def test_serve_builds_its_llm_config_through_the_public_api_with_the_same_engine
             max_model_len=config.max_model_len,
             max_num_seqs=4,
             draft_offload=DraftOffload(config.offload_low_free_ratio, config.offload_window_steps, 2.0),
+            catch_up_max_tokens=96,
         )
     )
     for key in ("model", "tokenizer"):  # from model_loading_config; vLLM's tokenizer defaults to the model
@@ -178,6 +185,7 @@ def test_serve_builds_its_llm_config_through_the_public_api_with_the_same_engine
     assert built.engine_kwargs == expected
     control = EngineControlConfig.from_additional_config(built.engine_kwargs["additional_config"]["specserve"])
     assert control.draft_offload is not None and control.draft_offload.min_resident_s == 2.0
+    assert control.catch_up_max_tokens == 96
     assert built.experimental_configs[CPU_EXECUTOR_KEY] == "mp"
     assert built.runtime_env["env_vars"]["TMPDIR"] == "/scratch"
 

@@ -40,6 +40,8 @@ def test_defaults_and_override_order(tmp_path):
         ("offload_window_steps: 0\n", "offload_window_steps: Input should be greater than or equal to 1"),
         ("offload_min_resident_s: -1\n", "offload_min_resident_s: Input should be greater than or equal to 0"),
         ("offload_min_resident_s: .inf\n", "offload_min_resident_s: Input should be a finite number"),
+        ("catch_up_max_tokens: 0\n", "catch_up_max_tokens: Input should be greater than or equal to 1"),
+        ("catch_up_max_tokens: lots\n", "catch_up_max_tokens: Input should be a valid integer"),
         ("min_resident_drafts: 3\nreplicas: 2\n", "min_resident_drafts=3 is more than replicas=2"),
         ("max_concurrent_reloads: 0\n", "max_concurrent_reloads: Input should be greater than or equal to 1"),
         ("resources_per_rank: {GPU: 1}\n", "resources_per_rank: 'GPU' is set by the accelerator"),

@@ -25,8 +25,9 @@ Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
 
 Catch-up (``_propose_with_catch_up``, wrapped around this runner's ``drafter.propose``): the worker keeps
 its own ``DraftKVTracker`` and, on every step that runs the pass, prepends the missed tokens of the
-requests ``draft_sync.catch_up_plan`` picks to their part of the draft's first pass. The scheduler applies
-the same plan to its tracker. Interfaces touched for it:
+requests ``draft_sync.catch_up_plan`` picks to their part of the draft's first pass; a request caught up in
+part gets its chunk in place of its part. The scheduler applies the same plan to its tracker. Interfaces
+touched for it:
 
 - ``v1/spec_decode/llm_base_proposer.py:512`` ``SpecDecodeBaseProposer.propose(...)``, keyword call from the
   runner (5006): ``target_token_ids``, ``target_positions``, ``target_hidden_states``,
@@ -34,10 +35,14 @@ the same plan to its tracker. Interfaces touched for it:
   then derives slots from positions and the block table, so prepended positions land in their own slots.
 - ``v1/attention/backend.py:387`` ``CommonAttentionMetadata``: ``query_start_loc(_cpu)``,
   ``num_actual_tokens``, ``max_query_len`` grown through ``replace``; ``seq_lens`` unchanged (the query
-  only reaches back), the cached ``_num_computed_tokens_cache`` / ``_token_to_req_indices_cache`` cleared.
+  only reaches back) except for a row caught up in part, whose sequence ends at its chunk (and
+  ``seq_lens_cpu_upper_bound`` with it, where set; its ``num_rejected_tokens_gpu`` entry set to 0); the
+  cached ``_num_computed_tokens_cache`` / ``_token_to_req_indices_cache`` cleared. ``v1/spec_decode/utils.py``
+  ``compute_new_slot_mapping`` (363) sizes the pass to the query lengths plus one slot per request.
 - ``GPUModelRunner.input_batch.token_ids_cpu`` (the missed tokens' ids), ``.req_ids``,
   ``discard_request_mask.np`` (which rows sample a token this step, runner 2058),
-  ``vllm_config.scheduler_config.max_num_batched_tokens`` (the draft's buffers are sized to it); the plan's cap,
+  ``vllm_config.scheduler_config.max_num_batched_tokens`` (the draft's buffers are sized to it, the one
+  extra slot per request included: ``draft_sync.draft_pass_room``); the plan's cap,
   ``k0_skip.catch_up_cap``, comes from the config both processes read.
 - ``SpecDecodeBaseProposer.method``: catch-up only for ``draft_model``, whose draft reads token ids alone.
 
@@ -58,8 +63,8 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 # sampler_guard, draft_signals, plain_step and shape_warmup install their wrappers on import.
 from specserve.replicas import draft_memory, draft_signals, plain_step, sampler_guard, shape_warmup  # noqa: F401
-from specserve.replicas.k0_skip import runner_catch_up_cap, runner_skips, step_skips_draft_pass
-from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan
+from specserve.replicas.k0_skip import catch_up_room, runner_catch_up_cap, runner_skips, step_skips_draft_pass
+from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan, is_partial
 
 # Per worker process: draft passes skipped and run, requests caught up and their tokens, read by tests
 # and telemetry through ``collective_rpc``.
@@ -125,16 +130,19 @@ def _propose_with_catch_up(runner: GPUModelRunner, original: Any, kwargs: dict[s
     positions = kwargs["target_positions"]
     starts = positions[bounds[:-1]].tolist() if req_ids else []
     lags = {rid: tracker.lag(rid, start) for rid, start in zip(req_ids, starts, strict=True)}
-    room = runner.vllm_config.scheduler_config.max_num_batched_tokens - output.total_num_scheduled_tokens
+    room = catch_up_room(runner.vllm_config.scheduler_config.max_num_batched_tokens, output)
     plan = catch_up_plan(lags, room, runner_catch_up_cap(runner))
+    rejected = kwargs.get("num_rejected_tokens_gpu")
     if plan:
-        kwargs = _prepend_missed_tokens(runner, kwargs, req_ids, bounds, starts, [plan.get(r, 0) for r in req_ids])
-        _counts["caught_up"] += len(plan)
+        extra = [plan.get(r, 0) for r in req_ids]
+        partial = [is_partial(plan, lags, r) for r in req_ids]
+        firsts = [start - lags[r] for r, start in zip(req_ids, starts, strict=True)]
+        kwargs = _prepend_missed_tokens(runner, kwargs, bounds, firsts, extra, partial)
+        _counts["caught_up"] += sum(not is_partial(plan, lags, r) for r in plan)
         _counts["catch_up_tokens"] += sum(plan.values())
     started = time.perf_counter()
     result = original(**kwargs)
     _propose_times.append((len(req_ids), sum(plan.values()), time.perf_counter() - started))
-    rejected = kwargs.get("num_rejected_tokens_gpu")
     rejected_list = rejected[: len(req_ids)].tolist() if rejected is not None else [0] * len(req_ids)
     discard = runner.discard_request_mask.np[: len(req_ids)]
     steps = [
@@ -151,37 +159,57 @@ def _propose_with_catch_up(runner: GPUModelRunner, original: Any, kwargs: dict[s
 def _prepend_missed_tokens(
     runner: GPUModelRunner,
     kwargs: dict[str, Any],
-    req_ids: list[str],
     bounds: list[int],
-    starts: list[int],
+    firsts: list[int],
     extra: list[int],
+    partial: list[bool],
 ) -> dict[str, Any]:
-    """The pass's inputs with each row's missed positions ``[start - extra, start)`` in front of its tokens."""
+    """The pass's inputs with each row's missed positions ``[first, first + extra)`` (``first``: its first stale
+    position) in front of its tokens. A row caught up in part (``partial``) gets the chunk instead of its tokens:
+    its query is the chunk, its sequence ends there (``seq_lens``), none of it counts as rejected, and what the
+    pass then drafts for it is cut by the scheduler, since it still lags."""
     token_ids, positions, hidden = (
         kwargs["target_token_ids"],
         kwargs["target_positions"],
         kwargs["target_hidden_states"],
     )
+    cad = kwargs["common_attn_metadata"]
     device = token_ids.device
     ids_parts, pos_parts, hidden_parts = [], [], []
+    grown = []  # each row's query length, after less before
+    seq_lens = cad.seq_lens.clone() if any(partial) else cad.seq_lens
     for i, n in enumerate(extra):
         lo, hi = bounds[i], bounds[i + 1]
+        first = firsts[i]
         if n:
-            first = starts[i] - n
-            missed = runner.input_batch.token_ids_cpu[i, first : starts[i]]
+            missed = runner.input_batch.token_ids_cpu[i, first : first + n]
             ids_parts.append(torch.as_tensor(missed, dtype=token_ids.dtype).to(device))
-            pos_parts.append(torch.arange(first, starts[i], dtype=positions.dtype, device=device))
+            pos_parts.append(torch.arange(first, first + n, dtype=positions.dtype, device=device))
             hidden_parts.append(hidden.new_zeros((n, *hidden.shape[1:])))
+        if partial[i]:
+            seq_lens[i] = first + n
+            grown.append(n - (hi - lo))
+            continue
         ids_parts.append(token_ids[lo:hi])
         pos_parts.append(positions[lo:hi])
         hidden_parts.append(hidden[lo:hi])
-    cad = kwargs["common_attn_metadata"]
-    shift = torch.tensor([0, *extra], dtype=cad.query_start_loc_cpu.dtype).cumsum(0)
+        grown.append(n)
+    shift = torch.tensor([0, *grown], dtype=cad.query_start_loc_cpu.dtype).cumsum(0)
     starts_cpu = cad.query_start_loc_cpu.clone()
     starts_cpu[: len(shift)] += shift
     starts_cpu[len(shift) :] += shift[-1]  # padding rows, if any, keep their (empty) queries at the end
     query_lens = starts_cpu[1:] - starts_cpu[:-1]
     total = int(shift[-1])
+    replaced: dict[str, Any] = {}
+    if any(partial):
+        replaced["seq_lens"] = seq_lens
+        upper = getattr(cad, "seq_lens_cpu_upper_bound", None)
+        if upper is not None:
+            upper = upper.clone()
+            for i, p in enumerate(partial):
+                if p:
+                    upper[i] = int(seq_lens[i])
+            replaced["seq_lens_cpu_upper_bound"] = upper
     new_cad = cad.replace(
         query_start_loc=starts_cpu.to(cad.query_start_loc.device),
         query_start_loc_cpu=starts_cpu,
@@ -189,14 +217,23 @@ def _prepend_missed_tokens(
         max_query_len=int(query_lens.max()),
         _num_computed_tokens_cache=None,
         _token_to_req_indices_cache=None,
+        **replaced,
     )
-    return {
+    out = {
         **kwargs,
         "target_token_ids": torch.cat(ids_parts),
         "target_positions": torch.cat(pos_parts),
         "target_hidden_states": torch.cat(hidden_parts),
         "common_attn_metadata": new_cad,
     }
+    rejected = kwargs.get("num_rejected_tokens_gpu")
+    if rejected is not None and any(partial):
+        rejected = rejected.clone()
+        for i, p in enumerate(partial):
+            if p:
+                rejected[i] = 0
+        out["num_rejected_tokens_gpu"] = rejected
+    return out
 
 
 if getattr(_original_propose, "__name__", "") != _propose_or_skip.__name__:  # once per process

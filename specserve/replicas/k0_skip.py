@@ -7,8 +7,8 @@ read the same ``VllmConfig`` and the same ``SchedulerOutput``, and the rule itse
 
 Private vLLM interfaces read: ``VllmConfig.additional_config`` / ``speculative_config`` /
 ``scheduler_config.async_scheduling``; ``SchedulerOutput.num_spec_tokens_to_schedule``,
-``scheduled_new_reqs``, ``scheduled_cached_reqs.resumed_req_ids``, ``num_scheduled_tokens``
-(``vllm/v1/core/sched/output.py``).
+``scheduled_new_reqs``, ``scheduled_cached_reqs.resumed_req_ids``, ``num_scheduled_tokens``,
+``total_num_scheduled_tokens`` (``vllm/v1/core/sched/output.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specserve.replicas.engine_args import ADDITIONAL_CONFIG_KEY, EngineControlConfig
-from specserve.speculation.draft_sync import CPU_CATCH_UP_MAX_TOKENS, skips_draft_pass
+from specserve.speculation.draft_sync import CPU_CATCH_UP_MAX_TOKENS, draft_pass_room, skips_draft_pass
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -60,6 +60,11 @@ def catch_up_cap(vllm_config: Any) -> int | None:
     if configured is not None:
         return configured
     return CPU_CATCH_UP_MAX_TOKENS if getattr(vllm_config.device_config, "device_type", None) == "cpu" else None
+
+
+def catch_up_room(token_budget: int, output: SchedulerOutput) -> int:
+    """``draft_sync.draft_pass_room`` for one step's ``SchedulerOutput``, as both processes compute it."""
+    return draft_pass_room(token_budget, output.total_num_scheduled_tokens, len(output.num_scheduled_tokens))
 
 
 _CAP_ATTR = "_specserve_catch_up_max_tokens"

@@ -48,7 +48,13 @@ from specserve.replicas.engine_args import (
     EngineControlConfig,
 )
 from specserve.replicas.engine_log import engine_logger
-from specserve.replicas.k0_skip import catch_up_cap, resume_cost, skipping_enabled, step_skips_draft_pass
+from specserve.replicas.k0_skip import (
+    catch_up_cap,
+    catch_up_room,
+    resume_cost,
+    skipping_enabled,
+    step_skips_draft_pass,
+)
 from specserve.replicas.signalled_drafts import SignalledDraftTokenIds
 from specserve.replicas.telemetry import StepCounters
 from specserve.speculation import (
@@ -63,7 +69,7 @@ from specserve.speculation import (
 )
 from specserve.speculation.confident_prefix import confident_prefix
 from specserve.speculation.context import build_step_context, kv_blocks_needed, most_kv_blocks_per_decode
-from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan
+from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan, is_partial
 from specserve.speculation.step_log import encode as encode_step
 
 logger = engine_logger(__name__)
@@ -310,10 +316,10 @@ class AdaptiveKScheduler(Scheduler):
             lags = {req_id: self.draft_kv.lag(req_id, start) for req_id, start in starts.items()}
             caught_up = catch_up_plan(
                 lags,
-                self.scheduler_config.max_num_batched_tokens - out.total_num_scheduled_tokens,
+                catch_up_room(self.scheduler_config.max_num_batched_tokens, out),
                 self.catch_up_max_tokens,
             )
-            self.counters.num_requests_caught_up += len(caught_up)
+            self.counters.num_requests_caught_up += sum(not is_partial(caught_up, lags, r) for r in caught_up)
             self.counters.num_catch_up_tokens += sum(caught_up.values())
         sampled = result.sampled_token_ids
         steps = []

@@ -32,7 +32,7 @@ from specserve.sim.latency import StepTimer
 from specserve.sim.steps import StepListener, StepStats, further_pass_tokens, step_record
 from specserve.speculation import Decision, GuardedPolicy, Policy, StepContext, StepRecord
 from specserve.speculation.context import build_step_context, kv_blocks_needed, most_kv_blocks_per_decode
-from specserve.speculation.draft_sync import catch_up_plan, skips_draft_pass
+from specserve.speculation.draft_sync import catch_up_plan, draft_pass_room, skips_draft_pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,7 +334,7 @@ class Replica:
             speculates = drafts is not None
         if num_passes:
             read = grant.tokens if self.cfg.draft_first_pass == "scheduled" else new_tokens
-            first_pass_tokens = int(read.sum()) + self._catch_up(scheduled, int(grant.tokens.sum()))
+            first_pass_tokens = int(read.sum()) + self._catch_up(scheduled, int(grant.tokens.sum()), read, new_tokens)
             draft_pass_tokens = [first_pass_tokens, *further]
         else:
             draft_pass_tokens = []
@@ -365,39 +365,48 @@ class Replica:
         self.series_running.append(record.num_running)
         return _Pending(grant, accepted, sampled, record, num_preempted, len(self.waiting), k)
 
-    def _catch_up_plan(self, holes: np.ndarray, num_batched: int) -> dict[str, int]:
+    def _catch_up_plan(self, holes: np.ndarray, num_batched: int, num_scheduled: int) -> dict[str, int]:
         rows = np.flatnonzero(holes)
         lags = {str(r): int(holes[r]) for r in rows}
-        return catch_up_plan(lags, self.cfg.max_num_batched_tokens - num_batched, self.cfg.catch_up_max_tokens)
+        room = draft_pass_room(self.cfg.max_num_batched_tokens, num_batched, num_scheduled)
+        return catch_up_plan(lags, room, self.cfg.catch_up_max_tokens)
 
     def _cut_lagging_drafts(self, grant: _Grant) -> _Grant:
         """The engine's lag rule where a step drafts for itself: a request whose draft KV has a hole drafts
-        nothing unless this step's pass catches it up first (the same plan, over the tokens left after the cut)."""
+        nothing unless this step's pass catches it up whole first (the same plan, over the tokens left after the
+        cut)."""
         b = self.batch
         lagging = (b.draft_lag > 1) & (grant.drafts > 0)
         if not lagging.any():
             return grant
         holes = np.maximum(b.draft_lag - 1, 0) * (grant.tokens > 0)
-        plan = self._catch_up_plan(holes, int(grant.tokens.sum()))
-        cut = np.array([r for r in np.flatnonzero(lagging) if str(r) not in plan], dtype=np.int64)
+        plan = self._catch_up_plan(holes, int(grant.tokens.sum()), int((grant.tokens > 0).sum()))
+        cut = np.array([r for r in np.flatnonzero(lagging) if plan.get(str(r), 0) < holes[r]], dtype=np.int64)
         if not len(cut):
             return grant
         return self._verify_only_drafted(grant, cut, np.zeros(len(cut), dtype=np.int64))
 
-    def _catch_up(self, scheduled: np.ndarray, num_batched: int) -> int:
-        """Tokens the draft's first pass prepends for lagging requests (the engine's catch-up): a run of m
-        skipped steps leaves m - 1 positions unwritten, and the same plan as the engine's picks who fits."""
+    def _catch_up(self, scheduled: np.ndarray, num_batched: int, read: np.ndarray, new_tokens: np.ndarray) -> int:
+        """Tokens the draft's first pass reads beyond ``read`` for lagging requests (the engine's catch-up): a run
+        of m skipped steps leaves m - 1 positions unwritten, and the same plan as the engine's picks who fits. A
+        request the pass leaves out, or catches up in part (then the pass reads its chunk instead of its tokens),
+        still lags, by the step's tokens more."""
         b = self.batch
         holes = np.maximum(b.draft_lag - 1, 0) * scheduled
         b.draft_lag[scheduled] = 0
         if not holes.any():
             return 0
         rows = np.flatnonzero(holes)
-        plan = self._catch_up_plan(holes, num_batched)
+        plan = self._catch_up_plan(holes, num_batched, int(scheduled.sum()))
+        extra = 0
         for r in rows:
-            if str(r) not in plan:  # no room this step: still lagging
-                b.draft_lag[r] = holes[r] + 1
-        return sum(plan.values())
+            chunk = plan.get(str(r), 0)
+            extra += chunk
+            if chunk < holes[r]:
+                b.draft_lag[r] = holes[r] - chunk + new_tokens[r] + 1
+                if chunk:
+                    extra -= int(read[r])
+        return extra
 
     def _expanded_context(self, num_context: int, rows: np.ndarray, drafts: Drafts | None) -> int | None:
         """The context the target reads under vLLM V0's batch expansion, None under a single-pass scorer.

@@ -21,7 +21,7 @@ Pure Python over plain numbers: no vllm, no torch.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 # A CPU engine caps a step's catch-up (``catch_up_plan``'s ``max_tokens``) at this many tokens unless told
@@ -60,29 +60,49 @@ def skips_draft_pass(
     return seen
 
 
+def draft_pass_room(token_budget: int, num_scheduled_tokens: int, num_scheduled_requests: int) -> int:
+    """Tokens a step's draft pass can take on top of its own: the draft's input buffers hold ``token_budget``
+    (vLLM's ``max_num_batched_tokens``) and its first pass appends one slot per request to the scheduled tokens."""
+    return max(token_budget - num_scheduled_tokens - num_scheduled_requests, 0)
+
+
 def catch_up_plan(lags: Mapping[str, int], room: int, max_tokens: int | None = None) -> dict[str, int]:
     """Which lagging requests catch up in a step's draft pass, and over how many tokens each.
 
-    ``lags`` maps each scheduled request to its lag (0: complete), ``room`` is the step's token budget
-    left over by the target (the draft's input buffers are sized to the budget). Shortest lag first
+    ``lags`` maps each scheduled request to its lag (0: complete), ``room`` is what the draft pass's buffers
+    hold beyond the step's own tokens (``draft_pass_room``). Shortest lag first
     (ties by id, so the worker and the scheduler pick alike whatever order they hold the batch in),
-    while the total fits; a request's catch-up is never split, since the draft's query for a request
-    must be one contiguous run of positions ending at the step's tokens.
+    while the total fits.
 
     ``max_tokens`` (None: no cap) bounds the pause a catch-up adds to the step, as a prefill chunk bounds a
     prompt's: every request in the batch waits for it. After a draft reload every request lags by its whole
     context (1,600-1,900 tokens over 16 requests on perf pair S), and caught up in one pass that step ran 2-5 x as
-    long as the run's median step on the CPU. The cap is soft for the shortest lag, which is always taken when the room
-    holds it, so that no request waits for ever behind a cap smaller than its lag.
+    long as the run's median step on the CPU. The cap is soft for the shortest lag, which is taken whole whenever
+    the room holds it, so that no request waits for ever behind a cap smaller than its lag.
+
+    A lag longer than the room (a context longer than the budget after a reload, or a k = 0 stretch that long)
+    would never fit whole, so when the shortest lag does not fit it is caught up in part: its first
+    ``min(room, max_tokens)`` missed positions (``is_partial``). That request's part of the pass is then the chunk
+    alone, not the step's own tokens, which join its lag; it drafts nothing until the last chunk is in.
     """
     plan: dict[str, int] = {}
     total = 0
-    for request_id, lag in sorted(((r, n) for r, n in lags.items() if n > 0), key=lambda item: (item[1], item[0])):
+    lagging = sorted(((r, n) for r, n in lags.items() if n > 0), key=lambda item: (item[1], item[0]))
+    for request_id, lag in lagging:
         if lag > room - total or (plan and max_tokens is not None and total + lag > max_tokens):
             break
         plan[request_id] = lag
         total += lag
+    if lagging and not plan:
+        chunk = room if max_tokens is None else min(room, max_tokens)
+        if chunk > 0:
+            plan[lagging[0][0]] = chunk
     return plan
+
+
+def is_partial(plan: Mapping[str, int], lags: Mapping[str, int], request_id: str) -> bool:
+    """Whether ``plan`` catches ``request_id`` up over only part of its lag."""
+    return request_id in plan and plan[request_id] < lags.get(request_id, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,13 +131,19 @@ class DraftKVTracker:
     draft_upto: dict[str, int] = field(default_factory=dict)
 
     def observe_step(
-        self, skipped: bool, requests: Iterable[ScheduledRequest], caught_up: Collection[str] = ()
+        self, skipped: bool, requests: Iterable[ScheduledRequest], caught_up: Mapping[str, int] | None = None
     ) -> None:
-        """After a step: ``caught_up`` holds the requests whose missed tokens the step's pass prepended."""
+        """After a step: ``caught_up`` is the step's ``catch_up_plan``, the requests whose missed tokens its pass
+        prepended and how many; one caught up in part has its complete prefix grown by its chunk only."""
         if skipped:
             return
+        caught_up = caught_up or {}
         for r in requests:
-            if r.request_id in caught_up or self.draft_upto.get(r.request_id, 0) >= r.start:
+            upto = self.draft_upto.get(r.request_id, 0)
+            chunk = caught_up.get(r.request_id)
+            if chunk is not None and chunk < r.start - upto:
+                self.draft_upto[r.request_id] = upto + chunk
+            elif chunk is not None or upto >= r.start:
                 self.draft_upto[r.request_id] = r.num_computed_tokens + int(r.sampled)
 
     def lag(self, request_id: str, start: int) -> int:

@@ -148,6 +148,43 @@ def test_a_catch_up_cap_spreads_the_catch_up_over_steps_losslessly(trained_pair)
         assert statistics.mean(gains[f"a{i}"][-16:]) > 1.2
 
 
+def tail_tokens_per_step(gains: list[int], tokens: int) -> float:
+    """Tokens per step over a request's last ``tokens`` output tokens (greedy runs of one prompt emit the same
+    tokens, so two runs compare over the same positions, whatever their step boundaries)."""
+    total, steps = 0, 0
+    for gain in reversed(gains):
+        if total >= tokens:
+            break
+        total, steps = total + gain, steps + 1
+    return total / steps
+
+
+def test_a_lag_longer_than_the_token_budget_is_caught_up_in_chunks(trained_pair):
+    """A token budget of 48 and four 59-token holes: no hole fits a step whole, so each is caught up in chunks
+    (the chunk replaces the request's own tokens in the draft's pass), and every request speculates again with
+    outputs equal to plain decoding."""
+    plan = dict(switch_after=60, max_tokens=160)
+    with running_engine(trained_pair, policy="fixed:k=0", max_num_batched_tokens=48) as engine:
+        plain, _ = engine.staggered(PROMPTS, [], before="fixed:k=0", after="fixed:k=0", **plan)
+        engine.llm.collective_rpc("specserve_propose_times")  # forget the passes so far
+        before, worker_before = engine.telemetry(), engine.draft_pass_counts()
+        tokens, gains = engine.staggered(PROMPTS, [], before="fixed:k=0", after="fixed:k=4", **plan)
+        after, worker_after = engine.telemetry(), engine.draft_pass_counts()
+        (passes,) = engine.llm.collective_rpc("specserve_propose_times")
+        _, speculating = engine.staggered(PROMPTS, [], before="fixed:k=4", after="fixed:k=4", **plan)
+    assert tokens == plain
+    caught_up = after.num_requests_caught_up - before.num_requests_caught_up
+    assert caught_up == worker_after["caught_up"] - worker_before["caught_up"] == len(PROMPTS)
+    catching_up = [n for _, n, _ in passes if n > 0]
+    assert len(catching_up) > len(PROMPTS), "some requests took more than one pass"
+    assert max(catching_up) < 48  # every pass within the budget; no 59-token hole went whole
+    for i in range(len(PROMPTS)):
+        # Once caught up, a request speculates as one that never stopped does (a stale draft KV would lose tokens).
+        ours, base = (tail_tokens_per_step(g[f"a{i}"], 60) for g in (gains, speculating))
+        assert ours > 1.2, f"a{i} does not speculate after its catch-up"
+        assert ours == pytest.approx(base, rel=0.1), f"a{i}: {ours:.2f} tokens per step vs {base:.2f} throughout"
+
+
 def test_skipping_can_be_turned_off(never_skipping):
     engine = never_skipping
     engine.set_policy("fixed:k=0")

@@ -9,6 +9,7 @@ from specserve.speculation.draft_sync import (
     DraftKVTracker,
     ScheduledRequest,
     catch_up_plan,
+    is_partial,
     skips_draft_pass,
 )
 
@@ -58,16 +59,36 @@ def test_a_caught_up_request_is_complete_again_and_its_lag_is_the_hole():
     for i in range(4):  # four skipped steps: positions 11, 12, 13 never written
         step(t, True, ("r", 10 + i, 11 + i, True))
     assert t.lag("r", 14) == 3
-    t.observe_step(False, [ScheduledRequest("r", 14, 19, True)], caught_up={"r"})
+    t.observe_step(False, [ScheduledRequest("r", 14, 19, True)], caught_up={"r": 3})
     assert not t.lagging("r", 19) and t.lag("r", 19) == 0
 
 
-def test_the_catch_up_plan_takes_short_lags_first_within_the_room_and_never_splits_one():
+def test_a_lag_longer_than_the_room_is_caught_up_in_chunks_until_it_fits():
+    t = DraftKVTracker()
+    step(t, False, ("r", 0, 10, True))
+    for i in range(40):  # forty skipped steps: positions 11-49 never written (39)
+        step(t, True, ("r", 10 + i, 11 + i, True))
+    start, steps = 50, 0
+    while t.lagging("r", start):
+        lags = {"r": t.lag("r", start)}
+        plan = catch_up_plan(lags, room=16)
+        assert plan, "every step catches something up"
+        # A chunk's pass leaves out the step's own token, which joins the lag.
+        t.observe_step(False, [ScheduledRequest("r", start, start + 1, True)], caught_up=plan)
+        start, steps = start + 1, steps + 1
+    assert steps == 3  # 39 missed: two chunks of 16 (each step's own token joins the lag), then the last 9 whole
+    assert t.lag("r", start) == 0
+
+
+def test_the_catch_up_plan_takes_short_lags_first_within_the_room_and_splits_only_one_that_never_fits():
     lags = {"a": 5, "b": 0, "c": 2, "d": 9, "e": 2}
     assert catch_up_plan(lags, room=100) == {"c": 2, "e": 2, "a": 5, "d": 9}
     assert catch_up_plan(lags, room=10) == {"c": 2, "e": 2, "a": 5}
     assert catch_up_plan(lags, room=3) == {"c": 2}
-    assert catch_up_plan(lags, room=1) == {}
+    # The shortest lag does not fit: its first positions go, as many as the room holds.
+    assert catch_up_plan(lags, room=1) == {"c": 1}
+    assert is_partial({"c": 1}, lags, "c") and not is_partial({"c": 2}, lags, "c")
+    assert catch_up_plan(lags, room=0) == {}
     # The same plan whatever order the batch is held in (worker and scheduler differ).
     assert catch_up_plan(dict(reversed(list(lags.items()))), room=10) == catch_up_plan(lags, room=10)
 
@@ -78,7 +99,7 @@ def test_the_catch_up_cap_spreads_a_reload_over_steps_and_never_starves_a_long_l
     assert catch_up_plan(lags, room=100, max_tokens=4) == {"c": 2, "e": 2}
     # A lag above the cap still goes when it is the shortest and the room holds it, alone.
     assert catch_up_plan({"d": 9, "f": 12}, room=100, max_tokens=4) == {"d": 9}
-    assert catch_up_plan({"d": 9}, room=8, max_tokens=4) == {}
+    assert catch_up_plan({"d": 9}, room=8, max_tokens=4) == {"d": 4}  # too long for the room: a capped chunk
     # Steps in a row: every lagging request is caught up, none in a step over the cap but the first.
     left, steps = dict(lags), 0
     while left:

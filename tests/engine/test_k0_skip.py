@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 import pytest
 from engine_helpers import PERF_TINY, PROMPTS, running_engine
@@ -123,29 +124,54 @@ def test_resuming_speculation_mid_generation(engine, never_skipping):
         assert ours == pytest.approx(base, abs=0.05), f"position {pos}: {ours:.3f} vs never-skipped {base:.3f}"
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """One run of ``PROMPTS`` at k = 0 then k = 4 after ``switch_after`` tokens, beside its plain decoding."""
+
+    plain: dict[str, list[int]]
+    tokens: dict[str, list[int]]
+    gains: dict[str, list[int]]
+    caught_up: int  # requests caught up whole, as the scheduler counted them
+    worker_caught_up: int  # the same, as the worker counted them
+    catch_up_tokens: int
+    drafts_cut_for_lag: int
+    passes: list[int]  # catch-up tokens of each draft pass that caught something up
+
+
+def resume(engine, **plan) -> Resumed:
+    plain, _ = engine.staggered(PROMPTS, [], before="fixed:k=0", after="fixed:k=0", **plan)
+    engine.llm.collective_rpc("specserve_propose_times")  # forget the passes so far
+    before, worker_before = engine.telemetry(), engine.draft_pass_counts()
+    tokens, gains = engine.staggered(PROMPTS, [], before="fixed:k=0", after="fixed:k=4", **plan)
+    after, worker_after = engine.telemetry(), engine.draft_pass_counts()
+    (passes,) = engine.llm.collective_rpc("specserve_propose_times")
+    return Resumed(
+        plain,
+        tokens,
+        gains,
+        after.num_requests_caught_up - before.num_requests_caught_up,
+        worker_after["caught_up"] - worker_before["caught_up"],
+        after.num_catch_up_tokens - before.num_catch_up_tokens,
+        after.num_drafts_cut_for_lag - before.num_drafts_cut_for_lag,
+        [n for _, n, _ in passes if n > 0],
+    )
+
+
 def test_a_catch_up_cap_spreads_the_catch_up_over_steps_losslessly(trained_pair):
     """Four requests with 39-position holes against a cap of 16 tokens: each step's pass catches one of them up
     (the shortest lag goes whatever the cap), the others' drafts are cut until their turn, and outputs and the
     two processes' plans agree as without the cap."""
-    plan = dict(switch_after=40, max_tokens=64)
     with running_engine(trained_pair, policy="fixed:k=0", catch_up_max_tokens=16) as engine:
-        plain, _ = engine.staggered(PROMPTS, [], before="fixed:k=0", after="fixed:k=0", **plan)
-        engine.llm.collective_rpc("specserve_propose_times")  # forget the passes so far
-        before, worker_before = engine.telemetry(), engine.draft_pass_counts()
-        tokens, gains = engine.staggered(PROMPTS, [], before="fixed:k=0", after="fixed:k=4", **plan)
-        after, worker_after = engine.telemetry(), engine.draft_pass_counts()
-        (passes,) = engine.llm.collective_rpc("specserve_propose_times")
-    assert tokens == plain
-    caught_up = after.num_requests_caught_up - before.num_requests_caught_up
-    assert caught_up == worker_after["caught_up"] - worker_before["caught_up"] == len(PROMPTS)
-    catching_up = [n for _, n, _ in passes if n > 0]
-    assert len(catching_up) == len(PROMPTS), "one request caught up per pass"
-    assert sum(catching_up) == after.num_catch_up_tokens - before.num_catch_up_tokens
+        run = resume(engine, switch_after=40, max_tokens=64)
+    assert run.tokens == run.plain
+    assert run.caught_up == run.worker_caught_up == len(PROMPTS)
+    assert len(run.passes) == len(PROMPTS), "one request caught up per pass"
+    assert sum(run.passes) == run.catch_up_tokens
     # Requests waiting for their turn drafted on a draft KV with a hole: those drafts were cut, not verified.
-    assert after.num_drafts_cut_for_lag > before.num_drafts_cut_for_lag
+    assert run.drafts_cut_for_lag > 0
     # Once caught up, each speculates.
     for i in range(len(PROMPTS)):
-        assert statistics.mean(gains[f"a{i}"][-16:]) > 1.2
+        assert statistics.mean(run.gains[f"a{i}"][-16:]) > 1.2
 
 
 def tail_tokens_per_step(gains: list[int], tokens: int) -> float:
@@ -165,22 +191,15 @@ def test_a_lag_longer_than_the_token_budget_is_caught_up_in_chunks(trained_pair)
     outputs equal to plain decoding."""
     plan = dict(switch_after=60, max_tokens=160)
     with running_engine(trained_pair, policy="fixed:k=0", max_num_batched_tokens=48) as engine:
-        plain, _ = engine.staggered(PROMPTS, [], before="fixed:k=0", after="fixed:k=0", **plan)
-        engine.llm.collective_rpc("specserve_propose_times")  # forget the passes so far
-        before, worker_before = engine.telemetry(), engine.draft_pass_counts()
-        tokens, gains = engine.staggered(PROMPTS, [], before="fixed:k=0", after="fixed:k=4", **plan)
-        after, worker_after = engine.telemetry(), engine.draft_pass_counts()
-        (passes,) = engine.llm.collective_rpc("specserve_propose_times")
+        run = resume(engine, **plan)
         _, speculating = engine.staggered(PROMPTS, [], before="fixed:k=4", after="fixed:k=4", **plan)
-    assert tokens == plain
-    caught_up = after.num_requests_caught_up - before.num_requests_caught_up
-    assert caught_up == worker_after["caught_up"] - worker_before["caught_up"] == len(PROMPTS)
-    catching_up = [n for _, n, _ in passes if n > 0]
-    assert len(catching_up) > len(PROMPTS), "some requests took more than one pass"
-    assert max(catching_up) < 48  # every pass within the budget; no 59-token hole went whole
+    assert run.tokens == run.plain
+    assert run.caught_up == run.worker_caught_up == len(PROMPTS)
+    assert len(run.passes) > len(PROMPTS), "some requests took more than one pass"
+    assert max(run.passes) < 48  # every pass within the budget; no 59-token hole went whole
     for i in range(len(PROMPTS)):
         # Once caught up, a request speculates as one that never stopped does (a stale draft KV would lose tokens).
-        ours, base = (tail_tokens_per_step(g[f"a{i}"], 60) for g in (gains, speculating))
+        ours, base = (tail_tokens_per_step(g[f"a{i}"], 60) for g in (run.gains, speculating))
         assert ours > 1.2, f"a{i} does not speculate after its catch-up"
         assert ours == pytest.approx(base, rel=0.1), f"a{i}: {ours:.2f} tokens per step vs {base:.2f} throughout"
 

@@ -13,13 +13,11 @@ memory-dwell.json under --out.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
-from memory_sim import SCENARIO, Steps, mean, run_metrics, variant  # this script's folder
+from memory_sim import SCENARIO, Steps, mean, parse_runs, run_metrics, variant  # this script's folder
 
 from specserve.sim import Scenario
 from specserve.sim.config import OscillationArrivals
@@ -51,13 +49,7 @@ def one_run(scenario: Scenario, policy: str, seed: int, label: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--policies", default="bandit,adaptive")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    args = parser.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
-    policies = args.policies.split(",")
+    seeds, policies, out = parse_runs(__doc__)
     base = load_scenario(str(SCENARIO))
     cases = {"burst": base, "oscillation": oscillating(base)}
 
@@ -76,7 +68,6 @@ def main() -> None:
                 dwelt = variant(scen, min_resident_s=dwell)
                 runs[name][policy][dwell] = [one_run(dwelt, policy, seed, name) for seed in seeds]
 
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join([".venv/bin/python bench/memory_dwell.py", *sys.argv[1:]])
     serial = {name: {p: {str(d): r for d, r in by.items()} for p, by in c.items()} for name, c in runs.items()}

@@ -191,15 +191,18 @@ def reload_storm(scenario: Scenario, num_replicas: int, mode: str, step_s: float
     ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_runs(description: str | None) -> tuple[list[int], list[str], Path]:
+    """The seeds, policies and output folder a memory benchmark runs with (its command line)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--policies", default="bandit,adaptive")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
-    policies = args.policies.split(",")
-    out = Path(args.out)
+    return [int(s) for s in args.seeds.split(",")], args.policies.split(","), Path(args.out)
+
+
+def main() -> None:
+    seeds, policies, out = parse_runs(__doc__)
     out.mkdir(parents=True, exist_ok=True)
     base = load_scenario(str(SCENARIO))
 

@@ -63,19 +63,24 @@ def first_differences(tokens: dict[str, list[int]], reference: dict[str, list[in
     return out
 
 
-def step_gaps(steps: list[dict[str, Any]], last_step: int, reload_step: int, resident_step: int) -> dict[str, Any]:
-    """The longest wall-clock gap between the starts of two consecutive steps from the reload's request until
-    the draft was seen back, against the median gap over the run: a reload that blocked the engine would show as
-    one gap as long as the reload. ``steps`` ends with step ``last_step``."""
+def window_gaps(steps: list[dict[str, Any]], last_step: int, from_step: int, to_step: int) -> list[float]:
+    """Wall-clock gaps between the starts of consecutive steps, one for each step from ``from_step`` through
+    ``to_step`` (from its start to the next one's). ``steps`` ends with step ``last_step``."""
     first_step = last_step - len(steps) + 1
     starts = [step["now_s"] for step in steps]
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-    lo = max(reload_step - first_step, 0)
-    window = gaps[lo : max(resident_step + 1 - first_step, 0)]
+    return gaps[max(from_step - first_step, 0) : max(to_step + 1 - first_step, 0)]
+
+
+def step_gaps(steps: list[dict[str, Any]], last_step: int, reload_step: int, resident_step: int) -> dict[str, Any]:
+    """The longest gap between two steps from the reload's request until the draft was seen back, against the
+    median gap over the run: a reload that blocked the engine would show as one gap as long as the reload."""
+    window = window_gaps(steps, last_step, reload_step, resident_step)
+    lo = max(reload_step - (last_step - len(steps) + 1), 0)
     fields = ("k", "duration_s", "num_batched_tokens", "num_draft_passes", "num_emitted_tokens")
     return {
         "longest_step_gap_while_reloading_s": max(window, default=float("nan")),
-        "median_step_gap_s": statistics.median(gaps),
+        "median_step_gap_s": statistics.median(window_gaps(steps, last_step, last_step - len(steps) + 1, last_step)),
         # Each gap of the window with the step that began it (``now_s`` is a step's start): the step's own duration
         # against the gap tells time the engine spent between two steps from a long step, and what the step ran
         # tells which (the one that catches the draft's KV up after the reload runs its passes over every token).
@@ -83,15 +88,6 @@ def step_gaps(steps: list[dict[str, Any]], last_step: int, reload_step: int, res
             {"gap_s": gap, **{key: steps[lo + i].get(key) for key in fields}} for i, gap in enumerate(window)
         ],
     }
-
-
-def catch_up_gap(steps: list[dict[str, Any]], last_step: int, reload_step: int, caught_up_step: int) -> float:
-    """The longest wall-clock gap between the starts of two consecutive steps from the reload's request until every
-    request had caught up: the rebuild's steps at k = 0 and the steps that ran the catch-up."""
-    first_step = last_step - len(steps) + 1
-    starts = [step["now_s"] for step in steps]
-    window = starts[max(reload_step - first_step, 0) : max(caught_up_step + 2 - first_step, 0)]
-    return max((b - a for a, b in zip(window, window[1:], strict=False)), default=float("nan"))
 
 
 def main() -> None:
@@ -231,7 +227,10 @@ def main() -> None:
             marks["at_caught_up"].num_steps - marks["at_resident"].num_steps if "at_caught_up" in marks else None
         ),
         "longest_step_gap_reload_to_caught_up_s": (
-            catch_up_gap(steps, end.num_steps, marks["at_reload"].num_steps, marks["at_caught_up"].num_steps)
+            max(
+                window_gaps(steps, end.num_steps, marks["at_reload"].num_steps, marks["at_caught_up"].num_steps),
+                default=float("nan"),
+            )
             if "at_caught_up" in marks
             else None
         ),

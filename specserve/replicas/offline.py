@@ -54,9 +54,10 @@ def offline_llm(**engine_kwargs: Any) -> Iterator[Any]:
         gc.collect()
 
 
-def set_policy(llm: Any, spec: str) -> str:
-    """Switch the policy of an engine built with specserve's scheduler; returns the canonical spec."""
-    return llm.llm_engine.engine_core.call_utility(SET_POLICY_UTILITY, spec)
+def set_policy(llm: Any, spec: str, warm_start: bool = True) -> str:
+    """Switch the policy of an engine built with specserve's scheduler; returns the canonical spec. Without
+    ``warm_start`` the policy starts from its priors instead of the engine's last steps."""
+    return llm.llm_engine.engine_core.call_utility(SET_POLICY_UTILITY, spec, warm_start)
 
 
 def seed_acceptance(llm: Any, accepted: list[float], reached: list[float]) -> None:

@@ -21,15 +21,17 @@ COLLECT_EVERY = 512
 
 
 def replay(
-    llm: Any, rows: Sequence[tuple[float, int, int]], policy: str, vocab: int
+    llm: Any, rows: Sequence[tuple[float, int, int]], policy: str, vocab: int, warm_start: bool = True
 ) -> tuple[list[dict], float, list[float]]:
     """``rows`` are (arrival_s, prompt_tokens, output_tokens), by arrival. Returns the run's step log (each
     entry with ``t_s`` from the first step), the makespan from the start and each request's end-to-end
-    seconds from its arrival."""
+    seconds from its arrival. ``warm_start`` as in ``offline.set_policy``."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    offline.set_policy(llm, policy)
+    offline.set_policy(llm, policy, warm_start)
+    # Every run sends the same prompts (the same seed): none may find another run's prefill in the cache.
+    llm.reset_prefix_cache()
     cursor = offline.read_telemetry(llm).num_steps
     engine = llm.llm_engine
     rng = np.random.default_rng(0)

@@ -377,11 +377,13 @@ class AdaptiveKScheduler(Scheduler):
 
     # -- run-time control (EngineCore utility methods below) --------------------------------------
 
-    def set_policy(self, spec: str) -> str:
+    def set_policy(self, spec: str, warm_start: bool = True) -> str:
         policy = make_policy(spec, self.traits)  # raises ValueError naming the bad part
-        # The new policy learns what this engine's steps cost and accept from the last ones it ran.
+        # The new policy learns what this engine's steps cost and accept from the last ones it ran; without
+        # ``warm_start`` it starts from its priors, as in a fresh engine (the simulator-vs-engine check's runs).
         steps = self.counters.num_steps
-        self.policy.swap(policy, self.counters.records_since(max(0, steps - WARM_START_STEPS)))
+        history = self.counters.records_since(max(0, steps - WARM_START_STEPS)) if warm_start else ()
+        self.policy.swap(policy, history)
         logger.info("specserve: policy set to %s", self.policy.spec)
         return self.policy.spec
 
@@ -456,8 +458,8 @@ def _scheduler(core: EngineCore) -> AdaptiveKScheduler:
     return scheduler
 
 
-def _set_policy(self: EngineCore, spec: str) -> str:
-    return _scheduler(self).set_policy(spec)
+def _set_policy(self: EngineCore, spec: str, warm_start: bool = True) -> str:
+    return _scheduler(self).set_policy(spec, warm_start)
 
 
 def _seed_acceptance(self: EngineCore, accepted: list[float], reached: list[float]) -> None:

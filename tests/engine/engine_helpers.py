@@ -23,8 +23,8 @@ class Engine:
     def __init__(self, llm) -> None:
         self.llm = llm
 
-    def set_policy(self, spec: str) -> str:
-        return offline.set_policy(self.llm, spec)
+    def set_policy(self, spec: str, warm_start: bool = True) -> str:
+        return offline.set_policy(self.llm, spec, warm_start)
 
     def telemetry(self, since_step: int = 0) -> EngineTelemetry:
         return offline.read_telemetry(self.llm, since_step)

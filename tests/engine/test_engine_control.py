@@ -131,9 +131,10 @@ def test_the_policys_own_time_is_measured_inside_the_engine(engine):
 def test_a_policy_set_at_run_time_starts_from_the_steps_the_engine_ran(engine):
     from specserve.speculation import EngineTraits, make_policy
 
-    engine.set_policy("fixed:k=4")
     before = engine.telemetry()
-    engine.generate(max_tokens=64)
+    for k in (2, 4):  # adaptive takes step costs only from steps at two k or more
+        engine.set_policy(f"fixed:k={k}")
+        engine.generate(max_tokens=64)
     after = engine.telemetry()
     engine.set_policy("adaptive")
     warm = engine.telemetry().policy_info
@@ -143,3 +144,6 @@ def test_a_policy_set_at_run_time_starts_from_the_steps_the_engine_ran(engine):
     accepted = delta(after.num_accepted_per_pos, before.num_accepted_per_pos)
     drafted = delta(after.num_drafted_per_pos, before.num_drafted_per_pos)
     assert warm["alpha_0"] == pytest.approx(accepted[0] / drafted[0], abs=0.1)
+    # Asked to start cold (the simulator-vs-engine check's runs), it starts from its priors, as in a fresh engine.
+    engine.set_policy("adaptive", warm_start=False)
+    assert engine.telemetry().policy_info == cold

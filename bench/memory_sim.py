@@ -288,8 +288,8 @@ def write_report(
             )
     lines += [
         "",
-        "Ratios, offload over no offload (the issue's bars: saturated throughput >= 1.05, mean E2E and p99 TTFT "
-        "over the whole trace < 1):",
+        "Ratios, offload over no offload (the bars: throughput >= 1.05 while the burst saturates the replica, "
+        "read in the burst's window and, stricter, at the held rate; mean E2E and p99 TTFT over the whole trace < 1):",
         "",
         "| policy | overload tok/s | burst-window tok/s | burst whole-trace tok/s | burst mean E2E | burst p99 TTFT |",
         "|---|---|---|---|---|---|",

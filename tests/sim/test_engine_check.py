@@ -14,11 +14,13 @@ from specserve.experiments.engine_check import (
     RunSummary,
     acceptance_from,
     fit_cpu_timer,
+    k_worth,
     make_trace,
     mean_summary,
     run_order,
     simulate_trace,
     summarize_run,
+    worth_ratios,
     write_trace,
 )
 from specserve.sim.config import AcceptanceConfig
@@ -149,6 +151,22 @@ def test_a_slowed_trace_keeps_its_shape_relative_to_the_machine() -> None:
     assert slowed.slowed(0.5).slowdown == 2.0 and slowed.prefix == setup.prefix
     with pytest.raises(ValueError, match="slowdown"):
         setup.slowed(0.0)
+
+
+def test_a_windows_k_is_worth_the_tokens_per_second_its_step_serves() -> None:
+    timer = StepTimer(LinearForward(0.0, 1e-3, 0.0), LinearForward(0.0, 1e-4, 2e-3), 10e-3, speculation_overhead_s=1e-3)
+    acceptance = AcceptanceConfig(mean=0.5, concentration=None)
+    # k = 2 at batch 4: 12 target tokens, passes of 12 and 4 tokens; 1 + 0.5 + 0.25 tokens per request.
+    step_s = 10e-3 + 12e-3 + 1e-3 + (2e-3 + 12e-4) + (2e-3 + 4e-4)
+    assert k_worth(timer, acceptance, 2, batch=4, context=100) == pytest.approx(4 * 1.75 / step_s)
+    assert k_worth(timer, acceptance, 0, batch=4, context=100) == pytest.approx(4 / (10e-3 + 4e-3))
+    # A mean k between two integers is worth what the two are, in proportion.
+    low, high = (k_worth(timer, acceptance, k, 4, 100) for k in (2, 3))
+    assert k_worth(timer, acceptance, 2.25, 4, 100) == pytest.approx(0.75 * low + 0.25 * high)
+    nan = float("nan")
+    engine = RunSummary(1.0, 1.0, (2.0, 2.0, nan), batch_by_window=(4.0, 4.0, 4.0), context_by_window=(100.0,) * 3)
+    check = PolicyCheck("adaptive", engine, RunSummary(1.0, 1.0, (2.0, 3.0, 1.0)), acceptance)
+    assert worth_ratios(check, timer) == pytest.approx([1.0, high / low])  # the window the engine idled is skipped
 
 
 def test_policies_that_choose_k_run_once_per_round_and_fixed_ones_once() -> None:

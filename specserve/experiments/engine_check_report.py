@@ -38,7 +38,7 @@ def write(
     ran again."""
     md, png, raw = (out / f"{setup.prefix}{suffix}" for suffix in (".md", ".png", ".json"))
     raw.write_text(json.dumps({**as_json(checks, timer, fit_error, seed, setup), "dtype": dtype}, indent=2) + "\n")
-    md.write_text(render_markdown(checks, timer, fit_error, seed, setup, dtype, refit))
+    md.write_text(render_markdown(checks, timer, fit_error, seed, setup, dtype, refit, out))
     _plot(png, checks)
     return [md, png, raw]
 
@@ -89,6 +89,7 @@ def render_markdown(
     setup: CheckSetup,
     dtype: str = "bfloat16",
     refit: bool = False,
+    out: Path = Path("bench/results"),
 ) -> str:
     segments = ", ".join(f"{d:g} s at {r:g} QPS" for d, r in setup.segments)
     fitted = dataclasses.asdict(timer)
@@ -99,14 +100,14 @@ def render_markdown(
         "PYTHONPATH=$PWD .venv/bin/python bench/engine_check.py "
         f"--pair {setup.name} --policies {','.join(c.policy for c in checks)} --rounds {rounds} --dtype {dtype} "
         + (f"--slowdown {setup.slowdown:g} " if setup.slowdown != 1.0 else "")
-        + f"--seed {seed} --out bench/results"
+        + f"--seed {seed} --out {out}"
     )
     lines = [
         f"# Simulator against the engine on one replayed trace: {setup.description}",
         "",
         "```",
         command,
-        *([f"{command} --steps bench/results/{setup.prefix}-steps.json  # refit"] if refit else []),
+        *([f"{command} --steps {out / setup.prefix}-steps.json  # refit"] if refit else []),
         "```",
         "",
         *(

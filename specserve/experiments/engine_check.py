@@ -233,7 +233,9 @@ def acceptance_from(per_pos_reached: Sequence[int], per_pos_accepted: Sequence[i
         return AcceptanceConfig(mean=mean, concentration=None, decay=max(decay, 1e-3))
 
     def misfit(c: float) -> float:
-        return sum(d * ((mean * c + j) / (c + j) - rate) ** 2 for j, (rate, d) in enumerate(pairs))
+        return sum(
+            d * (beta - rate) ** 2 for beta, (rate, d) in zip(_beta_rates(mean, c, len(pairs)), pairs, strict=True)
+        )
 
     concentration = min(CONCENTRATIONS, key=misfit)
     flat = sum(d * (mean - rate) ** 2 for rate, d in pairs)  # every request alike: no rise at all
@@ -335,11 +337,14 @@ def mean_summary(runs: Sequence[RunSummary], e2e_s: Sequence[float] = ()) -> Run
 def conditional_rates(acceptance: AcceptanceConfig, positions: int) -> list[float]:
     """The acceptance rate at each draft position given the ones before it, as the simulator draws it: a Beta
     spread of requests' alphas raises it with the position, a decay lowers it."""
-    m = acceptance.mean
     if acceptance.concentration is not None:
-        c = acceptance.concentration
-        return [(m * c + j) / (c + j) for j in range(positions)]
-    return [m * acceptance.decay**j for j in range(positions)]
+        return _beta_rates(acceptance.mean, acceptance.concentration, positions)
+    return [acceptance.mean * acceptance.decay**j for j in range(positions)]
+
+
+def _beta_rates(mean: float, concentration: float, positions: int) -> list[float]:
+    """Conditional rates E[a^(j+1)] / E[a^j] = (mean c + j) / (c + j) of alphas spread as Beta(mean c, (1 - mean) c)."""
+    return [(mean * concentration + j) / (concentration + j) for j in range(positions)]
 
 
 def k_worth(timer: StepTimer, acceptance: AcceptanceConfig, k: float, batch: float, context: float) -> float:

@@ -37,15 +37,18 @@ def write(
     """``refit``: the engine's step log came from an earlier run (``--steps``), only the fit and the simulator
     ran again."""
     md, png, raw = (out / f"{setup.prefix}{suffix}" for suffix in (".md", ".png", ".json"))
-    raw.write_text(json.dumps({**as_json(checks, timer, fit_error, seed, setup), "dtype": dtype}, indent=2) + "\n")
+    raw.write_text(json.dumps(as_json(checks, timer, fit_error, seed, setup, dtype), indent=2) + "\n")
     md.write_text(render_markdown(checks, timer, fit_error, seed, setup, dtype, refit, out))
     _plot(png, checks)
     return [md, png, raw]
 
 
-def as_json(checks: Sequence[PolicyCheck], timer: StepTimer, fit_error: float, seed: int, setup: CheckSetup) -> dict:
+def as_json(
+    checks: Sequence[PolicyCheck], timer: StepTimer, fit_error: float, seed: int, setup: CheckSetup, dtype: str
+) -> dict:
     return {
         "pair": setup.name,
+        "dtype": dtype,
         "slowdown": setup.slowdown,
         "segments": setup.segments,
         "seed": seed,

@@ -1,7 +1,7 @@
 """What the whole specserve path costs against vLLM's bare ``AsyncLLM`` at the same k.
 
     PYTHONPATH=$PWD .venv/bin/python bench/serve_overhead.py --config bench/configs/perf-S.yaml \
-        [--k 2] [--concurrency 1,4,16] [--num-requests 32] [--rounds 3] [--ways bare,uni,uni1,mp,vllm] [--out FILE]
+        [--k 2] [--concurrency 1,4,16] [--num-requests 32] [--rounds 3] [--ways bare,uni,uni1,fast,mp,vllm] [--out FILE]
 
 Ways to serve the same pair at the same fixed k:
 
@@ -12,7 +12,9 @@ Ways to serve the same pair at the same fixed k:
   process): Ray Serve's proxy and OpenAI ingress, the replica, our scheduler and policy, streaming. ``uni`` and
   ``mp`` are the two ``cpu_executor`` settings (``specserve/replicas/engine.py``): the worker inside the
   EngineCore process, or in a process of its own. ``uni1``: ``uni`` with ``cpu_threads: 1``, the one OpenMP
-  thread Ray gives a replica that reserves no CPU, against the config's own ``cpu_threads``.
+  thread Ray gives a replica that reserves no CPU, against the config's own ``cpu_threads``. ``fast``: ``uni``
+  with Ray Serve's throughput-optimized mode (``RAY_SERVE_THROUGHPUT_OPTIMIZED=1`` in the cluster's environment:
+  gRPC between deployments, requests served by the ingress replica itself, user code on the replica's own loop).
 - ``vllm``: vLLM's own OpenAI server (``vllm.entrypoints.openai.api_server``) with the same engine arguments
   as ``bare``, loaded the same way over HTTP: what HTTP and vLLM's OpenAI layer cost without Ray Serve.
 
@@ -52,7 +54,15 @@ def parse_ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
+def parse_env(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
+    return key, value
+
+
 def bare_kwargs(config: dict[str, Any], k: int) -> dict[str, Any]:
+    from specserve.cluster.config import ServeConfig
     from specserve.replicas.engine_args import EngineSpec, plain_vllm_kwargs
 
     spec = EngineSpec(
@@ -62,6 +72,8 @@ def bare_kwargs(config: dict[str, Any], k: int) -> dict[str, Any]:
         max_k=k,
         max_num_seqs=int(config.get("max_num_seqs", 8)),
         max_model_len=int(config.get("max_model_len", 512)),
+        # The served ways take the config's dtype; so must the engines they are compared with.
+        dtype=str(config.get("dtype", ServeConfig.model_fields["dtype"].default)),
     )
     return plain_vllm_kwargs(spec, speculative=True)
 
@@ -106,7 +118,7 @@ def run_bare(config: dict[str, Any], args: argparse.Namespace) -> dict[int, dict
         num_cpus=args.num_cpus,
         kv_cache_space_gib=int(config.get("kv_cache_space_gib", 1)),
     )
-    with engine_env.applied(env):
+    with engine_env.applied({**env, **args.engine_env}):
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**bare_kwargs(config, args.k)))
         try:
 
@@ -146,11 +158,13 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
         ]  # fmt: skip
         scratch = tempfile.mkdtemp(prefix="specserve-overhead-vllm-")
         gib = int(config.get("kv_cache_space_gib", 1))
-        env = {**os.environ, **engine_env.engine_env(scratch, num_cpus=args.num_cpus, kv_cache_space_gib=gib)}
+        env = engine_env.engine_env(scratch, num_cpus=args.num_cpus, kv_cache_space_gib=gib)
         url = f"http://127.0.0.1:{args.port}/v1"
     else:
         config_path = Path(tempfile.mktemp(prefix="specserve-overhead-", suffix=".yaml"))
-        executor, threads = ("uni", {"cpu_threads": 1}) if way == "uni1" else (way, {})
+        executor, threads = ("uni", {"cpu_threads": 1}) if way == "uni1" else ("uni" if way == "fast" else way, {})
+        if way == "fast":
+            env = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
         config_path.write_text(yaml.safe_dump({**config, **paths, "cpu_executor": executor, **threads}))
         cmd = [
             sys.executable, "-m", "specserve.cluster.cli", "serve", "--config", str(config_path),
@@ -158,6 +172,7 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
         ]  # fmt: skip
         url = None
     log = open(tempfile.mktemp(prefix=f"specserve-overhead-{way}-", suffix=".log"), "w")
+    env = {**os.environ, **(env or {}), **args.engine_env}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT, env=env)
     results: dict[int, dict[str, float]] = {}
     try:
@@ -272,14 +287,25 @@ def main() -> None:
     parser.add_argument("--num-cpus", type=int, default=2)
     parser.add_argument("--port", type=int, default=8010)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ways", default="bare,uni,mp", help="bare and any of the served ways uni, uni1, mp, vllm")
+    parser.add_argument(
+        "--ways", default="bare,uni,mp", help="bare and any of the served ways uni, uni1, fast, mp, vllm"
+    )
+    parser.add_argument(
+        "--engine-env",
+        action="append",
+        type=parse_env,
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment variable for every way's engine (bare's in this process, a served way's whole server)",
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
+    args.engine_env = dict(args.engine_env)
     config = yaml.safe_load(args.config.read_text())
 
     ways = args.ways.split(",")
-    if "bare" not in ways or len(ways) < 2 or not set(ways) <= {"bare", "uni", "uni1", "mp", "vllm"}:
-        parser.error(f"--ways {args.ways!r}: bare and at least one of uni, uni1, mp, vllm")
+    if "bare" not in ways or len(ways) < 2 or not set(ways) <= {"bare", "uni", "uni1", "fast", "mp", "vllm"}:
+        parser.error(f"--ways {args.ways!r}: bare and at least one of uni, uni1, fast, mp, vllm")
     served = [way for way in ways if way != "bare"]
     rounds = []
     for r in range(args.rounds):
@@ -295,6 +321,7 @@ def main() -> None:
         "k": args.k,
         "load": {"input_len": args.input_len, "output_len": args.output_len, "num_requests": args.num_requests},
         "rounds": args.rounds,
+        "engine_env": args.engine_env,
         "over_bare_tokens_per_s": {way: ratios(rounds, way, args.concurrency, "output_tokens_per_s") for way in served},
         "over_bare_mean_e2e": {way: ratios(rounds, way, args.concurrency, "mean_e2e_ms") for way in served},
         "per_round": [{way: {str(c): v for c, v in r[way].items()} for way in r} for r in rounds],

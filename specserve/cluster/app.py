@@ -20,12 +20,13 @@ from specserve.llm import Speculation, speculative_llm_config
 from specserve.messages import ON_HEAD_NODE
 
 # ServeConfig keys about the `specserve serve` process and its local cluster; in a Serve config file the
-# HTTP address and proxies belong in `http_options` and `proxy_location`, the cluster's size and metrics port in
-# `ray start`, and its Prometheus beside the cluster (deploy/prometheus/).
+# HTTP address and proxies belong in `http_options` and `proxy_location`, the cluster's size, metrics port and
+# Serve's mode in `ray start` (its environment), and its Prometheus beside the cluster (deploy/prometheus/).
 PROCESS_KEYS = (
     "host",
     "port",
     "proxy_location",
+    "throughput_optimized",
     "metrics_port",
     "prometheus_port",
     "num_cpus",
@@ -64,7 +65,8 @@ class AppArgs(ServeConfig):
         if given := sorted(self.model_fields_set & set(PROCESS_KEYS)):
             raise ValueError(
                 f"{', '.join(given)}: not an application argument; set the address in the Serve config's "
-                "http_options and the cluster's size and metrics port with `ray start`; a cluster's Prometheus "
+                "http_options, the cluster's size and metrics port with `ray start`, and Serve's throughput-optimized "
+                "mode with RAY_SERVE_THROUGHPUT_OPTIMIZED=1 in `ray start`'s environment; a cluster's Prometheus "
                 "runs beside it (deploy/prometheus/)"
             )
         return self

@@ -130,6 +130,13 @@ class ServeConfig(BaseModel):
         description="Where Ray Serve runs HTTP proxies: on every node (Serve's default, for a load balancer in front) "
         "or on the head only. A new Serve instance only: a cluster already running Serve keeps its proxies.",
     )
+    throughput_optimized: bool = Field(
+        False,
+        description="Ray Serve's throughput-optimized mode on the local cluster (RAY_SERVE_THROUGHPUT_OPTIMIZED=1): "
+        "gRPC between the ingress and the replicas, the ingress replica serving HTTP itself, Serve's code on each "
+        "replica's own event loop, request logs buffered and kept off stderr. A joined cluster takes it from the "
+        "environment its nodes were started with.",
+    )
     metrics_port: int = Field(
         8080, ge=1, le=65535, description="Ray's Prometheus metrics export port (local cluster only)."
     )

@@ -30,6 +30,10 @@ APP_NAME = "specserve"
 PROMETHEUS_SCRAPE_INTERVAL_S = 5.0
 
 
+#: Ray Serve's switch for its throughput-optimized mode (ServeConfig.throughput_optimized).
+THROUGHPUT_OPTIMIZED_ENV = "RAY_SERVE_THROUGHPUT_OPTIMIZED"
+
+
 def state_file() -> Path:
     """Where a running `specserve serve` records its Ray address for `specserve status`."""
     root = os.environ.get("SPECSERVE_STATE_DIR") or Path.home() / ".cache" / "specserve"
@@ -64,6 +68,7 @@ def resolve(config: ServeConfig, tmp_dir: str) -> ResolvedServe:
 
 def serve_forever(config: ServeConfig) -> int:
     """Run until SIGINT/SIGTERM; always tear down what was started. Returns the exit code."""
+    _serve_mode(config)  # before Serve's modules load here, and before the cluster's processes inherit it
     import ray
     from ray import serve
 
@@ -138,6 +143,22 @@ def serve_forever(config: ServeConfig) -> int:
         stop.wait()
         log("specserve: shutting down")
     return 0
+
+
+def _serve_mode(config: ServeConfig) -> None:
+    """Ray Serve's throughput-optimized mode: Serve reads the variable when its modules load, in every process of
+    the cluster, so it goes into this process's environment, which a local cluster's processes inherit."""
+    if not config.throughput_optimized:
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        log(
+            "specserve: throughput_optimized ignored: joining the cluster at RAY_ADDRESS, whose Serve mode comes "
+            f"from the environment its nodes started with ({THROUGHPUT_OPTIMIZED_ENV}=1 ray start ...)"
+        )
+        return
+    if "ray.serve" in sys.modules and os.environ.get(THROUGHPUT_OPTIMIZED_ENV) != "1":
+        raise RuntimeError("throughput_optimized: Ray Serve was loaded in this process before the mode was set")
+    os.environ[THROUGHPUT_OPTIMIZED_ENV] = "1"
 
 
 def _start_ray(config: ServeConfig, resolved: ResolvedServe) -> bool:

@@ -158,6 +158,13 @@ class ServeProcess(TrackedProcess):
         return self.wait_for_line(r"endpoint: (\S+)", timeout_s).group(1)
 
 
+def specserve_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """A `specserve` command (status, policy set, ...) run as an operator would, against the cluster in ``env``."""
+    return subprocess.run(
+        [sys.executable, "-m", "specserve.cluster.cli", *args], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
 @contextlib.contextmanager
 def serving(args: list[str], folder: Path, **env: str) -> Iterator[ServeProcess]:
     """`specserve serve ARGS` on a local Ray cluster of its own (RAY_ADDRESS unset), its state and log under

@@ -42,6 +42,7 @@ def test_defaults_and_override_order(tmp_path):
         ("offload_min_resident_s: .inf\n", "offload_min_resident_s: Input should be a finite number"),
         ("catch_up_max_tokens: 0\n", "catch_up_max_tokens: Input should be greater than or equal to 1"),
         ("catch_up_max_tokens: lots\n", "catch_up_max_tokens: Input should be a valid integer"),
+        ("throughput_optimized: sometimes\n", "throughput_optimized: Input should be a valid boolean"),
         ("min_resident_drafts: 3\nreplicas: 2\n", "min_resident_drafts=3 is more than replicas=2"),
         ("max_concurrent_reloads: 0\n", "max_concurrent_reloads: Input should be greater than or equal to 1"),
         ("resources_per_rank: {GPU: 1}\n", "resources_per_rank: 'GPU' is set by the accelerator"),
@@ -190,3 +191,21 @@ def test_the_api_key_flag_defaults_to_the_environment(monkeypatch):
     assert _parser().parse_args(["serve", "--api-key", "other"]).api_key == "other"
     monkeypatch.delenv("SPECSERVE_API_KEY")
     assert _parser().parse_args(["serve"]).api_key is None
+
+
+@pytest.mark.parametrize("joined", [False, True])
+def test_throughput_optimized_reaches_a_local_cluster_through_the_environment(monkeypatch, capsys, joined):
+    from specserve.cluster import local
+
+    monkeypatch.delenv(local.THROUGHPUT_OPTIMIZED_ENV, raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if joined:
+        monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    local._serve_mode(load_config(None, {}))
+    assert local.THROUGHPUT_OPTIMIZED_ENV not in os.environ, "off unless asked for"
+    local._serve_mode(load_config(None, {}).model_copy(update={"throughput_optimized": True}))
+    if joined:
+        assert local.THROUGHPUT_OPTIMIZED_ENV not in os.environ, "a joined cluster's processes are already running"
+        assert "throughput_optimized ignored" in capsys.readouterr().err
+    else:
+        assert os.environ[local.THROUGHPUT_OPTIMIZED_ENV] == "1"

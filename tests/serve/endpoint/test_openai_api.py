@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
 import requests
-from serve_process import API_KEY
+from serve_process import API_KEY, specserve_cli
 
 from specserve import metrics_catalog as catalog
 from specserve.cluster import prometheus
@@ -21,13 +20,7 @@ NO_PROMETHEUS = "Debian's prometheus is not installed (scripts/install.sh instal
 
 
 def cli(server, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "specserve.cluster.cli", *args],
-        env=server.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return specserve_cli(server.env, *args)
 
 
 def test_models_lists_the_served_model(client):

@@ -13,8 +13,8 @@ Ways to serve the same pair at the same fixed k:
   ``mp`` are the two ``cpu_executor`` settings (``specserve/replicas/engine.py``): the worker inside the
   EngineCore process, or in a process of its own. ``uni1``: ``uni`` with ``cpu_threads: 1``, the one OpenMP
   thread Ray gives a replica that reserves no CPU, against the config's own ``cpu_threads``. ``fast``: ``uni``
-  with Ray Serve's throughput-optimized mode (``RAY_SERVE_THROUGHPUT_OPTIMIZED=1`` in the cluster's environment:
-  gRPC between deployments, requests served by the ingress replica itself, user code on the replica's own loop).
+  with ``throughput_optimized: true``, Ray Serve's throughput-optimized mode (gRPC between deployments, requests
+  served by the ingress replica itself, Serve's code on the replica's own event loop).
 - ``vllm``: vLLM's own OpenAI server (``vllm.entrypoints.openai.api_server``) with the same engine arguments
   as ``bare``, loaded the same way over HTTP: what HTTP and vLLM's OpenAI layer cost without Ray Serve.
 
@@ -162,10 +162,10 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
         url = f"http://127.0.0.1:{args.port}/v1"
     else:
         config_path = Path(tempfile.mktemp(prefix="specserve-overhead-", suffix=".yaml"))
-        executor, threads = ("uni", {"cpu_threads": 1}) if way == "uni1" else ("uni" if way == "fast" else way, {})
-        if way == "fast":
-            env = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
-        config_path.write_text(yaml.safe_dump({**config, **paths, "cpu_executor": executor, **threads}))
+        executor, extra = {"uni1": ("uni", {"cpu_threads": 1}), "fast": ("uni", {"throughput_optimized": True})}.get(
+            way, (way, {})
+        )
+        config_path.write_text(yaml.safe_dump({**config, **paths, "cpu_executor": executor, **extra}))
         cmd = [
             sys.executable, "-m", "specserve.cluster.cli", "serve", "--config", str(config_path),
             "--policy", f"fixed:k={args.k}", "--k-max", str(max(args.k, 1)), "--port", str(args.port),

@@ -199,6 +199,8 @@ def test_throughput_optimized_reaches_a_local_cluster_through_the_environment(mo
 
     monkeypatch.delenv(local.THROUGHPUT_OPTIMIZED_ENV, raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # As in a fresh `specserve serve`, whatever earlier tests in this process loaded.
+    monkeypatch.delitem(sys.modules, "ray.serve", raising=False)
     if joined:
         monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     local._serve_mode(load_config(None, {}))
@@ -209,3 +211,14 @@ def test_throughput_optimized_reaches_a_local_cluster_through_the_environment(mo
         assert "throughput_optimized ignored" in capsys.readouterr().err
     else:
         assert os.environ[local.THROUGHPUT_OPTIMIZED_ENV] == "1"
+
+
+def test_throughput_optimized_refuses_a_process_where_serve_already_read_its_mode(monkeypatch):
+    from specserve.cluster import local
+
+    monkeypatch.delenv(local.THROUGHPUT_OPTIMIZED_ENV, raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setitem(sys.modules, "ray.serve", object())
+    with pytest.raises(RuntimeError, match="Ray Serve was loaded"):
+        local._serve_mode(load_config(None, {}).model_copy(update={"throughput_optimized": True}))
+    assert local.THROUGHPUT_OPTIMIZED_ENV not in os.environ

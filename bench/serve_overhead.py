@@ -50,6 +50,16 @@ from specserve.experiments.report_io import emit_report
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# The config keys each `specserve serve` way adds to the config it is given; `vllm` is vLLM's own server.
+SPECSERVE_WAYS = {
+    "uni": {"cpu_executor": "uni"},
+    "uni1": {"cpu_executor": "uni", "cpu_threads": 1},
+    "fast": {"cpu_executor": "uni", "throughput_optimized": True},
+    "mp": {"cpu_executor": "mp"},
+}
+SERVED_WAYS = (*SPECSERVE_WAYS, "vllm")
+
+
 def parse_ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
@@ -162,10 +172,7 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
         url = f"http://127.0.0.1:{args.port}/v1"
     else:
         config_path = Path(tempfile.mktemp(prefix="specserve-overhead-", suffix=".yaml"))
-        executor, extra = {"uni1": ("uni", {"cpu_threads": 1}), "fast": ("uni", {"throughput_optimized": True})}.get(
-            way, (way, {})
-        )
-        config_path.write_text(yaml.safe_dump({**config, **paths, "cpu_executor": executor, **extra}))
+        config_path.write_text(yaml.safe_dump({**config, **paths, **SPECSERVE_WAYS[way]}))
         cmd = [
             sys.executable, "-m", "specserve.cluster.cli", "serve", "--config", str(config_path),
             "--policy", f"fixed:k={args.k}", "--k-max", str(max(args.k, 1)), "--port", str(args.port),
@@ -288,7 +295,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8010)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--ways", default="bare,uni,mp", help="bare and any of the served ways uni, uni1, fast, mp, vllm"
+        "--ways", default="bare,uni,mp", help=f"bare and any of the served ways {', '.join(SERVED_WAYS)}"
     )
     parser.add_argument(
         "--engine-env",
@@ -304,8 +311,8 @@ def main() -> None:
     config = yaml.safe_load(args.config.read_text())
 
     ways = args.ways.split(",")
-    if "bare" not in ways or len(ways) < 2 or not set(ways) <= {"bare", "uni", "uni1", "fast", "mp", "vllm"}:
-        parser.error(f"--ways {args.ways!r}: bare and at least one of uni, uni1, fast, mp, vllm")
+    if "bare" not in ways or len(ways) < 2 or not set(ways) <= {"bare", *SERVED_WAYS}:
+        parser.error(f"--ways {args.ways!r}: bare and at least one of {', '.join(SERVED_WAYS)}")
     served = [way for way in ways if way != "bare"]
     rounds = []
     for r in range(args.rounds):

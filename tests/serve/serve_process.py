@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
@@ -163,6 +164,17 @@ def specserve_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProces
     return subprocess.run(
         [sys.executable, "-m", "specserve.cluster.cli", *args], env=env, capture_output=True, text=True, timeout=120
     )
+
+
+def wait_for_replica(server: TrackedProcess, until=lambda replica: True, timeout_s: float = 60.0) -> dict:
+    """The first replica as `status --json` shows it, once ``until`` holds for it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = specserve_cli(server.env, "status", "--json")
+        if done.returncode == 0 and (replicas := json.loads(done.stdout)["replicas"]) and until(replicas[0]):
+            return replicas[0]
+        time.sleep(0.5)
+    raise TimeoutError(f"no replica reported as expected within {timeout_s} s")
 
 
 @contextlib.contextmanager

@@ -4,21 +4,12 @@ control plane as in the default mode, and a clean stop."""
 
 from __future__ import annotations
 
-import json
-import time
-
 import requests
 from openai import OpenAI
-from serve_process import API_KEY, free_port, serving, specserve_cli
+from serve_process import API_KEY, free_port, serving, specserve_cli, wait_for_replica
 
 MODEL = "specserve-tiny"
 PROMPT = "def fibonacci(n):\n"
-
-
-def replica_policy(env: dict[str, str]) -> str | None:
-    done = specserve_cli(env, "status", "--json")
-    replicas = json.loads(done.stdout)["replicas"] if done.returncode == 0 else []
-    return replicas[0]["engine"]["policy"] if replicas else None
 
 
 def test_the_throughput_optimized_mode_serves_the_same_endpoint(tmp_path, trained_pair):
@@ -35,10 +26,8 @@ def test_the_throughput_optimized_mode_serves_the_same_endpoint(tmp_path, traine
         assert whole.usage.completion_tokens == 24
 
         assert specserve_cli(server.env, "policy", "set", "fixed:k=0").returncode == 0
-        deadline = time.monotonic() + 30
-        while replica_policy(server.env) != "fixed:k=0":
-            assert time.monotonic() < deadline, "the policy did not reach the replica through the mode's handles"
-            time.sleep(0.5)
+        # Through the mode's handles to the replica, and back in its telemetry.
+        wait_for_replica(server, until=lambda r: r["engine"]["policy"] == "fixed:k=0", timeout_s=30)
         plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0)
         assert plain.choices[0].text == whole.choices[0].text, "greedy output with speculation off is the same"
 

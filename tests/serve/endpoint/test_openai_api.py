@@ -10,7 +10,7 @@ import time
 
 import pytest
 import requests
-from serve_process import API_KEY, specserve_cli
+from serve_process import API_KEY, specserve_cli, wait_for_replica
 
 from specserve import metrics_catalog as catalog
 from specserve.cluster import prometheus
@@ -104,17 +104,6 @@ def test_bad_input_gets_a_4xx_with_a_message_and_the_replica_keeps_serving(serve
     # OpenAI's error object, also for the errors FastAPI itself raises (an unknown model, a malformed body).
     assert response.json()["error"]["message"], response.text
     assert client.completions.create(model=MODEL, prompt="x", max_tokens=4).choices[0].text is not None
-
-
-def wait_for_replica(server, until=lambda replica: True, timeout_s: float = 60.0) -> dict:
-    """The replica as `status --json` shows it, once ``until`` holds for it."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        done = cli(server, "status", "--json")
-        if done.returncode == 0 and (replicas := json.loads(done.stdout)["replicas"]) and until(replicas[0]):
-            return replicas[0]
-        time.sleep(0.5)
-    raise TimeoutError(f"no replica reported as expected within {timeout_s} s")
 
 
 def test_status_shows_the_replica_with_k_and_acceptance(server, client):

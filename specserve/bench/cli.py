@@ -221,7 +221,7 @@ def run_load(args: argparse.Namespace) -> int:
         "load": load_description(args),
         "ignore_eos": ignore_eos,
         "temperature": args.temperature,
-        **report.summarize(outcomes, duration_s, {k: v for k, v in slo.items() if v is not None}),
+        **report.summarize(outcomes, duration_s, {k: v for k, v in slo.items() if v is not None}, plan.window_s),
     }
     if args.per_request:
         result["per_request"] = report.per_request(outcomes)
@@ -254,6 +254,8 @@ def _load_note(args: argparse.Namespace) -> str:
         per_run = f"{args.num_requests} requests"
     elif args.duration:
         per_run = f"{args.duration:g} s of requests"
+        if args.trace is None:
+            per_run += f" (output tok/s: the tokens streamed within those {args.duration:g} s, the drain after left out)"
     else:
         per_run = "the whole trace"  # only a trace has no count by default
     if args.trace is not None:
@@ -314,7 +316,7 @@ def run_compare(args: argparse.Namespace) -> int:
     def run_one(point: Any, round_index: int) -> dict[str, Any]:
         runner = client.Runner(target, Prompter(args.seed + round_index, args.tokenizer), progress=False)
         outcomes, duration_s = asyncio.run(runner.run(point.plan))
-        summary = report.summarize(outcomes, duration_s, {})
+        summary = report.summarize(outcomes, duration_s, {}, point.plan.window_s)
         if summary["requests"]["completed"] == 0:
             raise BenchError(f"{point.label}: a run completed no request; errors: {summary['errors']}")
         return summary

@@ -185,9 +185,10 @@ class Comparison:
         r = report["requests"]
         failed = f", {r['failed']} failed" if r["failed"] else ""
         e2e = report["e2e_ms"]["mean"]
+        tok_s = metric_value(report, METRICS["tok_s"])
         log(
             f"specserve bench: {point.label}  round {round_index + 1}  {policy:<24} "
-            f"{report['throughput']['output_tokens_per_s']:8.1f} tok/s  E2E {e2e:7.1f} ms{failed}"
+            f"{tok_s:8.1f} tok/s  E2E {e2e:7.1f} ms{failed}"
         )
 
     def _log_point(self, point: LoadPoint) -> None:
@@ -229,7 +230,7 @@ def k_mix_tok_s(steps_by_k: Sequence[int] | None, fixed_runs: dict[int, dict[str
         if run is None:
             return None
         fixed_steps = sum(run.get("steps_by_k") or ())
-        tok_s = run["report"]["throughput"]["output_tokens_per_s"]
+        tok_s = metric_value(run["report"], METRICS["tok_s"])
         if fixed_steps == 0 or not tok_s:
             return None
         per_step = run["report"]["tokens"]["output"] / fixed_steps
@@ -250,7 +251,7 @@ def k_mix_ratio(runs: list[dict[str, Any]], policy: str, best: str) -> float | N
         fixed = {int(spec.removeprefix("fixed:k=")): r for spec, r in in_round.items() if spec.startswith("fixed:k=")}
         mix = k_mix_tok_s(in_round[policy].get("steps_by_k"), fixed)
         if mix is not None:
-            ratios.append(mix / in_round[best]["report"]["throughput"]["output_tokens_per_s"])
+            ratios.append(mix / metric_value(in_round[best]["report"], METRICS["tok_s"]))
     return float(np.median(ratios)) if ratios else None
 
 
@@ -324,7 +325,7 @@ def markdown(document: dict[str, Any], summary: list[dict[str, Any]], headline_m
         "",
         "`k mix` (policies that change k): the tok/s ÷ best fixed that the fixed policies of the same round "
         "would have served in the proportions of engine steps the policy ran at each k (each fixed run's tokens "
-        "and seconds per step), median over rounds. Below 1, the policy's choices of k cost that much; its own "
+        "per step, and its tok/s), median over rounds. Below 1, the policy's choices of k cost that much; its own "
         "`× best fixed` below its k mix is what switching and the policy itself cost.",
     ]
     if min(rounds, default=0) < MIN_ROUNDS_FOR_CLAIMS:

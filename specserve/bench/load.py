@@ -49,6 +49,11 @@ class Plan:
     num_requests: int | None = None  # closed loop: stop after this many
     duration_s: float | None = None  # closed loop: send nothing new after this
 
+    @property
+    def window_s(self) -> float | None:
+        """A closed loop's sending window, over which its steady rate is taken (``report.window``)."""
+        return self.duration_s if self.arrival_s is None else None
+
     def lengths(self, index: int) -> tuple[int, int]:
         i = index % len(self.prompt_tokens)
         return int(self.prompt_tokens[i]), int(self.output_tokens[i])

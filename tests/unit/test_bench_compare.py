@@ -245,6 +245,27 @@ def test_the_k_mix_prices_a_policys_steps_at_each_k_with_the_fixed_runs_of_its_r
     assert entry["policies"]["adaptive"]["k_mix_ratio"] is None
 
 
+def test_throughput_is_ranked_on_the_window_where_a_run_has_one():
+    # A drain stretched k = 1's whole run (the one more request a client sent just before the window closed):
+    # whole runs rank k = 0 first, the windows k = 1.
+    def run(whole: float, window: float | None) -> dict:
+        latency = {m: {"mean": 1000.0} for m in ("e2e_ms", "tpot_ms", "ttft_ms")}
+        window_part = None if window is None else {"s": 10.0, "output_tokens": 10 * window, "output_tokens_per_s": window}
+        requests = {"sent": 4, "completed": 4, "failed": 0}
+        return {"requests": requests, "throughput": {"output_tokens_per_s": whole}, "window": window_part, **latency}
+
+    runs = {"fixed:k=0": run(188.0, 186.0), "fixed:k=1": run(175.0, 192.0)}
+    records = [{"point": "c", "round": r, "policy": p, "report": rep} for r in range(5) for p, rep in runs.items()]
+    (entry,) = aggregate(document_of(records, list(runs), points=["c"]))
+    assert entry["best_fixed"]["tok_s"] == "fixed:k=1"
+    assert entry["policies"]["fixed:k=0"]["tok_s"]["ratio"] == pytest.approx(186 / 192)
+    # Without windows (an open loop, or a document written before them) the whole run's rate decides.
+    for report in runs.values():
+        report["window"] = None
+    (entry,) = aggregate(document_of(records, list(runs), points=["c"]))
+    assert entry["best_fixed"]["tok_s"] == "fixed:k=0"
+
+
 def test_an_interrupted_round_is_left_out_of_the_statistics():
     cluster = FakeCluster()
     policies = ["fixed:k=0", "adaptive"]

@@ -9,10 +9,10 @@ from specserve.bench.client import Outcome, classify
 from specserve.bench.report import errors, stats_ms, summarize, table
 
 
-def ok(index: int, ttft: float, itl: list[float], tokens: int, prompt: int = 10) -> Outcome:
+def ok(index: int, ttft: float, itl: list[float], tokens: int, prompt: int = 10, sent_s: float = 0.0) -> Outcome:
     latency = ttft + sum(itl)
     out = RequestFuncOutput(success=True, ttft=ttft, itl=itl, latency=latency, output_tokens=tokens, prompt_len=prompt)
-    return Outcome(index, tokens, out, None, None, 0.0)
+    return Outcome(index, tokens, out, None, None, sent_s)
 
 
 def failed(index: int, kind: str, error: str) -> Outcome:
@@ -48,6 +48,31 @@ def test_summary_by_hand():
     assert goodput == pytest.approx({"requests_ok": 2, "share": 0.5, "requests_per_s": 1.0, "output_tokens_per_s": 2.5})
     assert report["errors"] == {"http_404": {"count": 1, "example": "Not Found"}}
     assert summarize(outcomes, 2.0, {})["goodput"] is None
+
+
+def test_window_counts_tokens_streamed_before_it_closes():
+    outcomes = [
+        # Chunks at 1, 2, 3, 4 s: the first carries 1 token, the other 6 spread over three chunks.
+        ok(0, ttft=1.0, itl=[1.0, 1.0, 1.0], tokens=7),
+        # Sent at 2.5 s, chunks at 3 s and 5 s: only its first token falls inside a 4 s window.
+        ok(1, ttft=0.5, itl=[2.0], tokens=5, sent_s=2.5),
+        # Sent just before the window closed, first chunk after it: nothing inside.
+        ok(2, ttft=0.5, itl=[0.5], tokens=2, sent_s=3.9),
+        failed(3, "timeout", "no complete response"),
+    ]
+    report = summarize(outcomes, duration_s=5.0, slo_ms={}, window_s=4.0)
+    assert report["window"] == pytest.approx({"s": 4.0, "output_tokens": 8.0, "output_tokens_per_s": 2.0})
+    # A window of 2.5 s holds request 0's first two chunks: 1 + 2 tokens.
+    assert summarize(outcomes, 5.0, {}, window_s=2.5)["window"]["output_tokens"] == pytest.approx(3.0)
+    # The whole run's rate is unchanged by it: all 14 tokens over 5 s.
+    assert report["throughput"]["output_tokens_per_s"] == pytest.approx(14 / 5)
+
+
+def test_no_window_for_open_loops_or_runs_that_ended_before_it():
+    outcomes = [ok(0, ttft=1.0, itl=[1.0], tokens=3)]
+    assert summarize(outcomes, 2.0, {})["window"] is None
+    # A request count stopped the run at 2 s, before a 10 s window could close: its rate would count idle time.
+    assert summarize(outcomes, 2.0, {}, window_s=10.0)["window"] is None
 
 
 def test_errors_by_kind_keep_the_last_traceback_line():

@@ -46,6 +46,24 @@ def test_closed_loop_accounting(server):
     assert report["goodput"]["requests_ok"] == REQUESTS and report["goodput"]["share"] == 1.0
 
 
+def test_a_closed_loop_for_a_duration_reports_its_window(server):
+    window_s = 3.0
+    result = bench(
+        server,
+        *("--concurrency", "2", "--duration", str(window_s), "--input-len", "24", "--output-len", str(MAX_TOKENS)),
+        *("--json", "--per-request"),
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    window, rows = report["window"], report["per_request"]
+    assert window["s"] == window_s and report["duration_s"] >= window_s
+    # Every request answered before the window closed is inside it whole; one still streaming is in part.
+    finished = sum(r["output_tokens"] for r in rows if r["sent_s"] + r["e2e_ms"] / 1000.0 <= window_s)
+    assert finished <= window["output_tokens"] <= report["tokens"]["output"]
+    assert window["output_tokens"] < report["tokens"]["output"]  # the last requests drained after the window
+    assert window["output_tokens_per_s"] == pytest.approx(window["output_tokens"] / window_s)
+
+
 def test_wrong_model_errors_counted_by_http_status(server):
     result = bench(server, "--concurrency", "2", "--num-requests", "6", "--model", "no-such-model", "--json")
     assert result.returncode == 0, result.stderr

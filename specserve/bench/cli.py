@@ -255,7 +255,7 @@ def _load_note(args: argparse.Namespace) -> str:
     elif args.duration:
         per_run = f"{args.duration:g} s of requests"
         if args.trace is None:
-            per_run += f" (output tok/s: the tokens streamed within those {args.duration:g} s, the drain after left out)"
+            per_run += f" (output tok/s: tokens streamed within those {args.duration:g} s, the drain after left out)"
     else:
         per_run = "the whole trace"  # only a trace has no count by default
     if args.trace is not None:

@@ -172,7 +172,8 @@ def table(report: dict[str, Any]) -> list[str]:
         f"throughput  {t['requests_per_s']:.3f} req/s, {t['output_tokens_per_s']:.2f} output tok/s",
     ]
     if (w := report.get("window")) is not None:
-        lines.append(f"window      {w['output_tokens_per_s']:.2f} output tok/s in the first {w['s']:g} s (drain left out)")
+        rate, seconds = w["output_tokens_per_s"], w["s"]
+        lines.append(f"window      {rate:.2f} output tok/s in the first {seconds:g} s (drain left out)")
     lines += [
         "",
         f"{'(ms)':<8}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",

@@ -43,7 +43,9 @@ METRICS = {
     m.name: m
     for m in (
         # A closed loop's steady rate, its drain left out (report.window), where the run has one.
-        Metric("tok_s", "output tok/s", (("window", "output_tokens_per_s"), ("throughput", "output_tokens_per_s")), True),
+        Metric(
+            "tok_s", "output tok/s", (("window", "output_tokens_per_s"), ("throughput", "output_tokens_per_s")), True
+        ),
         Metric("e2e", "mean E2E ms", (("e2e_ms", "mean"),), False),
         Metric("tpot", "mean TPOT ms", (("tpot_ms", "mean"),), False),
         Metric("ttft", "mean TTFT ms", (("ttft_ms", "mean"),), False),

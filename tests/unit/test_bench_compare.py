@@ -250,7 +250,9 @@ def test_throughput_is_ranked_on_the_window_where_a_run_has_one():
     # whole runs rank k = 0 first, the windows k = 1.
     def run(whole: float, window: float | None) -> dict:
         latency = {m: {"mean": 1000.0} for m in ("e2e_ms", "tpot_ms", "ttft_ms")}
-        window_part = None if window is None else {"s": 10.0, "output_tokens": 10 * window, "output_tokens_per_s": window}
+        window_part = (
+            None if window is None else {"s": 10.0, "output_tokens": 10 * window, "output_tokens_per_s": window}
+        )
         requests = {"sent": 4, "completed": 4, "failed": 0}
         return {"requests": requests, "throughput": {"output_tokens_per_s": whole}, "window": window_part, **latency}
 

@@ -224,11 +224,11 @@ class ServedLoad:
 
     def run(self, concurrency: int, num_requests: int, seed: int) -> dict[str, Any]:
         from specserve.bench import client, report
-        from specserve.bench.load import closed_plan
+        from specserve.bench.load import Lengths, closed_plan
         from specserve.bench.prompts import Prompter
 
         args = self.args
-        plan = closed_plan(concurrency, args.input_len, args.output_len, num_requests, None)
+        plan = closed_plan(concurrency, Lengths(args.input_len, args.output_len), num_requests, None)
         runner = client.Runner(self.target, Prompter(seed), progress=False)
         outcomes, duration_s = asyncio.run(runner.run(plan))
         result = report.summarize(outcomes, duration_s, {})

@@ -25,7 +25,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from specserve.bench.compare import PolicySwitch, log
-from specserve.bench.load import BenchError, Plan, Segment, closed_plan, open_plan, parse_rate, trace_plan
+from specserve.bench.load import (
+    BenchError,
+    Lengths,
+    Plan,
+    Segment,
+    check_range_ratio,
+    closed_plan,
+    open_plan,
+    parse_rate,
+    trace_plan,
+)
 from specserve.bench.stats import DEFAULT_RESAMPLES, METRICS
 
 DEFAULT_NUM_REQUESTS = 100
@@ -55,6 +65,9 @@ def _positive(kind: type) -> Any:
         return value
 
     return convert
+
+
+RANGE_RATIO_HELP = "lengths uniform within ±R of --input-len/--output-len, 0 <= R < 1 (default 0: all equal)"
 
 
 def _rate(text: str) -> list[Segment]:
@@ -107,6 +120,7 @@ def add_commands(parser: argparse.ArgumentParser, dest: str, policies: PolicyBac
     run.add_argument("--trace-speed", type=_positive(float), default=1.0, help="replay N times faster (default 1)")
     run.add_argument("--input-len", type=_positive(int), default=128, help="prompt tokens (not with --trace)")
     run.add_argument("--output-len", type=_positive(int), default=64, help="max_tokens (not with --trace)")
+    run.add_argument("--range-ratio", type=float, default=0.0, help=RANGE_RATIO_HELP)
     run.add_argument("--tokenizer", help="tokenizer folder: exact prompt lengths (default: words, about 1 each)")
     run.add_argument("--temperature", type=float, default=0.0, help="default: 0")
     run.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false", help="let requests stop at EOS")
@@ -151,6 +165,7 @@ def _add_compare(commands: argparse._SubParsersAction, policies: PolicyBackend) 
     compare.add_argument("--trace-speed", type=_positive(float), default=1.0, help="replay N times faster")
     compare.add_argument("--input-len", type=_positive(int), default=128, help="prompt tokens (not with --trace)")
     compare.add_argument("--output-len", type=_positive(int), default=64, help="max_tokens (not with --trace)")
+    compare.add_argument("--range-ratio", type=float, default=0.0, help=RANGE_RATIO_HELP)
     compare.add_argument("--warmup", type=int, default=16, help="unrecorded requests before the first run (16)")
     compare.add_argument("--model", help="model name to request (default: the first one GET /models lists)")
     compare.add_argument("--api", choices=("completions", "chat"), default="completions", help="default: completions")
@@ -177,26 +192,35 @@ def base_url(url: str) -> str:
     return url.rstrip("/") + ("/v1" if parts.path in ("", "/") else "")
 
 
+def lengths(args: argparse.Namespace) -> Lengths:
+    """The generated requests' lengths; a trace brings its own, so a range there is an error, not ignored."""
+    check_range_ratio(args.range_ratio)
+    if args.trace is not None and args.range_ratio:
+        raise BenchError(f"--range-ratio {args.range_ratio:g}: a --trace brings its own lengths")
+    return Lengths(args.input_len, args.output_len, args.range_ratio, args.seed)
+
+
 def make_plan(args: argparse.Namespace) -> Plan:
     stop = {"num_requests": args.num_requests, "duration_s": args.duration}
+    sizes = lengths(args)
     if args.trace is not None:
         return trace_plan(args.trace, args.trace_speed, **stop)
     if args.num_requests is None and args.duration is None:
         stop["num_requests"] = DEFAULT_NUM_REQUESTS
     if args.concurrency is not None:
-        return closed_plan(args.concurrency, args.input_len, args.output_len, **stop)
-    return open_plan(args.rate, args.burstiness, args.input_len, args.output_len, args.seed, **stop)
+        return closed_plan(args.concurrency, sizes, **stop)
+    return open_plan(args.rate, args.burstiness, sizes, args.seed, **stop)
 
 
 def load_description(args: argparse.Namespace) -> dict[str, Any]:
     if args.concurrency is not None:
-        return {"kind": "concurrency", "concurrency": args.concurrency}
+        return {"kind": "concurrency", "concurrency": args.concurrency, "range_ratio": args.range_ratio}
     if args.trace is not None:
         return {"kind": "trace", "trace": args.trace, "speed": args.trace_speed}
     segments = [
         {"rate_qps": s.rate_qps, "duration_s": None if math.isinf(s.duration_s) else s.duration_s} for s in args.rate
     ]
-    return {"kind": "rate", "segments": segments, "burstiness": args.burstiness}
+    return {"kind": "rate", "segments": segments, "burstiness": args.burstiness, "range_ratio": args.range_ratio}
 
 
 def run_load(args: argparse.Namespace) -> int:
@@ -236,6 +260,7 @@ def compare_points(args: argparse.Namespace) -> list[Any]:
     from specserve.bench.compare import LoadPoint
 
     stop = {"num_requests": args.num_requests, "duration_s": args.duration}
+    sizes = lengths(args)
     if args.trace is not None:
         load = {"kind": "trace", "trace": args.trace, "speed": args.trace_speed}
         return [LoadPoint(f"trace {Path(args.trace).stem}", load, trace_plan(args.trace, args.trace_speed, **stop))]
@@ -243,7 +268,7 @@ def compare_points(args: argparse.Namespace) -> list[Any]:
         LoadPoint(
             f"concurrency {c}",
             {"kind": "concurrency", "concurrency": c},
-            closed_plan(c, args.input_len, args.output_len, **stop),
+            closed_plan(c, sizes, **stop),
         )
         for c in args.concurrency
     ]
@@ -263,6 +288,8 @@ def _load_note(args: argparse.Namespace) -> str:
     else:
         unit = "tokens" if args.tokenizer else "words"
         what = f"closed loop, prompts of {args.input_len} {unit}, {args.output_len} output tokens"
+        if args.range_ratio:
+            what += f" (each uniform within ±{args.range_ratio:.0%})"
     eos = "ignore_eos" if args.ignore_eos else "stopping at EOS"
     return f"{what}, {per_run} per run, temperature {args.temperature:g}, {eos}, {args.warmup} warm-up requests"
 
@@ -358,7 +385,7 @@ def run_compare(args: argparse.Namespace) -> int:
         if args.warmup:
             width = max(args.concurrency) if args.concurrency else 4
             log(f"specserve bench: warm-up, {args.warmup} requests at concurrency {width}")
-            warm = closed_plan(width, args.input_len, args.output_len, num_requests=args.warmup, duration_s=None)
+            warm = closed_plan(width, lengths(args), num_requests=args.warmup, duration_s=None)
             prompter = Prompter(args.seed + settings.max_rounds, args.tokenizer)  # a seed no round uses
             asyncio.run(client.Runner(target, prompter, progress=False).run(warm))
         comparison.run()

@@ -139,15 +139,50 @@ def trace_plan(ref: str, speed: float, num_requests: int | None, duration_s: flo
     return Plan(workload.prompt_tokens[keep], workload.output_tokens[keep], arrival_s=arrival[keep])
 
 
-def closed_plan(concurrency: int, input_len: int, output_len: int, num_requests: int | None, duration_s: float | None):
+# Lengths a closed loop run for a duration cycles through when they vary: more than any run here sends.
+CYCLE = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Lengths:
+    """Prompt and output lengths: each uniform on [L (1 - R), L (1 + R)], as vLLM's random dataset draws them
+    (``--random-range-ratio``); R = 0 gives every request the same. Equal lengths keep a closed loop's
+    clients in lockstep: with ``ignore_eos`` and one step per token they all finish on one step and send their
+    next prompts at once, so every wave opens with a prefill burst that no real workload has."""
+
+    input_len: int
+    output_len: int
+    range_ratio: float = 0.0
+    seed: int = 0
+
+    def draw(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.range_ratio == 0.0:
+            return np.full(n, self.input_len, dtype=np.int64), np.full(n, self.output_len, dtype=np.int64)
+        # Its own stream: varying the lengths leaves an open loop's arrival times as they were.
+        rng = np.random.default_rng([self.seed, 1])
+        return tuple(self._uniform(rng, n, mean) for mean in (self.input_len, self.output_len))  # type: ignore[return-value]
+
+    def _uniform(self, rng: np.random.Generator, n: int, mean: int) -> np.ndarray:
+        low = max(1, int(np.floor(mean * (1.0 - self.range_ratio))))
+        high = max(low, int(np.ceil(mean * (1.0 + self.range_ratio))))
+        return rng.integers(low, high + 1, size=n, dtype=np.int64)
+
+
+def check_range_ratio(ratio: float) -> float:
+    if not 0.0 <= ratio < 1.0:
+        raise BenchError(f"--range-ratio {ratio:g}: must be at least 0 and below 1")
+    return ratio
+
+
+def closed_plan(concurrency: int, lengths: Lengths, num_requests: int | None, duration_s: float | None) -> Plan:
     if num_requests is None and duration_s is None:
         raise BenchError("--concurrency needs --num-requests or --duration")
-    one = np.array([input_len], dtype=np.int64), np.array([output_len], dtype=np.int64)
-    return Plan(*one, concurrency=concurrency, num_requests=num_requests, duration_s=duration_s)
+    n = 1 if lengths.range_ratio == 0.0 else num_requests or CYCLE
+    return Plan(*lengths.draw(n), concurrency=concurrency, num_requests=num_requests, duration_s=duration_s)
 
 
-def open_plan(segments: list[Segment], burstiness: float, input_len: int, output_len: int, seed: int, **stop) -> Plan:
+def open_plan(segments: list[Segment], burstiness: float, lengths: Lengths, seed: int, **stop) -> Plan:
     times = arrivals(segments, np.random.default_rng(seed), burstiness, **stop)
     if len(times) == 0:
         raise BenchError("the --rate schedule yields no request within the given --duration/--num-requests")
-    return Plan(np.full(len(times), input_len), np.full(len(times), output_len), arrival_s=times)
+    return Plan(*lengths.draw(len(times)), arrival_s=times)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from specserve.bench.compare import Comparison, LoadPoint, Settings, aggregate, markdown, mean_k, write_results
-from specserve.bench.load import BenchError, closed_plan
+from specserve.bench.load import BenchError, Lengths, closed_plan
 from specserve.bench.stats import METRICS, median_interval, ratios_to_best, settled
 from specserve.cluster.cli import main
 from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
@@ -114,7 +114,9 @@ class FakeCluster:
 
 
 def points(*concurrencies: int) -> list[LoadPoint]:
-    return [LoadPoint(f"concurrency {c}", {"concurrency": c}, closed_plan(c, 8, 8, 4, None)) for c in concurrencies]
+    return [
+        LoadPoint(f"concurrency {c}", {"concurrency": c}, closed_plan(c, Lengths(8, 8), 4, None)) for c in concurrencies
+    ]
 
 
 def settings(policies, rounds=2, max_rounds=None, headline=None, ci_width=0.05) -> Settings:

@@ -91,6 +91,37 @@ def test_plans_from_flags():
     assert len(opened.arrival_s) == 12 and opened.lengths(11) == (128, 64)
 
 
+def test_a_range_ratio_spreads_lengths_uniformly_and_keeps_arrivals():
+    argv = ("--num-requests", "4000", "--input-len", "32", "--output-len", "64")
+    closed = make_plan(parse("--concurrency", "4", *argv, "--range-ratio", "0.5"))
+    prompts, outputs = zip(*(closed.lengths(i) for i in range(4000)), strict=True)
+    # vLLM's random dataset: integers on [floor(L (1 - R)), ceil(L (1 + R))], about uniform.
+    assert (min(prompts), max(prompts), min(outputs), max(outputs)) == (16, 48, 32, 96)
+    assert np.mean(outputs) == pytest.approx(64, rel=0.02) and np.std(outputs) == pytest.approx(64 / 12**0.5, rel=0.05)
+    # Same seed, same lengths (every policy of a round gets them); an open loop's arrivals do not move.
+    again = make_plan(parse("--concurrency", "4", *argv, "--range-ratio", "0.5"))
+    assert [again.lengths(i) for i in range(50)] == [closed.lengths(i) for i in range(50)]
+    spread = make_plan(parse("--rate", "10", *argv, "--range-ratio", "0.5"))
+    equal = make_plan(parse("--rate", "10", *argv))
+    assert np.array_equal(spread.arrival_s, equal.arrival_s) and len(set(spread.output_tokens.tolist())) > 1
+    # A closed loop for a duration has no count: it cycles through more lengths than a run sends.
+    timed = make_plan(parse("--concurrency", "4", "--duration", "5", "--range-ratio", "0.9"))
+    assert len(timed.output_tokens) > 1000 and timed.output_tokens.min() >= 1
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--concurrency", "2", "--range-ratio", "1"], "--range-ratio 1: must be at least 0 and below 1"),
+        (["--concurrency", "2", "--range-ratio", "-0.1"], "--range-ratio -0.1"),
+        (["--trace", "dsde-128-sharegpt", "--range-ratio", "0.5"], "a --trace brings its own lengths"),
+    ],
+)
+def test_bad_range_ratios_are_errors_naming_the_value(argv, says):
+    with pytest.raises(BenchError, match=says):
+        make_plan(parse(*argv))
+
+
 @pytest.mark.parametrize("argv", [["--rate", "-3"], ["--concurrency", "-1"], ["--concurrency", "2", "--duration", "0"]])
 def test_bad_flags_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -30,7 +30,6 @@ from specserve.bench.load import (
     Lengths,
     Plan,
     Segment,
-    check_range_ratio,
     closed_plan,
     open_plan,
     parse_rate,
@@ -194,10 +193,10 @@ def base_url(url: str) -> str:
 
 def lengths(args: argparse.Namespace) -> Lengths:
     """The generated requests' lengths; a trace brings its own, so a range there is an error, not ignored."""
-    check_range_ratio(args.range_ratio)
+    sizes = Lengths(args.input_len, args.output_len, args.range_ratio, args.seed)
     if args.trace is not None and args.range_ratio:
         raise BenchError(f"--range-ratio {args.range_ratio:g}: a --trace brings its own lengths")
-    return Lengths(args.input_len, args.output_len, args.range_ratio, args.seed)
+    return sizes
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -260,7 +259,7 @@ def compare_points(args: argparse.Namespace) -> list[Any]:
     from specserve.bench.compare import LoadPoint
 
     stop = {"num_requests": args.num_requests, "duration_s": args.duration}
-    sizes = lengths(args)
+    sizes = lengths(args)  # checked before a trace is read
     if args.trace is not None:
         load = {"kind": "trace", "trace": args.trace, "speed": args.trace_speed}
         return [LoadPoint(f"trace {Path(args.trace).stem}", load, trace_plan(args.trace, args.trace_speed, **stop))]

@@ -155,23 +155,21 @@ class Lengths:
     range_ratio: float = 0.0
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.range_ratio < 1.0:
+            raise BenchError(f"--range-ratio {self.range_ratio:g}: must be at least 0 and below 1")
+
     def draw(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         if self.range_ratio == 0.0:
             return np.full(n, self.input_len, dtype=np.int64), np.full(n, self.output_len, dtype=np.int64)
         # Its own stream: varying the lengths leaves an open loop's arrival times as they were.
         rng = np.random.default_rng([self.seed, 1])
-        return tuple(self._uniform(rng, n, mean) for mean in (self.input_len, self.output_len))  # type: ignore[return-value]
+        return self._uniform(rng, n, self.input_len), self._uniform(rng, n, self.output_len)
 
     def _uniform(self, rng: np.random.Generator, n: int, mean: int) -> np.ndarray:
         low = max(1, int(np.floor(mean * (1.0 - self.range_ratio))))
         high = max(low, int(np.ceil(mean * (1.0 + self.range_ratio))))
         return rng.integers(low, high + 1, size=n, dtype=np.int64)
-
-
-def check_range_ratio(ratio: float) -> float:
-    if not 0.0 <= ratio < 1.0:
-        raise BenchError(f"--range-ratio {ratio:g}: must be at least 0 and below 1")
-    return ratio
 
 
 def closed_plan(concurrency: int, lengths: Lengths, num_requests: int | None, duration_s: float | None) -> Plan:

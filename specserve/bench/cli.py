@@ -28,11 +28,14 @@ from specserve.bench.compare import PolicySwitch, log
 from specserve.bench.load import (
     BenchError,
     Lengths,
+    Phase,
     Plan,
     Segment,
     closed_plan,
     open_plan,
+    parse_clients,
     parse_rate,
+    schedule_plan,
     trace_plan,
 )
 from specserve.bench.stats import DEFAULT_RESAMPLES, METRICS
@@ -69,9 +72,19 @@ def _positive(kind: type) -> Any:
 RANGE_RATIO_HELP = "lengths uniform within ±R of --input-len/--output-len, 0 <= R < 1 (default 0: all equal)"
 
 
+CLIENTS_HELP = "closed loop whose clients change: N:SECONDS,N:SECONDS,... (e.g. 1:20,16:20,1:20)"
+
+
 def _rate(text: str) -> list[Segment]:
     try:
         return parse_rate(text)
+    except BenchError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _clients(text: str) -> list[Phase]:
+    try:
+        return parse_clients(text)
     except BenchError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -110,6 +123,7 @@ def add_commands(parser: argparse.ArgumentParser, dest: str, policies: PolicyBac
     run.add_argument("--api", choices=("completions", "chat"), default="completions", help="default: completions")
     load = run.add_mutually_exclusive_group(required=True)
     load.add_argument("--concurrency", type=_positive(int), help="closed loop: N clients, next request on answer")
+    load.add_argument("--clients", type=_clients, help=CLIENTS_HELP)
     load.add_argument("--rate", type=_rate, help="open loop: QPS, or piecewise QPS:SECONDS,QPS:SECONDS,...")
     load.add_argument("--trace", help="replay a simulator trace: a built-in name or a CSV path")
     stop = run.add_mutually_exclusive_group()
@@ -148,6 +162,7 @@ def _add_compare(commands: argparse._SubParsersAction, policies: PolicyBackend) 
     compare.add_argument("--policies", required=True, help="e.g. fixed:k=0,fixed:k=2,static-table,adaptive")
     load = compare.add_mutually_exclusive_group(required=True)
     load.add_argument("--concurrency", type=_concurrency_list, help="closed loop at each of N,N,... clients")
+    load.add_argument("--clients", type=_clients, help=CLIENTS_HELP)
     load.add_argument("--trace", help="replay a simulator trace: a built-in name or a CSV path")
     compare.add_argument("--rounds", type=_rounds, default=5, help="interleaved rounds per load point (default 5)")
     compare.add_argument(
@@ -199,11 +214,23 @@ def lengths(args: argparse.Namespace) -> Lengths:
     return sizes
 
 
+def schedule(args: argparse.Namespace) -> Plan:
+    """``--clients``: its phases set the run's length, so a count or duration beside them is an error."""
+    if args.num_requests is not None or args.duration is not None:
+        given = (
+            f"--num-requests {args.num_requests}" if args.num_requests is not None else f"--duration {args.duration:g}"
+        )
+        raise BenchError(f"{given}: a --clients schedule sets its own length (the sum of its phases)")
+    return schedule_plan(args.clients, lengths(args))
+
+
 def make_plan(args: argparse.Namespace) -> Plan:
     stop = {"num_requests": args.num_requests, "duration_s": args.duration}
     sizes = lengths(args)
     if args.trace is not None:
         return trace_plan(args.trace, args.trace_speed, **stop)
+    if args.clients is not None:
+        return schedule(args)
     if args.num_requests is None and args.duration is None:
         stop["num_requests"] = DEFAULT_NUM_REQUESTS
     if args.concurrency is not None:
@@ -211,9 +238,16 @@ def make_plan(args: argparse.Namespace) -> Plan:
     return open_plan(args.rate, args.burstiness, sizes, args.seed, **stop)
 
 
+def clients_description(args: argparse.Namespace) -> dict[str, Any]:
+    phases = [{"clients": p.clients, "duration_s": p.duration_s} for p in args.clients]
+    return {"kind": "clients", "phases": phases, "range_ratio": args.range_ratio}
+
+
 def load_description(args: argparse.Namespace) -> dict[str, Any]:
     if args.concurrency is not None:
         return {"kind": "concurrency", "concurrency": args.concurrency, "range_ratio": args.range_ratio}
+    if args.clients is not None:
+        return clients_description(args)
     if args.trace is not None:
         return {"kind": "trace", "trace": args.trace, "speed": args.trace_speed}
     segments = [
@@ -244,7 +278,9 @@ def run_load(args: argparse.Namespace) -> int:
         "load": load_description(args),
         "ignore_eos": ignore_eos,
         "temperature": args.temperature,
-        **report.summarize(outcomes, duration_s, {k: v for k, v in slo.items() if v is not None}, plan.window_s),
+        **report.summarize(
+            outcomes, duration_s, {k: v for k, v in slo.items() if v is not None}, plan.window_s, plan.phases
+        ),
     }
     if args.per_request:
         result["per_request"] = report.per_request(outcomes)
@@ -263,6 +299,9 @@ def compare_points(args: argparse.Namespace) -> list[Any]:
     if args.trace is not None:
         load = {"kind": "trace", "trace": args.trace, "speed": args.trace_speed}
         return [LoadPoint(f"trace {Path(args.trace).stem}", load, trace_plan(args.trace, args.trace_speed, **stop))]
+    if args.clients is not None:
+        text = ",".join(f"{p.clients}:{p.duration_s:g}" for p in args.clients)
+        return [LoadPoint(f"clients {text}", clients_description(args), schedule(args))]
     return [
         LoadPoint(
             f"concurrency {c}",
@@ -280,6 +319,9 @@ def _load_note(args: argparse.Namespace) -> str:
         per_run = f"{args.duration:g} s of requests"
         if args.trace is None:
             per_run += f" (output tok/s: tokens streamed within those {args.duration:g} s, the drain after left out)"
+    elif args.clients:
+        total = sum(p.duration_s for p in args.clients)
+        per_run = f"the schedule's {total:g} s (output tok/s: tokens streamed within them, the drain after left out)"
     else:
         per_run = "the whole trace"  # only a trace has no count by default
     if args.trace is not None:
@@ -287,6 +329,9 @@ def _load_note(args: argparse.Namespace) -> str:
     else:
         unit = "tokens" if args.tokenizer else "words"
         what = f"closed loop, prompts of {args.input_len} {unit}, {args.output_len} output tokens"
+        if args.clients:
+            steps = ", then ".join(f"{p.clients} for {p.duration_s:g} s" for p in args.clients)
+            what = what.replace("closed loop", f"closed loop, clients {steps}")
         if args.range_ratio:
             what += f" (each uniform within ±{args.range_ratio:.0%})"
     eos = "ignore_eos" if args.ignore_eos else "stopping at EOS"
@@ -299,7 +344,7 @@ def run_compare(args: argparse.Namespace) -> int:
     url = base_url(args.url)
     backend: PolicyBackend = args.policy_backend
     specs = backend.parse(args.policies)
-    if args.trace is None and args.num_requests is None and args.duration is None:
+    if args.trace is None and args.clients is None and args.num_requests is None and args.duration is None:
         args.num_requests = COMPARE_NUM_REQUESTS
     headline = default_headline(specs)
     if args.headline is not None:
@@ -342,7 +387,7 @@ def run_compare(args: argparse.Namespace) -> int:
     def run_one(point: Any, round_index: int) -> dict[str, Any]:
         runner = client.Runner(target, Prompter(args.seed + round_index, args.tokenizer), progress=False)
         outcomes, duration_s = asyncio.run(runner.run(point.plan))
-        summary = report.summarize(outcomes, duration_s, {}, point.plan.window_s)
+        summary = report.summarize(outcomes, duration_s, {}, point.plan.window_s, point.plan.phases)
         if summary["requests"]["completed"] == 0:
             raise BenchError(f"{point.label}: a run completed no request; errors: {summary['errors']}")
         return summary
@@ -382,7 +427,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
     try:
         if args.warmup:
-            width = max(args.concurrency) if args.concurrency else 4
+            width = max(args.concurrency or [p.clients for p in args.clients or ()] or [4])
             log(f"specserve bench: warm-up, {args.warmup} requests at concurrency {width}")
             warm = closed_plan(width, lengths(args), num_requests=args.warmup, duration_s=None)
             prompter = Prompter(args.seed + settings.max_rounds, args.tokenizer)  # a seed no round uses

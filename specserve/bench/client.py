@@ -184,10 +184,15 @@ class Runner:
     async def _closed(self, http: Any, plan: Plan) -> float:
         counter = itertools.count()
 
-        async def client() -> None:
+        async def client(seat: int) -> None:
             while True:
-                if plan.duration_s is not None and time.perf_counter() - start >= plan.duration_s:
+                now_s = time.perf_counter() - start
+                if plan.duration_s is not None and now_s >= plan.duration_s:
                     return
+                clients, change_s = plan.clients_at(now_s)
+                if seat >= clients:  # not wanted in this phase of a schedule: wait for the next
+                    await asyncio.sleep(change_s - now_s)
+                    continue
                 index = next(counter)
                 if plan.num_requests is not None and index >= plan.num_requests:
                     return
@@ -195,7 +200,7 @@ class Runner:
                 await self._one(http, plan, index, prompt, start, None)
 
         start = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(plan.concurrency)))
+        await asyncio.gather(*(client(seat) for seat in range(plan.concurrency)))
         return time.perf_counter() - start
 
     async def _open(self, http: Any, plan: Plan) -> float:

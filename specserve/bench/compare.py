@@ -27,12 +27,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from specserve.bench import phases
 from specserve.bench.load import BenchError, Plan
 from specserve.bench.stats import (
     DEFAULT_RESAMPLES,
     METRICS,
     Interval,
     Metric,
+    by_round,
     median_interval,
     metric_value,
     ratios_to_best,
@@ -203,10 +205,7 @@ class Comparison:
 
 def round_matrix(records: list[dict[str, Any]], point: str, policies: Sequence[str], metric: Metric) -> np.ndarray:
     """(policies, rounds) values of one point, over the rounds every policy completed."""
-    by_key = {(r["policy"], r["round"]): metric_value(r["report"], metric) for r in records if r["point"] == point}
-    rounds = sorted({rnd for (_, rnd) in by_key})
-    complete = [rnd for rnd in rounds if all((p, rnd) in by_key for p in policies)]
-    return np.array([[by_key[(p, rnd)] for rnd in complete] for p in policies], dtype=np.float64)
+    return by_round([r for r in records if r["point"] == point], policies, lambda report: metric_value(report, metric))
 
 
 def mean_k(steps_by_k: Sequence[int] | None) -> float | None:
@@ -281,6 +280,7 @@ def aggregate(document: dict[str, Any]) -> list[dict[str, Any]]:
                     "ratio_high": ratios[row].high,
                 }
         at_point = [r for r in document["runs"] if r["point"] == label]
+        entry["phases"] = phases.summarize(at_point, policies, fixed_rows(policies), resamples, seed)
         for policy in policies:
             runs = [r for r in at_point if r["policy"] == policy]
             entry["policies"][policy]["failed"] = sum(r["report"]["requests"]["failed"] for r in runs)
@@ -356,6 +356,8 @@ def markdown(document: dict[str, Any], summary: list[dict[str, Any]], headline_m
                 f"{_ratio(p.get('e2e'))} | {_cell(median('tpot'), 2)} | {_cell(median('ttft'))} | "
                 f"{_cell(p['mean_k'], 2)} | {_cell(p.get('k_mix_ratio'), 3)} | {p['failed']} |"
             )
+        if e.get("phases"):
+            lines += phases.markdown(e["phases"], document["policies"])
     return lines
 
 

@@ -35,6 +35,14 @@ class Segment:
 
 
 @dataclass(frozen=True, slots=True)
+class Phase:
+    """A stretch of a closed loop whose client count changes (``--clients``)."""
+
+    clients: int
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """What to send. ``arrival_s`` is None for a closed loop (``concurrency`` clients instead).
 
@@ -48,11 +56,21 @@ class Plan:
     concurrency: int = 0
     num_requests: int | None = None  # closed loop: stop after this many
     duration_s: float | None = None  # closed loop: send nothing new after this
+    phases: tuple[Phase, ...] = ()  # closed loop whose clients change; ``concurrency`` is then their most
 
     @property
     def window_s(self) -> float | None:
         """A closed loop's sending window, over which its steady rate is taken (``report.window``)."""
         return self.duration_s if self.arrival_s is None else None
+
+    def clients_at(self, t_s: float) -> tuple[int, float]:
+        """A closed loop's client count at ``t_s`` seconds into the run, and when it next changes."""
+        end_s = 0.0
+        for phase in self.phases:
+            end_s += phase.duration_s
+            if t_s < end_s:
+                return phase.clients, end_s
+        return (0, math.inf) if self.phases else (self.concurrency, math.inf)
 
     def lengths(self, index: int) -> tuple[int, int]:
         i = index % len(self.prompt_tokens)
@@ -79,6 +97,23 @@ def parse_rate(text: str) -> list[Segment]:
     if math.isinf(segments[-1].duration_s) and segments[-1].rate_qps == 0:
         raise BenchError(f"--rate {text!r}: an open-ended last segment needs a positive rate")
     return segments
+
+
+def parse_clients(text: str) -> list[Phase]:
+    """``N:SECONDS,N:SECONDS,...``: a closed loop of N clients for SECONDS, then the next count."""
+    phases = []
+    for part in text.split(","):
+        clients_text, colon, duration_text = part.partition(":")
+        try:
+            clients, duration = int(clients_text), float(duration_text)
+        except ValueError:
+            raise BenchError(f"--clients {text!r}: {part!r} is not N:SECONDS") from None
+        if not colon or clients < 0 or not 0 < duration < math.inf:
+            raise BenchError(f"--clients {text!r}: need clients >= 0 and 0 < seconds < inf in {part!r}")
+        phases.append(Phase(clients, duration))
+    if not any(p.clients > 0 for p in phases):
+        raise BenchError(f"--clients {text!r}: no phase has a client")
+    return phases
 
 
 def arrivals(
@@ -177,6 +212,15 @@ def closed_plan(concurrency: int, lengths: Lengths, num_requests: int | None, du
         raise BenchError("--concurrency needs --num-requests or --duration")
     n = 1 if lengths.range_ratio == 0.0 else num_requests or CYCLE
     return Plan(*lengths.draw(n), concurrency=concurrency, num_requests=num_requests, duration_s=duration_s)
+
+
+def schedule_plan(phases: list[Phase], lengths: Lengths) -> Plan:
+    """A closed loop whose client count follows ``phases``. Client i sends while the count is above i; when the
+    count drops, the clients above it finish the request they have in flight and sit out, as users who leave."""
+    n = 1 if lengths.range_ratio == 0.0 else CYCLE
+    most = max(p.clients for p in phases)
+    total_s = sum(p.duration_s for p in phases)
+    return Plan(*lengths.draw(n), concurrency=most, duration_s=total_s, phases=tuple(phases))
 
 
 def open_plan(segments: list[Segment], burstiness: float, lengths: Lengths, seed: int, **stop) -> Plan:

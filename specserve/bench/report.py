@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from specserve.bench.client import Outcome
+from specserve.bench.load import Phase
 
 PERCENTILES = (50, 90, 99)
 
@@ -65,20 +66,43 @@ def tokens_by(outcome: Outcome, end_s: float) -> float:
     return 1.0 + (rest * (inside - 1) / later if later else rest)
 
 
-def window(done: list[Outcome], duration_s: float, window_s: float | None) -> dict[str, float] | None:
+def window(
+    done: list[Outcome], duration_s: float, window_s: float | None, phases: Sequence[Phase] = ()
+) -> dict[str, Any] | None:
     """Output tokens streamed within the first ``window_s`` seconds, and their rate (module docstring); None
-    without a window or when the run ended before it (a request count stopped it first)."""
+    without a window or when the run ended before it (a request count stopped it first). A schedule of client
+    counts (``--clients``) also gets each phase's tokens and rate, counted the same way."""
     if window_s is None or duration_s < window_s:
         return None
     tokens = sum(tokens_by(o, window_s) for o in done)
-    return {"s": window_s, "output_tokens": tokens, "output_tokens_per_s": tokens / window_s}
+    result: dict[str, Any] = {"s": window_s, "output_tokens": tokens, "output_tokens_per_s": tokens / window_s}
+    if phases:
+        result["phases"], start_s = [], 0.0
+        for phase in phases:
+            end_s = start_s + phase.duration_s
+            inside = sum(tokens_by(o, end_s) - tokens_by(o, start_s) for o in done)
+            result["phases"].append(
+                {
+                    "clients": phase.clients,
+                    "start_s": start_s,
+                    "s": phase.duration_s,
+                    "output_tokens": inside,
+                    "output_tokens_per_s": inside / phase.duration_s,
+                }
+            )
+            start_s = end_s
+    return result
 
 
 def summarize(
-    outcomes: list[Outcome], duration_s: float, slo_ms: dict[str, float], window_s: float | None = None
+    outcomes: list[Outcome],
+    duration_s: float,
+    slo_ms: dict[str, float],
+    window_s: float | None = None,
+    phases: Sequence[Phase] = (),
 ) -> dict[str, Any]:
     """The report's numbers; ``slo_ms`` maps any of ``ttft``, ``tpot``, ``e2e`` to a limit; ``window_s``: a
-    closed loop's sending window."""
+    closed loop's sending window, ``phases`` its schedule of client counts."""
     done = [o for o in outcomes if o.error_kind is None]
     out_tokens = [output_tokens(o) for o in done]
     in_tokens = sum(o.output.prompt_len for o in done)
@@ -92,7 +116,7 @@ def summarize(
             "output_tokens_per_s": sum(out_tokens) * per_s,
             "total_tokens_per_s": (in_tokens + sum(out_tokens)) * per_s,
         },
-        "window": window(done, duration_s, window_s),
+        "window": window(done, duration_s, window_s, phases),
         "ttft_ms": stats_ms([o.output.ttft for o in done]),
         "tpot_ms": stats_ms([tpot_s(o) for o in done if output_tokens(o) > 1]),
         "itl_ms": stats_ms([gap for o in done for gap in o.output.itl]),
@@ -174,6 +198,9 @@ def table(report: dict[str, Any]) -> list[str]:
     if (w := report.get("window")) is not None:
         rate, seconds = w["output_tokens_per_s"], w["s"]
         lines.append(f"window      {rate:.2f} output tok/s in the first {seconds:g} s (drain left out)")
+        for p in w.get("phases", ()):
+            span = f"{p['start_s']:g}-{p['start_s'] + p['s']:g} s"
+            lines.append(f"  {p['clients']:>3} clients  {span:<12} {p['output_tokens_per_s']:.2f} output tok/s")
     lines += [
         "",
         f"{'(ms)':<8}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",

@@ -19,7 +19,7 @@ With few rounds the median of a resample can only take a few values, so the inte
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,17 @@ def metric_value(summary: dict[str, Any], metric: Metric) -> float:
             value = part[key]
             break
     return float("nan") if value is None else float(value)
+
+
+def by_round(
+    runs: Sequence[dict[str, Any]], policies: Sequence[str], value: Callable[[dict[str, Any]], float]
+) -> np.ndarray:
+    """(policies, rounds) of one load point's runs (`bench compare` records), ``value`` of each run's report,
+    over the rounds every policy completed."""
+    by_key = {(r["policy"], r["round"]): value(r["report"]) for r in runs}
+    rounds = sorted({rnd for (_, rnd) in by_key})
+    complete = [rnd for rnd in rounds if all((p, rnd) in by_key for p in policies)]
+    return np.array([[by_key[(p, rnd)] for rnd in complete] for p in policies], dtype=np.float64)
 
 
 @dataclass(frozen=True, slots=True)

@@ -301,6 +301,10 @@ def compare(*args: str) -> list[str]:
         ),
         (compare("--policies", "fixed:k=0,adaptive", "--trace", "no-such-trace"), "unknown trace 'no-such-trace'"),
         (
+            compare("--policies", "fixed:k=0,adaptive", "--clients", "1:5,4:5", "--duration", "3"),
+            "--duration 3: a --clients schedule sets its own length",
+        ),
+        (
             ["bench", "compare", "--url", "ftp://x", "--policies", "fixed:k=0,adaptive", "--concurrency", "1"],
             "--url 'ftp://x'",
         ),
@@ -368,3 +372,37 @@ def test_a_trace_run_is_described_whatever_bounds_it(extra, per_run):
         ["compare", "--url", "http://x/v1", "--policies", "fixed:k=0,adaptive", "--trace", "t.csv", *extra]
     )
     assert per_run in _load_note(args)
+
+
+def test_a_client_schedule_is_compared_phase_by_phase_with_the_most_switching_could_gain():
+    # 10 s at 1 client, where k = 3 serves best, then 10 s at 16, where k = 1 does; k = 1 is the best single k
+    # (1200 tokens against 1100), and k = 3 then k = 1 would have served 300 + 1000 = 1300 tokens: 1.083 x.
+    rates = {"fixed:k=1": (20.0, 100.0), "fixed:k=3": (30.0, 80.0), "adaptive": (29.0, 98.0)}
+
+    def report(first: float, second: float) -> dict:
+        phases = [
+            {"clients": 1, "start_s": 0.0, "s": 10.0, "output_tokens": 10 * first, "output_tokens_per_s": first},
+            {"clients": 16, "start_s": 10.0, "s": 10.0, "output_tokens": 10 * second, "output_tokens_per_s": second},
+        ]
+        tokens = 10 * (first + second)
+        window = {"s": 20.0, "output_tokens": tokens, "output_tokens_per_s": tokens / 20.0, "phases": phases}
+        latency = {m: {"mean": 1000.0} for m in ("e2e_ms", "tpot_ms", "ttft_ms")}
+        requests = {"sent": 4, "completed": 4, "failed": 0}
+        return {"requests": requests, "throughput": {"output_tokens_per_s": 1.0}, "window": window, **latency}
+
+    label = "clients 1:10,16:10"
+    records = [{"point": label, "round": r, "policy": p, "report": report(*rates[p])} for r in range(5) for p in rates]
+    document = document_of(records, list(rates), points=[label])
+    (entry,) = aggregate(document)
+    assert entry["best_fixed"]["tok_s"] == "fixed:k=1"
+    phases = entry["phases"]
+    assert phases["best_fixed"] == ["fixed:k=3", "fixed:k=1"] and phases["best_single"] == "fixed:k=1"
+    assert [i.value for i in phases["ratios"]["adaptive"]] == pytest.approx([29 / 30, 98 / 100])
+    assert phases["headroom"].value == pytest.approx(1300 / 1200)
+    page = "\n".join(markdown(document, [entry], "tok_s"))
+    assert "| 1 clients, 0-10 s | 16 clients, 10-20 s |" in page and "would have served 1.083" in page
+    # A point without phases (a fixed concurrency) has no phase table.
+    for r in records:
+        del r["report"]["window"]["phases"]
+    (entry,) = aggregate(document_of(records, list(rates), points=[label]))
+    assert entry["phases"] is None

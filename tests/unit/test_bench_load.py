@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specserve.bench.cli import add_commands, base_url, make_plan
-from specserve.bench.load import BenchError, Segment, arrivals, parse_rate, trace_plan
+from specserve.bench.load import BenchError, Phase, Segment, arrivals, parse_clients, parse_rate, trace_plan
 from specserve.bench.prompts import WORDS, Prompter
 
 
@@ -107,6 +107,47 @@ def test_a_range_ratio_spreads_lengths_uniformly_and_keeps_arrivals():
     # A closed loop for a duration has no count: it cycles through more lengths than a run sends.
     timed = make_plan(parse("--concurrency", "4", "--duration", "5", "--range-ratio", "0.9"))
     assert len(timed.output_tokens) > 1000 and timed.output_tokens.min() >= 1
+
+
+def test_a_client_schedule_sets_its_clients_over_time_and_its_own_length():
+    plan = make_plan(parse("--clients", "1:20,16:10,0:5,2:20", "--range-ratio", "0.5"))
+    assert plan.arrival_s is None and plan.concurrency == 16 and plan.num_requests is None
+    assert plan.duration_s == plan.window_s == 55.0
+    assert [plan.clients_at(t) for t in (0.0, 19.9, 20.0, 30.0, 36.0, 55.0)] == [
+        (1, 20.0),
+        (1, 20.0),
+        (16, 30.0),
+        (0, 35.0),
+        (2, 55.0),
+        (0, math.inf),
+    ]
+    assert len(set(plan.output_tokens.tolist())) > 1  # cycles through drawn lengths, as a timed closed loop does
+    # A fixed concurrency never changes.
+    assert make_plan(parse("--concurrency", "3", "--duration", "5")).clients_at(100.0) == (3, math.inf)
+    assert parse_clients("4:2.5") == [Phase(4, 2.5)]
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("4", "'4' is not N:SECONDS"),
+        ("4:x", "'4:x' is not N:SECONDS"),
+        ("1.5:3", "'1.5:3' is not N:SECONDS"),
+        ("4:0", "need clients >= 0 and 0 < seconds < inf in '4:0'"),
+        ("-1:3", "in '-1:3'"),
+        ("2:inf", "in '2:inf'"),
+        ("0:3,0:4", "no phase has a client"),
+    ],
+)
+def test_bad_client_schedules_name_the_value(text, says):
+    with pytest.raises(BenchError, match=f"--clients {text!r}: .*{says}".replace("(", r"\(").replace(")", r"\)")):
+        parse_clients(text)
+
+
+@pytest.mark.parametrize("stop", [("--duration", "5"), ("--num-requests", "8")])
+def test_a_client_schedule_refuses_a_length_of_its_own(stop):
+    with pytest.raises(BenchError, match=f"{stop[0]} {stop[1]}: a --clients schedule sets its own length"):
+        make_plan(parse("--clients", "1:5,2:5", *stop))
 
 
 @pytest.mark.parametrize(

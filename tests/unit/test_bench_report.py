@@ -6,6 +6,7 @@ import pytest
 from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
 
 from specserve.bench.client import Outcome, classify
+from specserve.bench.load import Phase
 from specserve.bench.report import errors, stats_ms, summarize, table
 
 
@@ -66,6 +67,28 @@ def test_window_counts_tokens_streamed_before_it_closes():
     assert summarize(outcomes, 5.0, {}, window_s=2.5)["window"]["output_tokens"] == pytest.approx(3.0)
     # The whole run's rate is unchanged by it: all 14 tokens over 5 s.
     assert report["throughput"]["output_tokens_per_s"] == pytest.approx(14 / 5)
+
+
+def test_a_schedules_window_splits_its_tokens_by_phase():
+    outcomes = [
+        ok(0, ttft=1.0, itl=[1.0, 1.0, 1.0], tokens=7),  # chunks at 1, 2, 3, 4 s: 1, 2, 2, 2 tokens
+        ok(1, ttft=0.5, itl=[2.0], tokens=5, sent_s=2.5),  # chunks at 3 s and 5 s: 1 and 4 tokens
+    ]
+    phases = [Phase(1, 2.5), Phase(2, 2.5)]
+    window = summarize(outcomes, duration_s=5.5, slo_ms={}, window_s=5.0, phases=phases)["window"]
+    assert window["output_tokens"] == pytest.approx(12.0)
+    # Each phase counts the tokens that streamed within it, whichever phase sent their request.
+    assert window["phases"] == [
+        pytest.approx({"clients": 1, "start_s": 0.0, "s": 2.5, "output_tokens": 3.0, "output_tokens_per_s": 1.2}),
+        pytest.approx({"clients": 2, "start_s": 2.5, "s": 2.5, "output_tokens": 9.0, "output_tokens_per_s": 3.6}),
+    ]
+    rows = [line.split() for line in table(summary_for_table(window))]
+    assert ["2", "clients", "2.5-5", "s", "3.60", "output", "tok/s"] in rows
+
+
+def summary_for_table(window: dict) -> dict:
+    report = summarize([ok(0, ttft=0.1, itl=[0.1], tokens=2)], 1.0, {})
+    return report | {"url": "u", "model": "m", "load": {"kind": "clients"}, "window": window}
 
 
 def test_no_window_for_open_loops_or_runs_that_ended_before_it():

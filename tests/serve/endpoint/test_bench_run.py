@@ -99,6 +99,27 @@ def test_unreachable_url_is_a_cli_error(server):
     assert result.returncode == 2 and "unreachable" in result.stderr and result.stdout == ""
 
 
+def in_flight(rows: list[dict], t_s: float) -> int:
+    return sum(r["sent_s"] <= t_s < r["sent_s"] + r["e2e_ms"] / 1000.0 for r in rows)
+
+
+def test_a_client_schedule_changes_how_many_requests_are_in_flight(server):
+    result = bench(
+        server,
+        *("--clients", "1:3,3:3", "--input-len", "24", "--output-len", str(MAX_TOKENS), "--json", "--per-request"),
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    rows, phases = report["per_request"], report["window"]["phases"]
+    assert report["load"]["kind"] == "clients" and report["window"]["s"] == 6.0
+    # One client sends in the first 3 s: never two requests at once there; three from then on.
+    assert all(r["sent_s"] >= 3.0 or in_flight(rows, r["sent_s"]) == 1 for r in rows)
+    assert max(in_flight(rows, r["sent_s"]) for r in rows if r["sent_s"] >= 3.0) > 1
+    assert [(p["clients"], p["start_s"], p["s"]) for p in phases] == [(1, 0.0, 3.0), (3, 3.0, 3.0)]
+    assert sum(p["output_tokens"] for p in phases) == pytest.approx(report["window"]["output_tokens"])
+    assert phases[1]["output_tokens"] > phases[0]["output_tokens"] > 0
+
+
 def test_compare_switches_policies_between_interleaved_rounds(server, tmp_path):
     out = tmp_path / "cpu-compare"
     cmd = [sys.executable, "-m", "specserve.cluster.cli", "bench", "compare", "--url", server.endpoint]

@@ -58,9 +58,13 @@ def summarize(
     return out
 
 
+def clients(n: int) -> str:
+    return f"{n} client" if n == 1 else f"{n} clients"
+
+
 def markdown(entry: dict[str, Any], policies: Sequence[str]) -> list[str]:
     """The phase table of one point (``summarize``'s output)."""
-    columns = [f"{p['clients']} clients, {p['start_s']:g}-{p['start_s'] + p['s']:g} s" for p in entry["phases"]]
+    columns = [f"{clients(p['clients'])}, {p['start_s']:g}-{p['start_s'] + p['s']:g} s" for p in entry["phases"]]
     lines = [
         "",
         "Output tok/s in each phase ÷ the best fixed policy of that phase (tokens counted where they streamed):",

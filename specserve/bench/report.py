@@ -200,7 +200,8 @@ def table(report: dict[str, Any]) -> list[str]:
         lines.append(f"window      {rate:.2f} output tok/s in the first {seconds:g} s (drain left out)")
         for p in w.get("phases", ()):
             span = f"{p['start_s']:g}-{p['start_s'] + p['s']:g} s"
-            lines.append(f"  {p['clients']:>3} clients  {span:<12} {p['output_tokens_per_s']:.2f} output tok/s")
+            who = f"{p['clients']:>3} {'client ' if p['clients'] == 1 else 'clients'}"
+            lines.append(f"  {who}  {span:<12} {p['output_tokens_per_s']:.2f} output tok/s")
     lines += [
         "",
         f"{'(ms)':<8}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",

@@ -400,7 +400,7 @@ def test_a_client_schedule_is_compared_phase_by_phase_with_the_most_switching_co
     assert [i.value for i in phases["ratios"]["adaptive"]] == pytest.approx([29 / 30, 98 / 100])
     assert phases["headroom"].value == pytest.approx(1300 / 1200)
     page = "\n".join(markdown(document, [entry], "tok_s"))
-    assert "| 1 clients, 0-10 s | 16 clients, 10-20 s |" in page and "would have served 1.083" in page
+    assert "| 1 client, 0-10 s | 16 clients, 10-20 s |" in page and "would have served 1.083" in page
     # A point without phases (a fixed concurrency) has no phase table.
     for r in records:
         del r["report"]["window"]["phases"]

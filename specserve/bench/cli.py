@@ -328,10 +328,10 @@ def _load_note(args: argparse.Namespace) -> str:
         what = f"replay of trace {args.trace} at {args.trace_speed:g}x"
     else:
         unit = "tokens" if args.tokenizer else "words"
-        what = f"closed loop, prompts of {args.input_len} {unit}, {args.output_len} output tokens"
+        loop = "closed loop"
         if args.clients:
-            steps = ", then ".join(f"{p.clients} for {p.duration_s:g} s" for p in args.clients)
-            what = what.replace("closed loop", f"closed loop, clients {steps}")
+            loop += ", clients " + ", then ".join(f"{p.clients} for {p.duration_s:g} s" for p in args.clients)
+        what = f"{loop}, prompts of {args.input_len} {unit}, {args.output_len} output tokens"
         if args.range_ratio:
             what += f" (each uniform within ±{args.range_ratio:.0%})"
     eos = "ignore_eos" if args.ignore_eos else "stopping at EOS"

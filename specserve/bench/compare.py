@@ -280,7 +280,8 @@ def aggregate(document: dict[str, Any]) -> list[dict[str, Any]]:
                     "ratio_high": ratios[row].high,
                 }
         at_point = [r for r in document["runs"] if r["point"] == label]
-        entry["phases"] = phases.summarize(at_point, policies, fixed_rows(policies), resamples, seed)
+        best_single = entry["best_fixed"].get("tok_s")
+        entry["phases"] = phases.summarize(at_point, policies, fixed_rows(policies), best_single, resamples, seed)
         for policy in policies:
             runs = [r for r in at_point if r["policy"] == policy]
             entry["policies"][policy]["failed"] = sum(r["report"]["requests"]["failed"] for r in runs)

@@ -31,12 +31,18 @@ def whole_rate(report: dict[str, Any]) -> float:
 
 
 def summarize(
-    runs: list[dict[str, Any]], policies: Sequence[str], fixed: Sequence[int], resamples: int, seed: int
+    runs: list[dict[str, Any]],
+    policies: Sequence[str],
+    fixed: Sequence[int],
+    best_single: str | None,
+    resamples: int,
+    seed: int,
 ) -> dict[str, Any] | None:
-    """Per phase: the best fixed policy and every policy's ratio to it; and the switching headroom. None for a
+    """Per phase: the best fixed policy and every policy's ratio to it; and the switching headroom over
+    ``best_single``, the best fixed policy over the whole schedule (as the point's own table ranks it). None for a
     point whose runs have no phases (not a schedule)."""
     first = next((r for r in runs if (r["report"].get("window") or {}).get("phases")), None)
-    if first is None or not fixed:
+    if first is None or not fixed or best_single is None:
         return None
     shape = [{k: p[k] for k in ("clients", "start_s", "s")} for p in first["report"]["window"]["phases"]]
     whole = by_round(runs, policies, whole_rate)
@@ -51,10 +57,10 @@ def summarize(
         for policy, interval in zip(policies, intervals, strict=True):
             out["ratios"][policy].append(interval)
         best_tokens += rates[best] * phase["s"]
-    overall, _ = ratios_to_best(whole, fixed, True, resamples, seed)
     window_s = sum(p["s"] for p in shape)
-    out["best_single"] = policies[overall]
-    out["headroom"] = median_interval(best_tokens / (whole[overall] * window_s), resamples, seed)
+    out["best_single"] = best_single
+    single_tokens = whole[list(policies).index(best_single)] * window_s
+    out["headroom"] = median_interval(best_tokens / single_tokens, resamples, seed)
     return out
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specserve.sim.feeds import clients_at
 from specserve.sim.workload import read_trace
 
 # The simulator's traces, named by file stem as the scenarios name them (``traces/NAME.csv``).
@@ -64,13 +65,9 @@ class Plan:
         return self.duration_s if self.arrival_s is None else None
 
     def clients_at(self, t_s: float) -> tuple[int, float]:
-        """A closed loop's client count at ``t_s`` seconds into the run, and when it next changes."""
-        end_s = 0.0
-        for phase in self.phases:
-            end_s += phase.duration_s
-            if t_s < end_s:
-                return phase.clients, end_s
-        return (0, math.inf) if self.phases else (self.concurrency, math.inf)
+        """A closed loop's client count at ``t_s`` seconds into the run, and when it next changes (the simulator's
+        closed loop follows the same schedule)."""
+        return clients_at(self.phases, t_s) if self.phases else (self.concurrency, math.inf)
 
     def lengths(self, index: int) -> tuple[int, int]:
         i = index % len(self.prompt_tokens)

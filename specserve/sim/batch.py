@@ -35,6 +35,44 @@ class RequestTable:
         self.num_preemptions = np.zeros(n, dtype=np.int64)
         self.replica = np.full(n, -1, dtype=np.int64)
 
+    def grow(self, more: Workload, alphas: np.ndarray) -> None:
+        """Append requests (a closed loop draws its requests as its clients send them)."""
+        n, m = len(self.arrival_s), len(more)
+        fresh = RequestTable(more, alphas)
+        fresh.request_ids = np.array([str(i) for i in range(n, n + m)], dtype=object)
+        for name in _COLUMNS:
+            setattr(self, name, np.concatenate((getattr(self, name), getattr(fresh, name))))
+
+    def truncate(self, count: int) -> None:
+        """Keep the first ``count`` requests."""
+        for name in _COLUMNS:
+            setattr(self, name, getattr(self, name)[:count])
+
+
+class Column:
+    """A live view of one of a table's columns, for a holder that must see the table grow (the router)."""
+
+    def __init__(self, table: RequestTable, name: str) -> None:
+        self._table, self._name = table, name
+
+    def __getitem__(self, index: int) -> object:
+        return getattr(self._table, self._name)[index]
+
+
+_COLUMNS = (
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "batch",
+    "request_ids",
+    "alpha",
+    "num_output",
+    "first_token_s",
+    "finish_s",
+    "num_preemptions",
+    "replica",
+)
+
 
 class RunningBatch:
     """The requests one replica has admitted, one row each, in priority order."""

@@ -135,13 +135,38 @@ class MultiPeakArrivals(_Closed):
     duration_s: float = Field(gt=0)
 
 
+class ClientPhase(_Closed):
+    clients: int = Field(ge=0, description="clients in the closed loop during this phase")
+    duration_s: float = Field(gt=0, allow_inf_nan=False)
+
+
+class ClientsArrivals(_Closed):
+    """A closed loop (``specserve bench --clients``): each client sends its next request the moment its last one
+    finishes, so the offered load follows the engine's speed; the number of clients changes by phase."""
+
+    kind: Literal["clients"]
+    phases: list[ClientPhase] = Field(min_length=1, description="consecutive phases; nothing new is sent after them")
+
+    @model_validator(mode="after")
+    def _some_client(self) -> ClientsArrivals:
+        if not any(phase.clients for phase in self.phases):
+            raise ValueError("no phase has a client")
+        return self
+
+
 class TraceArrivals(_Closed):
     kind: Literal["trace"]
     path: str = Field(description="CSV with columns arrival_s, prompt_tokens, output_tokens; relative to the scenario")
 
 
 Arrivals = Annotated[
-    PoissonArrivals | PiecewiseArrivals | BurstArrivals | OscillationArrivals | MultiPeakArrivals | TraceArrivals,
+    PoissonArrivals
+    | PiecewiseArrivals
+    | BurstArrivals
+    | OscillationArrivals
+    | MultiPeakArrivals
+    | TraceArrivals
+    | ClientsArrivals,
     Field(discriminator="kind"),
 ]
 
@@ -163,6 +188,13 @@ class WorkloadConfig(StreamConfig):
         description="a second stream of requests that their clients mark as batch work (throughput, not latency), "
         "merged with the first by arrival; the class is what the speculation-aware router reads (routing.py)",
     )
+
+    @model_validator(mode="after")
+    def _one_closed_stream(self) -> WorkloadConfig:
+        closed = [isinstance(s.arrivals, ClientsArrivals) for s in (self, self.batch) if s is not None]
+        if any(closed) and len(closed) > 1:
+            raise ValueError("a closed loop (arrivals kind 'clients') is the only stream: drop workload.batch")
+        return self
 
 
 class Regime(_Closed):

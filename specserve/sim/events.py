@@ -1,7 +1,8 @@
 """Simulator events: records in one heap, ordered by ``(time_s, phase, seq)`` (house rule 9).
 
 The order is defined here and nowhere else. At equal times a step that ends goes first (its tokens
-and freed KV blocks are visible to everything after it), then arrivals (so a request arriving at the
+and freed KV blocks are visible to everything after it), then a closed loop's change in its number of clients
+(feeds.py; the clients it starts send at once), then arrivals (so a request arriving at the
 instant a step ends joins the next step), then step starts, then the draft memory's wake-ups (a transfer or a
 pool change finishing; draft_memory.py), which only scenarios with draft offload have. ``seq`` is a per-run
 counter: ties in time and phase resolve by insertion order, so a run is deterministic without comparing payloads.
@@ -16,9 +17,10 @@ from enum import IntEnum
 
 class Phase(IntEnum):
     STEP_END = 0
-    ARRIVAL = 1
-    STEP_START = 2
-    MEMORY = 3
+    CLIENTS = 1
+    ARRIVAL = 2
+    STEP_START = 3
+    MEMORY = 4
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,10 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from specserve.sim.batch import RequestTable
+from specserve.sim.batch import Column, RequestTable
+from specserve.sim.config import ClientsArrivals
 from specserve.sim.draft_memory import DraftMemorySim
 from specserve.sim.drafting import Drafter
 from specserve.sim.events import EventQueue, Phase
+from specserve.sim.feeds import ClosedLoop, OpenLoop, Sends
 from specserve.sim.latency import StepTimer
 from specserve.sim.oracle import Truth, build_policy
 from specserve.sim.replica import Replica
@@ -38,6 +40,7 @@ from specserve.speculation import EngineTraits, Policy
 # not in the global registry this way). A spec string is built by ``oracle.build_policy``, which also knows the
 # simulator-only policies and hands them the run's truth.
 PolicyFactory = Callable[[EngineTraits], Policy]
+Feed = OpenLoop | ClosedLoop
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +107,17 @@ class Simulator:
         )
         # Trace paths are absolute once load_scenario has read a file; a scenario built in code may use
         # paths relative to the working directory.
-        workload = build_workload(scenario.workload, Path.cwd(), engine.max_model_len, workload_rng)
-        self._check_fits(workload)
         acceptance = TrueAcceptance(scenario.acceptance, engine.max_k)
-        table = RequestTable(workload, acceptance.draw_alphas(workload.arrival_s, alpha_rng))
+        feed: Feed
+        if isinstance(scenario.workload.arrivals, ClientsArrivals):
+            feed = ClosedLoop(
+                scenario.workload, engine.max_model_len, acceptance, workload_rng, alpha_rng, self._check_fits
+            )
+        else:
+            workload = build_workload(scenario.workload, Path.cwd(), engine.max_model_len, workload_rng)
+            self._check_fits(workload)
+            feed = OpenLoop(workload, RequestTable(workload, acceptance.draw_alphas(workload.arrival_s, alpha_rng)))
+        table = feed.table
         signals = SignalModel(scenario.acceptance.signals) if scenario.acceptance.signals.enabled else None
         traits = EngineTraits(
             max_k=engine.max_k,
@@ -140,18 +150,19 @@ class Simulator:
             )
             replicas.append(truth.replica)
         memory = DraftMemorySim(scenario.memory, self.resolved, replicas) if scenario.memory.offload else None
-        router = Router(scenario.router, table.batch)
+        router = Router(scenario.router, Column(table, "batch"))
         trace: list[TraceEntry] = []
-        end_s = self._loop(workload, replicas, router, trace, memory)
+        end_s = self._loop(feed, replicas, router, trace, memory)
+        feed.finish()
         spec = self.policy_spec or replicas[0].policy.spec
         wall_s = time.perf_counter() - started
         return SimResult(
-            self.resolved, spec, self.seed, workload, table, replicas, end_s, wall_s, trace, memory, router
+            self.resolved, spec, self.seed, feed.workload, table, replicas, end_s, wall_s, trace, memory, router
         )
 
     def _loop(
         self,
-        workload: Workload,
+        feed: Feed,
         replicas: list[Replica],
         router: Router,
         trace: list[TraceEntry],
@@ -159,9 +170,14 @@ class Simulator:
     ) -> float:
         queue = EventQueue()
         busy = [False] * len(replicas)
-        arrivals = workload.arrival_s.tolist()
-        if arrivals:
-            queue.push(arrivals[0], Phase.ARRIVAL, request=0)
+
+        def send(sends: Sends) -> None:
+            for time_s, request in sends:
+                queue.push(time_s, Phase.ARRIVAL, request=request)
+
+        send(feed.start())
+        for change_s in feed.changes_s():
+            queue.push(change_s, Phase.CLIENTS)
         now_s = end_s = 0.0
         while len(queue):
             event = queue.pop()
@@ -174,11 +190,12 @@ class Simulator:
             end_s = now_s
             if len(trace) < self.max_trace_events:
                 trace.append(TraceEntry(now_s, event.phase.name, event.replica, event.request))
-            if event.phase is Phase.ARRIVAL:
+            if event.phase is Phase.CLIENTS:
+                send(feed.on_change(now_s))
+            elif event.phase is Phase.ARRIVAL:
                 replica = router.route(event.request, replicas)
                 replica.add(event.request)
-                if event.request + 1 < len(arrivals):
-                    queue.push(arrivals[event.request + 1], Phase.ARRIVAL, request=event.request + 1)
+                send(feed.after_arrival(event.request))
                 if not busy[replica.index]:
                     busy[replica.index] = True
                     queue.push(now_s, Phase.STEP_START, replica=replica.index)
@@ -192,7 +209,7 @@ class Simulator:
                 else:
                     queue.push(now_s + duration_s, Phase.STEP_END, replica=replica.index)
             else:
-                replicas[event.replica].end_step(now_s)
+                send(feed.after_finish(replicas[event.replica].end_step(now_s), now_s))
                 if memory is not None:
                     for wake_s in memory.after_step(replicas[event.replica], now_s):
                         queue.push(wake_s, Phase.MEMORY)

@@ -3,7 +3,9 @@
 Definitions (all over the whole run; time starts at 0, the first possible arrival, and ends at the last
 step's end, so an overloaded policy that drains slowly pays for it in throughput):
 - throughput_tok_s: output tokens / run seconds (generation throughput; Nightjar's "total token
-  throughput" adds prompt tokens, Nightjar §7.1).
+  throughput" adds prompt tokens, Nightjar §7.1). A closed loop (arrivals kind ``clients``) is rated as
+  ``specserve bench`` rates one: the output tokens emitted within its phases over their length, the drain after
+  the last phase left out; ``phases`` then holds each phase's clients, start, length, tokens and rate.
 - goodput_tok_s: output tokens of requests meeting the scenario SLO (TTFT and TPOT caps) / run seconds;
   equal to throughput when the scenario has no SLO.
 - slo_attainment: share of requests with a TPOT (2+ output tokens) whose TPOT is at most the scenario's
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specserve.sim.config import SloConfig
+from specserve.sim.config import ClientPhase, ClientsArrivals, SloConfig
 from specserve.sim.kernel import SimResult
 
 
@@ -32,13 +34,15 @@ def summarize(result: SimResult) -> dict[str, float | int | str | None]:
     tpot = (table.finish_s[multi] - table.first_token_s[multi]) / (table.output_tokens[multi] - 1)
     run_s = max(result.end_s, 1e-12)
     num_tokens = int(table.num_output.sum())
+    arrivals = result.resolved.scenario.workload.arrivals
+    phases = _phases(result, arrivals.phases) if isinstance(arrivals, ClientsArrivals) else None
     good = _meets_slo(result.resolved.scenario.slo, ttft, table)
     ks = np.concatenate([np.asarray(r.series_k) for r in result.replicas]) if result.replicas else np.zeros(0)
     drafted = sum(r.num_drafted for r in result.replicas)
     accepted = sum(r.num_accepted for r in result.replicas)
     return {
         "policy": result.policy_spec,
-        "throughput_tok_s": num_tokens / run_s,
+        "throughput_tok_s": _window_rate(phases) if phases else num_tokens / run_s,
         "goodput_tok_s": float(table.num_output[good].sum()) / run_s,
         "slo_attainment": _tpot_attainment(result.resolved.scenario.slo, tpot),
         "mean_e2e_s": _mean(e2e),
@@ -54,7 +58,33 @@ def summarize(result: SimResult) -> dict[str, float | int | str | None]:
         "num_steps": int(len(ks)),
         "num_preemptions": int(table.num_preemptions.sum()),
         "run_s": result.end_s,
+        **({"phases": phases} if phases else {}),
     }
+
+
+def _phases(result: SimResult, phases: list[ClientPhase]) -> list[dict[str, float | int]]:
+    """Per phase of a closed loop: the output tokens of the steps that ended within it, and their rate."""
+    end_s = np.concatenate([np.asarray(r.series_end_s, dtype=np.float64) for r in result.replicas])
+    tokens = np.concatenate([np.asarray(r.series_tokens, dtype=np.int64) for r in result.replicas])
+    rows, start_s = [], 0.0
+    for phase in phases:
+        within = (end_s > start_s) & (end_s <= start_s + phase.duration_s)
+        count = int(tokens[within].sum())
+        rows.append(
+            {
+                "clients": phase.clients,
+                "start_s": start_s,
+                "s": phase.duration_s,
+                "output_tokens": count,
+                "output_tokens_per_s": count / phase.duration_s,
+            }
+        )
+        start_s += phase.duration_s
+    return rows
+
+
+def _window_rate(phases: list[dict[str, float | int]]) -> float:
+    return sum(p["output_tokens"] for p in phases) / sum(p["s"] for p in phases)
 
 
 def k_series(result: SimResult) -> list[dict[str, list]]:

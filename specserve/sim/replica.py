@@ -94,6 +94,9 @@ class Replica:
         self.series_time_s: list[float] = []
         self.series_k: list[int] = []
         self.series_running: list[int] = []
+        # Per step: when it ended and the output tokens it emitted (a closed loop's rate within its window).
+        self.series_end_s: list[float] = []
+        self.series_tokens: list[int] = []
         self.num_drafted = 0
         self.num_accepted = 0
         # The draft's residency when the scenario offloads (draft_memory.py drives it); None: always resident.
@@ -140,8 +143,9 @@ class Replica:
         self._pending = self._price(now_s, k, grant, num_preempted, stop)
         return self._pending.record.duration_s
 
-    def end_step(self, now_s: float) -> None:
-        """Apply the started step's tokens at its end time and let the policy learn from it."""
+    def end_step(self, now_s: float) -> np.ndarray:
+        """Apply the started step's tokens at its end time and let the policy learn from it; the ids of the
+        requests it finished."""
         pending, self._pending = self._pending, None
         if pending is None:
             raise RuntimeError(f"replica {self.index}: end_step without a started step")
@@ -152,13 +156,15 @@ class Replica:
             b.proposed = np.where(pending.sampled, pending.proposed, 0)
         emitted = np.where(pending.sampled, np.minimum(1 + pending.accepted, b.max_output - b.num_output), 0)
         b.num_output += emitted
+        self.series_end_s.append(now_s)
+        self.series_tokens.append(int(emitted.sum()))
         first = b.ids[pending.sampled]
         first = first[np.isnan(self.table.first_token_s[first])]
         self.table.first_token_s[first] = now_s
         finished = b.num_output >= b.max_output
         num_finished = int(finished.sum())
+        done = b.ids[finished]
         if num_finished:
-            done = b.ids[finished]
             self.table.num_output[done] = b.num_output[finished]
             self.table.finish_s[done] = now_s
             self.num_kv_blocks_free += int(b.num_blocks[finished].sum())
@@ -176,6 +182,7 @@ class Replica:
                 self.num_kv_blocks_total,
             )
             self.on_step(pending.record, stats)
+        return done
 
     # -- the draft's memory (draft_memory.py) ------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
+from specserve.sim.batch import Column
 from specserve.sim.config import RouterConfig
 
 
@@ -81,7 +82,7 @@ def speculation_aware(replicas: Sequence[R], batch: bool, max_imbalance: int) ->
 class Router:
     """The kernel's router for one run: the scenario's rule, the request's class, and a count of every route."""
 
-    def __init__(self, cfg: RouterConfig, batch: np.ndarray) -> None:
+    def __init__(self, cfg: RouterConfig, batch: np.ndarray | Column) -> None:
         self.cfg = cfg
         self.batch = batch
         # (class, route) -> requests; class "batch" or "latency", route a Route's value or "least_outstanding".

@@ -36,6 +36,15 @@ class TrueAcceptance:
         alphas[inner] = rng.beta(means[inner] * c, (1 - means[inner]) * c)
         return alphas
 
+    def draw_alphas_by_regime(self, count: int, rng: np.random.Generator) -> np.ndarray:
+        """Shape (regimes, count): each of ``count`` requests' alpha under every regime, for requests whose
+        arrival is not known when they are drawn (a closed loop's)."""
+        return np.stack([self.draw_alphas(np.full(count, start_s), rng) for start_s in self._starts_s])
+
+    def regime(self, time_s: float) -> int:
+        """The index of the regime in force at ``time_s``."""
+        return int(np.searchsorted(self._starts_s, time_s, side="right")) - 1
+
     def position_probs(self, alphas: np.ndarray, num_positions: int) -> np.ndarray:
         """Acceptance probability per request and draft position, shape (len(alphas), num_positions)."""
         return alphas[:, None] * self.position_factors[:num_positions]

@@ -14,6 +14,7 @@ import numpy as np
 
 from specserve.sim.config import (
     BurstArrivals,
+    ClientsArrivals,
     MultiPeakArrivals,
     OscillationArrivals,
     PiecewiseArrivals,
@@ -124,13 +125,19 @@ def build_workload(cfg: WorkloadConfig, base_dir: Path, max_model_len: int, rng:
     # The batch stream draws after the first, so a scenario without one draws exactly what it always did.
     if cfg.batch is not None:
         workload = _merge(workload, _stream(cfg.batch, base_dir, rng))
-    # Every request must fit the model's context: prompt first, then as much output as is left.
+    return fit_context(workload, max_model_len)
+
+
+def fit_context(workload: Workload, max_model_len: int) -> Workload:
+    """Every request must fit the model's context: prompt first, then as much output as is left."""
     prompt = np.minimum(workload.prompt_tokens, max_model_len - 1)
     output = np.clip(workload.output_tokens, 1, max_model_len - prompt)
     return Workload(workload.arrival_s, prompt, output, workload.batch)
 
 
 def _stream(cfg: StreamConfig, base_dir: Path, rng: np.random.Generator) -> Workload:
+    if isinstance(cfg.arrivals, ClientsArrivals):
+        raise TypeError("a closed loop's requests are drawn as its clients send them (feeds.ClosedLoop)")
     if isinstance(cfg.arrivals, TraceArrivals):
         path = Path(cfg.arrivals.path)
         return read_trace(path if path.is_absolute() else base_dir / path)

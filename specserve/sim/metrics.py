@@ -25,8 +25,10 @@ import numpy as np
 from specserve.sim.config import ClientPhase, ClientsArrivals, SloConfig
 from specserve.sim.kernel import SimResult
 
+Summary = dict[str, float | int | str | None | list[dict[str, float | int]]]
 
-def summarize(result: SimResult) -> dict[str, float | int | str | None]:
+
+def summarize(result: SimResult) -> Summary:
     table = result.table
     e2e = table.finish_s - table.arrival_s
     ttft = table.first_token_s - table.arrival_s

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specserve.sim.feeds import clients_at
-from specserve.sim.workload import read_trace
+from specserve.sim.workload import clients_at, read_trace
 
 # The simulator's traces, named by file stem as the scenarios name them (``traces/NAME.csv``).
 TRACE_DIR = Path(__file__).resolve().parents[1] / "sim" / "scenarios" / "traces"

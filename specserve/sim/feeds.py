@@ -4,20 +4,18 @@ The kernel asks a feed for the requests to send at the start, after each arrival
 requests and at each change in the number of clients, and pushes an arrival for each.
 
 A closed loop is the simulator's ``specserve bench --clients``: client i sends its next request the moment its
-last one finishes while the schedule has more than i clients (``clients_at``, which the load generator reads
-too). When the count falls, the clients above it finish what they have in flight and sit out; when it rises, the
-idle clients below it start at once. Nothing new is sent after the last phase. Requests are numbered in the
-order they are sent, and their lengths and acceptance are drawn in chunks of a fixed size from the workload's and
-the alpha's own streams, so request n is the same request under every policy (its alpha from the acceptance
-regime in force when it is sent).
+last one finishes while the schedule has more than i clients (``workload.clients_at``, which the load
+generator reads too). When the count falls, the clients above it finish what they have in flight and sit out;
+when it rises, the idle clients below it start at once. Nothing new is sent after the last phase. Requests are
+numbered in the order they are sent, and their lengths and acceptance are drawn in chunks of a fixed size from
+the workload's and the alpha's own streams, so request n is the same request under every policy (its alpha from
+the acceptance regime in force when it is sent).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from itertools import accumulate
-from typing import Protocol
 
 import numpy as np
 
@@ -25,30 +23,12 @@ from specserve.sim.batch import RequestTable
 from specserve.sim.config import ClientsArrivals, WorkloadConfig
 from specserve.sim.profiles import lookup
 from specserve.sim.true_acceptance import TrueAcceptance
-from specserve.sim.workload import Workload, fit_context, sample_lengths
+from specserve.sim.workload import Workload, clients_at, fit_context, sample_lengths
 
 # Requests drawn at a time by a closed loop; a fixed size keeps request n's draws the same under every policy.
 CHUNK = 1024
 
 Sends = list[tuple[float, int]]  # (send time, request id)
-
-
-class _Phase(Protocol):
-    @property
-    def clients(self) -> int: ...
-
-    @property
-    def duration_s(self) -> float: ...
-
-
-def clients_at(phases: Sequence[_Phase], t_s: float) -> tuple[int, float]:
-    """A closed loop's client count at ``t_s`` seconds into the run, and when it next changes (0 after the end)."""
-    end_s = 0.0
-    for phase in phases:
-        end_s += phase.duration_s
-        if t_s < end_s:
-            return phase.clients, end_s
-    return 0, math.inf
 
 
 class OpenLoop:

@@ -7,8 +7,11 @@ them all; a trace replays a CSV as is.
 from __future__ import annotations
 
 import csv
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -42,6 +45,24 @@ class Workload:
 
     def is_batch(self) -> np.ndarray:
         return self.batch if self.batch is not None else np.zeros(len(self), dtype=bool)
+
+
+class _Phase(Protocol):
+    @property
+    def clients(self) -> int: ...
+
+    @property
+    def duration_s(self) -> float: ...
+
+
+def clients_at(phases: Sequence[_Phase], t_s: float) -> tuple[int, float]:
+    """A closed loop's client count at ``t_s`` seconds into the run, and when it next changes (0 after the end)."""
+    end_s = 0.0
+    for phase in phases:
+        end_s += phase.duration_s
+        if t_s < end_s:
+            return phase.clients, end_s
+    return 0, math.inf
 
 
 def rate_segments(arrivals: object) -> list[RateSegment]:

@@ -10,8 +10,8 @@ from sim_helpers import small_scenario
 import specserve.sim.feeds as feeds
 from specserve.bench.load import Phase, Plan
 from specserve.sim import simulate, summarize
-from specserve.sim.feeds import clients_at
 from specserve.sim.scenario import ScenarioError
+from specserve.sim.workload import clients_at
 
 PHASES = [{"clients": 2, "duration_s": 2.0}, {"clients": 6, "duration_s": 2.0}, {"clients": 1, "duration_s": 3.0}]
 

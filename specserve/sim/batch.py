@@ -13,9 +13,10 @@ from specserve.sim.workload import Workload
 
 
 class RequestTable:
-    """Everything known about every request of a run, indexed by request id (its workload row)."""
+    """Everything known about every request of a run, indexed by request id (its workload row). Every attribute
+    is one column, a value per request (``grow`` and ``truncate`` rely on it)."""
 
-    def __init__(self, workload: Workload, alphas: np.ndarray) -> None:
+    def __init__(self, workload: Workload, alphas: np.ndarray, first_id: int = 0) -> None:
         n = len(workload)
         self.arrival_s = workload.arrival_s
         self.prompt_tokens = workload.prompt_tokens
@@ -24,7 +25,7 @@ class RequestTable:
         self.batch = workload.is_batch()
         # Stable id per request for policies that keep per-request state (StepContext.request_ids): its
         # workload row as a string, in an object array so a batch's ids are one fancy index away.
-        self.request_ids = np.array([str(i) for i in range(n)], dtype=object)
+        self.request_ids = np.array([str(i) for i in range(first_id, first_id + n)], dtype=object)
         # The request's own acceptance rate at draft position 0 (true_acceptance.TrueAcceptance).
         self.alpha = alphas
         # Output tokens generated so far; kept here while the request is not running (waiting after a
@@ -37,16 +38,14 @@ class RequestTable:
 
     def grow(self, more: Workload, alphas: np.ndarray) -> None:
         """Append requests (a closed loop draws its requests as its clients send them)."""
-        n, m = len(self.arrival_s), len(more)
-        fresh = RequestTable(more, alphas)
-        fresh.request_ids = np.array([str(i) for i in range(n, n + m)], dtype=object)
-        for name in _COLUMNS:
-            setattr(self, name, np.concatenate((getattr(self, name), getattr(fresh, name))))
+        fresh = RequestTable(more, alphas, first_id=len(self.arrival_s))
+        for name, column in list(vars(self).items()):
+            setattr(self, name, np.concatenate((column, getattr(fresh, name))))
 
     def truncate(self, count: int) -> None:
         """Keep the first ``count`` requests."""
-        for name in _COLUMNS:
-            setattr(self, name, getattr(self, name)[:count])
+        for name, column in list(vars(self).items()):
+            setattr(self, name, column[:count])
 
 
 class Column:
@@ -57,21 +56,6 @@ class Column:
 
     def __getitem__(self, index: int) -> object:
         return getattr(self._table, self._name)[index]
-
-
-_COLUMNS = (
-    "arrival_s",
-    "prompt_tokens",
-    "output_tokens",
-    "batch",
-    "request_ids",
-    "alpha",
-    "num_output",
-    "first_token_s",
-    "finish_s",
-    "num_preemptions",
-    "replica",
-)
 
 
 class RunningBatch:

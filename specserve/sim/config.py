@@ -191,8 +191,7 @@ class WorkloadConfig(StreamConfig):
 
     @model_validator(mode="after")
     def _one_closed_stream(self) -> WorkloadConfig:
-        closed = [isinstance(s.arrivals, ClientsArrivals) for s in (self, self.batch) if s is not None]
-        if any(closed) and len(closed) > 1:
+        if self.batch is not None and any(isinstance(s.arrivals, ClientsArrivals) for s in (self, self.batch)):
             raise ValueError("a closed loop (arrivals kind 'clients') is the only stream: drop workload.batch")
         return self
 

@@ -21,9 +21,8 @@ import numpy as np
 
 from specserve.sim.batch import RequestTable
 from specserve.sim.config import ClientsArrivals, WorkloadConfig
-from specserve.sim.profiles import lookup
 from specserve.sim.true_acceptance import TrueAcceptance
-from specserve.sim.workload import Workload, clients_at, fit_context, sample_lengths
+from specserve.sim.workload import Workload, clients_at, draw_lengths, fit_context
 
 # Requests drawn at a time by a closed loop; a fixed size keeps request n's draws the same under every policy.
 CHUNK = 1024
@@ -73,7 +72,7 @@ class ClosedLoop:
         if not isinstance(cfg.arrivals, ClientsArrivals):
             raise TypeError(f"a closed loop needs arrivals kind 'clients', not {cfg.arrivals.kind!r}")
         self._phases = cfg.arrivals.phases
-        self._lengths = cfg.lengths or lookup("dataset", cfg.dataset)
+        self._cfg = cfg
         self._max_model_len = max_model_len
         self._acceptance = acceptance
         self._workload_rng, self._alpha_rng = workload_rng, alpha_rng
@@ -119,8 +118,7 @@ class ClosedLoop:
         return now_s, request
 
     def _draw(self) -> None:
-        prompt = sample_lengths(self._lengths.prompt_tokens, CHUNK, self._workload_rng)
-        output = sample_lengths(self._lengths.output_tokens, CHUNK, self._workload_rng)
+        prompt, output = draw_lengths(self._cfg, CHUNK, self._workload_rng)
         chunk = fit_context(Workload(np.full(CHUNK, np.nan), prompt, output), self._max_model_len)
         self._check(chunk)
         alphas = self._acceptance.draw_alphas_by_regime(CHUNK, self._alpha_rng)

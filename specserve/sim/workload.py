@@ -163,10 +163,13 @@ def _stream(cfg: StreamConfig, base_dir: Path, rng: np.random.Generator) -> Work
         path = Path(cfg.arrivals.path)
         return read_trace(path if path.is_absolute() else base_dir / path)
     arrival = poisson_arrivals(rate_segments(cfg.arrivals), rng)
+    return Workload(arrival, *draw_lengths(cfg, len(arrival), rng))
+
+
+def draw_lengths(cfg: StreamConfig, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and output lengths of ``count`` requests from the stream's dataset or inline lengths."""
     lengths = cfg.lengths or lookup("dataset", cfg.dataset)
-    prompt = sample_lengths(lengths.prompt_tokens, len(arrival), rng)
-    output = sample_lengths(lengths.output_tokens, len(arrival), rng)
-    return Workload(arrival, prompt, output)
+    return sample_lengths(lengths.prompt_tokens, count, rng), sample_lengths(lengths.output_tokens, count, rng)
 
 
 def _merge(interactive: Workload, batch: Workload) -> Workload:

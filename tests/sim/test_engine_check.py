@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from specserve.experiments.engine_check import (
+    OUTPUT_TOKENS,
+    PROMPT_TOKENS,
     SEGMENTS,
     SETUPS,
     PolicyCheck,
@@ -17,6 +19,7 @@ from specserve.experiments.engine_check import (
     k_worth,
     make_trace,
     mean_summary,
+    rate_errors,
     run_order,
     simulate_trace,
     summarize_run,
@@ -191,14 +194,65 @@ def test_several_engine_runs_are_compared_by_their_mean_k_per_window() -> None:
 
 @pytest.mark.parametrize("pair", sorted(SETUPS))
 def test_the_simulator_charges_the_speculating_step_cost_to_steps_that_verify_only(tmp_path, pair) -> None:
-    setup = SETUPS[pair]
-    trace = write_trace(make_trace(0, [(d / 5, r) for d, r in setup.segments]), tmp_path / "trace.csv")
+    setup = SETUPS[pair].slowed(0.2)
+    trace = None if setup.closed else write_trace(make_trace(0, setup.segments), tmp_path / "trace.csv")
     plain = StepTimer(LinearForward(1e-8, 4e-5, 0.0), LinearForward(4e-7, 0.0, 4e-4), 2e-3)
     costly = dataclasses.replace(plain, speculation_overhead_s=5e-3)
     acceptance = AcceptanceConfig(mean=0.8, concentration=None)
 
-    def makespan(timer: StepTimer, policy: str) -> float:
-        return simulate_trace(trace, timer, acceptance, policy, 4, setup)[1]
+    def throughput(timer: StepTimer, policy: str) -> float:
+        steps, makespan, _ = simulate_trace(trace, timer, acceptance, policy, 4, setup)
+        return summarize_run(steps, makespan, setup.horizon_s, closed=setup.closed).throughput_tok_s
 
-    assert makespan(costly, "fixed:k=0") == makespan(plain, "fixed:k=0")
-    assert makespan(costly, "fixed:k=2") > makespan(plain, "fixed:k=2")
+    assert throughput(costly, "fixed:k=0") == throughput(plain, "fixed:k=0")
+    assert throughput(costly, "fixed:k=2") < throughput(plain, "fixed:k=2")
+
+
+def test_a_closed_loop_is_simulated_with_the_setups_clients_and_fixed_lengths() -> None:
+    setup = SETUPS["perf-S-clients"].slowed(0.25)
+    timer = StepTimer(LinearForward(1e-8, 4e-5, 0.0), LinearForward(4e-7, 0.0, 4e-4), 2e-3)
+    _, _, result = simulate_trace(None, timer, AcceptanceConfig(mean=0.8), "fixed:k=2", 4, setup)
+    table = result.table
+    assert set(table.prompt_tokens.tolist()) == {PROMPT_TOKENS}
+    assert set(table.output_tokens.tolist()) == {OUTPUT_TOKENS}
+    (first, first_s), (peak, peak_s), _ = setup.phases
+
+    def in_flight(t: float) -> int:
+        return int(((table.arrival_s <= t) & (table.finish_s > t)).sum())
+
+    # Before the rise the one client is never idle and never has two requests; amid the peak every seat is busy.
+    assert {in_flight(t) for t in table.arrival_s.tolist() if t < first_s} == {first}
+    assert in_flight(first_s + peak_s / 2) == peak
+    assert max(in_flight(t) for t in table.arrival_s.tolist()) == peak
+    assert table.arrival_s.max() < setup.horizon_s, "nothing is sent after the last phase"
+
+
+def test_a_slowed_closed_loop_keeps_its_clients_over_longer_phases() -> None:
+    setup = SETUPS["perf-S-clients"]
+    slowed = setup.slowed(3.0)
+    assert slowed.closed and slowed.segments == ()
+    assert [(c, d * 3.0) for c, d in setup.phases] == list(slowed.phases)
+    assert slowed.horizon_s == pytest.approx(3.0 * setup.horizon_s)
+    assert slowed.schedule(0.0)[0] == setup.phases[0][0]
+
+
+def test_a_closed_loop_is_rated_on_the_steps_within_its_phases_and_pooled_runs_are_averaged() -> None:
+    steps = [
+        {"t_s": 0.5, "k": 2, "num_emitted_tokens": 30},
+        {"t_s": 6.0, "k": 2, "num_emitted_tokens": 20},
+        {"t_s": 9.9, "k": 2, "num_emitted_tokens": 10},
+        {"t_s": 10.2, "k": 2, "num_emitted_tokens": 40},  # the drain
+    ]
+    closed = summarize_run(steps, makespan_s=10.5, horizon_s=10.0, closed=True)
+    assert closed.throughput_tok_s == 6.0
+    assert closed.rate_by_window == (6.0, 6.0)
+    assert summarize_run(steps, makespan_s=10.5, horizon_s=10.0).throughput_tok_s == pytest.approx(100 / 10.5)
+    # Two runs' steps pooled: per run, as one run of the same steps rates.
+    pooled = summarize_run(steps + steps, makespan_s=21.0, horizon_s=10.0, closed=True, runs=2)
+    assert (pooled.throughput_tok_s, pooled.rate_by_window) == (6.0, (6.0, 6.0))
+
+
+def test_throughput_error_per_window_skips_windows_the_engine_did_not_serve() -> None:
+    engine = RunSummary(1.0, 1.0, (), rate_by_window=(100.0, 0.0, 50.0))
+    sim = RunSummary(1.0, 1.0, (), rate_by_window=(90.0, 5.0, 60.0))
+    assert rate_errors(engine, sim) == pytest.approx([0.1, 0.2])

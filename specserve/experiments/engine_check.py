@@ -190,11 +190,13 @@ def write_trace(rows: Sequence[TraceRow], path: Path) -> Path:
     return path
 
 
-def run_order(policies: Sequence[str], rounds: int) -> list[str]:
+def run_order(policies: Sequence[str], rounds: int, closed: bool = False) -> list[str]:
     """The engine's runs: every policy in the first round, the ones that choose k again in each later round (a
-    fixed k's runs cannot differ in k)."""
-    choosing = [p for p in policies if not p.startswith("fixed:")]
-    return [*policies, *choosing * (rounds - 1)]
+    fixed k's runs cannot differ in k, and on a trace its throughput is the arrivals'). Under a closed loop
+    (``closed``) every policy runs in every round: there a fixed k's throughput is the engine's speed, which
+    moves from run to run as much as a chosen k does."""
+    again = policies if closed else [p for p in policies if not p.startswith("fixed:")]
+    return [*policies, *list(again) * (rounds - 1)]
 
 
 def busy_step_times(log: Sequence[dict]) -> list[dict]:

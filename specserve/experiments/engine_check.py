@@ -34,7 +34,7 @@ import csv
 import dataclasses
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,9 +106,15 @@ class CheckSetup:
     def client_phases(self) -> list[ClientPhase]:
         return [ClientPhase(clients=c, duration_s=d) for c, d in self.phases]
 
-    def schedule(self, t_s: float) -> tuple[int, float]:
-        """The closed loop's clients ``t_s`` seconds in and when that next changes (``replicas.replay``)."""
-        return clients_at(self.client_phases(), t_s)
+    def schedule(self) -> Callable[[float], tuple[int, float]]:
+        """The closed loop's clients ``t_s`` seconds in and when that next changes (``replicas.replay`` asks
+        between every two steps, so the phases are built once here)."""
+        phases = self.client_phases()
+        return lambda t_s: clients_at(phases, t_s)
+
+    def trace_file(self, directory: Path) -> Path | None:
+        """Where the setup's trace lives beside its results; a closed loop has none."""
+        return None if self.closed else directory / f"{self.prefix}-trace.csv"
 
     @property
     def prefix(self) -> str:
@@ -301,9 +307,9 @@ def simulate_trace(
     from specserve.sim.scenario import resolve
 
     if trace is None:
-        fixed = (LengthDistribution(mean=n, std=0, max_tokens=n) for n in (PROMPT_TOKENS, OUTPUT_TOKENS))
+        prompt, output = (LengthDistribution(mean=n, std=0, max_tokens=n) for n in (PROMPT_TOKENS, OUTPUT_TOKENS))
         workload = WorkloadConfig(
-            lengths=LengthsConfig(prompt_tokens=next(fixed), output_tokens=next(fixed)),
+            lengths=LengthsConfig(prompt_tokens=prompt, output_tokens=output),
             arrivals=ClientsArrivals(kind="clients", phases=setup.client_phases()),
         )
     else:

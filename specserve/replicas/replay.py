@@ -38,20 +38,20 @@ class _Load(Protocol):
 
 class _Trace:
     def __init__(self, rows: Sequence[tuple[float, int, int]]) -> None:
-        self._pending = list(enumerate(rows))
+        self._rows = rows
+        self._next = 0  # the first row not yet sent
 
     def due(self, now_s: float) -> list[tuple[int, float, int, int]]:
-        out = []
-        while self._pending and self._pending[0][1][0] <= now_s:
-            i, (arrival_s, prompt_tokens, output_tokens) = self._pending.pop(0)
-            out.append((i, arrival_s, prompt_tokens, output_tokens))
-        return out
+        start = self._next
+        while self._next < len(self._rows) and self._rows[self._next][0] <= now_s:
+            self._next += 1
+        return [(i, *self._rows[i]) for i in range(start, self._next)]
 
     def finished(self, index: int) -> None:
         pass
 
     def next_s(self, now_s: float) -> float:
-        return self._pending[0][1][0] if self._pending else math.inf
+        return self._rows[self._next][0] if self._next < len(self._rows) else math.inf
 
 
 class _Clients:

@@ -235,7 +235,7 @@ def test_a_slowed_closed_loop_keeps_its_clients_over_longer_phases() -> None:
     assert slowed.closed and slowed.segments == ()
     assert [(c, d * 3.0) for c, d in setup.phases] == list(slowed.phases)
     assert slowed.horizon_s == pytest.approx(3.0 * setup.horizon_s)
-    assert slowed.schedule(0.0)[0] == setup.phases[0][0]
+    assert slowed.schedule()(0.0)[0] == setup.phases[0][0]
 
 
 def test_a_closed_loop_is_rated_on_the_steps_within_its_phases_and_pooled_runs_are_averaged() -> None:

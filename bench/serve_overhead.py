@@ -1,7 +1,7 @@
 """What the whole specserve path costs against vLLM's bare ``AsyncLLM`` at the same k.
 
     PYTHONPATH=$PWD .venv/bin/python bench/serve_overhead.py --config bench/configs/perf-S.yaml \
-        [--k 2] [--concurrency 1,4,16] [--num-requests 32] [--rounds 3] [--ways bare,uni,uni1,fast,mp,vllm] [--out FILE]
+        [--k 2] [--concurrency 1,4,16] [--num-requests 32] [--rounds 3] [--ways bare,uni,uni1,fast,mp,uni8,fast8,vllm] [--out FILE]
 
 Ways to serve the same pair at the same fixed k:
 
@@ -14,7 +14,10 @@ Ways to serve the same pair at the same fixed k:
   EngineCore process, or in a process of its own. ``uni1``: ``uni`` with ``cpu_threads: 1``, the one OpenMP
   thread Ray gives a replica that reserves no CPU, against the config's own ``cpu_threads``. ``fast``: ``uni``
   with ``throughput_optimized: true``, Ray Serve's throughput-optimized mode (gRPC between deployments, requests
-  served by the ingress replica itself, Serve's code on the replica's own event loop).
+  served by the ingress replica itself, Serve's code on the replica's own event loop). ``uni8`` / ``fast8``:
+  ``uni`` / ``fast`` with ``stream_interval: 8``, vLLM's stream interval: one streamed chunk per 8 output tokens
+  (the first and the last at once) instead of one per engine step, through every hop (``bare`` keeps 1: its
+  in-process outputs cost little per chunk, so the ratio is, if anything, against the served way).
 - ``vllm``: vLLM's own OpenAI server (``vllm.entrypoints.openai.api_server``) with the same engine arguments
   as ``bare``, loaded the same way over HTTP: what HTTP and vLLM's OpenAI layer cost without Ray Serve.
 
@@ -56,6 +59,8 @@ SPECSERVE_WAYS = {
     "uni1": {"cpu_executor": "uni", "cpu_threads": 1},
     "fast": {"cpu_executor": "uni", "throughput_optimized": True},
     "mp": {"cpu_executor": "mp"},
+    "uni8": {"cpu_executor": "uni", "stream_interval": 8},
+    "fast8": {"cpu_executor": "uni", "throughput_optimized": True, "stream_interval": 8},
 }
 SERVED_WAYS = (*SPECSERVE_WAYS, "vllm")
 

@@ -125,6 +125,7 @@ def llm_config(resolved: ResolvedServe) -> Any:
             # and the benchmarks' numbers were taken with these.
             "dtype": config.dtype,
             "seed": 0,
+            "stream_interval": config.stream_interval,
         },
     )
     options = config.model_dump(include=set(Speculation.model_fields) - {"draft"})

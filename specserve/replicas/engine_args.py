@@ -122,6 +122,8 @@ class EngineSpec:
     # CUDA graphs on GPU; on CPU eager mode avoids a ~35 s torch.compile at start.
     enforce_eager: bool = True
     seed: int = 0
+    # Output tokens per streamed chunk (vLLM's stream_interval): fewer chunks through every serving hop.
+    stream_interval: int = 1
     # See EngineControlConfig.skip_k0_draft_pass.
     skip_k0_draft_pass: bool = True
     # See EngineControlConfig.catch_up_max_tokens.
@@ -148,6 +150,7 @@ def speculative_engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
         tensor_parallel_size=spec.tensor_parallel_size,
         enforce_eager=spec.enforce_eager,
         seed=spec.seed,
+        stream_interval=spec.stream_interval,
         # Prefix caching would hide prompt work and make acceptance depend on cache state.
         enable_prefix_caching=False,
         disable_log_stats=False,

@@ -1,6 +1,7 @@
 """Serve tier: `specserve serve` in Ray Serve's throughput-optimized mode (`throughput_optimized: true`, gRPC
 between the ingress and the replica, the ingress replica serving HTTP itself): the same answers, errors, key and
-control plane as in the default mode, and a clean stop."""
+control plane as in the default mode, and a clean stop. It also runs the other throughput knob, vLLM's stream interval
+(`stream_interval: 8`): streamed text arrives in chunks of 8 tokens or more, and is the same text."""
 
 from __future__ import annotations
 
@@ -14,16 +15,20 @@ PROMPT = "def fibonacci(n):\n"
 
 def test_the_throughput_optimized_mode_serves_the_same_endpoint(tmp_path, trained_pair):
     config = tmp_path / "serve.yaml"
-    config.write_text("throughput_optimized: true\npolicy: fixed:k=3\n")
+    config.write_text("throughput_optimized: true\nstream_interval: 8\npolicy: fixed:k=3\n")
     args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--config", str(config)]
     with serving(args, tmp_path, SPECSERVE_API_KEY=API_KEY) as server:
         # Serve's controller says which mode it runs in.
         server.wait_for_line(r".*Throughput optimized Ray Serve enabled", timeout_s=60)
         client = OpenAI(base_url=server.endpoint, api_key=API_KEY)
         whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0)
-        chunks = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stream=True)
-        assert "".join(chunk.choices[0].text for chunk in chunks) == whole.choices[0].text
+        stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stream=True)
+        texts = [chunk.choices[0].text for chunk in stream if chunk.choices and chunk.choices[0].text]
+        assert "".join(texts) == whole.choices[0].text
         assert whole.usage.completion_tokens == 24
+        # The first token alone, then one chunk per 8 tokens or more: at most 1 + ceil(23 / 8). Chunked per step
+        # instead, k = 3's steps of at most 4 tokens would need 1 + ceil(23 / 4) = 7 or more.
+        assert len(texts) <= 4, texts
 
         assert specserve_cli(server.env, "policy", "set", "fixed:k=0").returncode == 0
         # Through the mode's handles to the replica, and back in its telemetry.

@@ -166,6 +166,7 @@ def test_serve_builds_its_llm_config_through_the_public_api_with_the_same_engine
         offload_min_resident_s=2.0,
         catch_up_max_tokens=96,
         cpu_executor="mp",
+        stream_interval=4,
     )
     built = llm_config(ResolvedServe(config, "/t", "/d", on_gpu=False, env_vars={"TMPDIR": "/scratch"}))
     expected = speculative_engine_kwargs(
@@ -178,6 +179,7 @@ def test_serve_builds_its_llm_config_through_the_public_api_with_the_same_engine
             max_num_seqs=4,
             draft_offload=DraftOffload(config.offload_low_free_ratio, config.offload_window_steps, 2.0),
             catch_up_max_tokens=96,
+            stream_interval=4,
         )
     )
     for key in ("model", "tokenizer"):  # from model_loading_config; vLLM's tokenizer defaults to the model

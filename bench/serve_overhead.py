@@ -1,7 +1,7 @@
 """What the whole specserve path costs against vLLM's bare ``AsyncLLM`` at the same k.
 
     PYTHONPATH=$PWD .venv/bin/python bench/serve_overhead.py --config bench/configs/perf-S.yaml \
-        [--k 2] [--concurrency 1,4,16] [--num-requests 32] [--rounds 3] [--ways bare,uni,uni1,fast,mp,uni8,fast8,vllm] [--out FILE]
+        [--k 2] [--concurrency 1,4,16] [--num-requests 32] [--rounds 3] [--ways bare,uni,uni1,fast,mp,uni8,fast8,fast8h,vllm] [--out FILE]
 
 Ways to serve the same pair at the same fixed k:
 
@@ -17,7 +17,8 @@ Ways to serve the same pair at the same fixed k:
   served by the ingress replica itself, Serve's code on the replica's own event loop). ``uni8`` / ``fast8``:
   ``uni`` / ``fast`` with ``stream_interval: 8``, vLLM's stream interval: one streamed chunk per 8 output tokens
   (the first and the last at once) instead of one per engine step, through every hop (``bare`` keeps 1: its
-  in-process outputs cost little per chunk, so the ratio is, if anything, against the served way).
+  in-process outputs cost little per chunk, so the ratio is, if anything, against the served way). ``fast8h``:
+  ``fast8`` with ``haproxy: true``, HAProxy in place of Serve's Python HTTP proxy.
 - ``vllm``: vLLM's own OpenAI server (``vllm.entrypoints.openai.api_server``) with the same engine arguments
   as ``bare``, loaded the same way over HTTP: what HTTP and vLLM's OpenAI layer cost without Ray Serve.
 
@@ -61,6 +62,7 @@ SPECSERVE_WAYS = {
     "mp": {"cpu_executor": "mp"},
     "uni8": {"cpu_executor": "uni", "stream_interval": 8},
     "fast8": {"cpu_executor": "uni", "throughput_optimized": True, "stream_interval": 8},
+    "fast8h": {"cpu_executor": "uni", "throughput_optimized": True, "stream_interval": 8, "haproxy": True},
 }
 SERVED_WAYS = (*SPECSERVE_WAYS, "vllm")
 

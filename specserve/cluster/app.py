@@ -27,6 +27,7 @@ PROCESS_KEYS = (
     "port",
     "proxy_location",
     "throughput_optimized",
+    "haproxy",
     "metrics_port",
     "prometheus_port",
     "num_cpus",

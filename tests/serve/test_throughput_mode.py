@@ -1,10 +1,14 @@
 """Serve tier: `specserve serve` in Ray Serve's throughput-optimized mode (`throughput_optimized: true`, gRPC
 between the ingress and the replica, the ingress replica serving HTTP itself): the same answers, errors, key and
 control plane as in the default mode, and a clean stop. It also runs the other throughput knob, vLLM's stream interval
-(`stream_interval: 8`): streamed text arrives in chunks of 8 tokens or more, and is the same text."""
+(`stream_interval: 8`): streamed text arrives in chunks of 8 tokens or more, and is the same text; and Ray Serve's
+HAProxy ingress (`haproxy: true`) takes HTTP in place of its Python proxy, and stops with the rest."""
 
 from __future__ import annotations
 
+import contextlib
+
+import psutil
 import requests
 from openai import OpenAI
 from serve_process import API_KEY, free_port, serving, specserve_cli, wait_for_replica
@@ -13,13 +17,22 @@ MODEL = "specserve-tiny"
 PROMPT = "def fibonacci(n):\n"
 
 
+def names(processes: list[psutil.Process]) -> set[str]:
+    alive = set()
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            alive.add(process.name())
+    return alive
+
+
 def test_the_throughput_optimized_mode_serves_the_same_endpoint(tmp_path, trained_pair):
     config = tmp_path / "serve.yaml"
-    config.write_text("throughput_optimized: true\nstream_interval: 8\npolicy: fixed:k=3\n")
+    config.write_text("throughput_optimized: true\nstream_interval: 8\nhaproxy: true\npolicy: fixed:k=3\n")
     args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--config", str(config)]
     with serving(args, tmp_path, SPECSERVE_API_KEY=API_KEY) as server:
         # Serve's controller says which mode it runs in.
         server.wait_for_line(r".*Throughput optimized Ray Serve enabled", timeout_s=60)
+        assert "haproxy" in names(server.descendants()), "HAProxy serves HTTP"
         client = OpenAI(base_url=server.endpoint, api_key=API_KEY)
         whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0)
         stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stream=True)

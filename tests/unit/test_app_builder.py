@@ -17,7 +17,9 @@ def test_device_is_required() -> None:
 
 @pytest.mark.parametrize("key", PROCESS_KEYS)
 def test_a_key_of_the_serve_process_is_refused_by_name(key: str) -> None:
-    value = {"host": "127.0.0.1", "proxy_location": "HeadOnly", "throughput_optimized": True}.get(key, 9000)
+    value = {"host": "127.0.0.1", "proxy_location": "HeadOnly", "throughput_optimized": True, "haproxy": True}.get(
+        key, 9000
+    )
     with pytest.raises(ValidationError, match=f"{key}: not an application argument"):
         AppArgs.model_validate({"device": "cpu", key: value})
 

@@ -43,6 +43,8 @@ def test_defaults_and_override_order(tmp_path):
         ("catch_up_max_tokens: 0\n", "catch_up_max_tokens: Input should be greater than or equal to 1"),
         ("catch_up_max_tokens: lots\n", "catch_up_max_tokens: Input should be a valid integer"),
         ("throughput_optimized: sometimes\n", "throughput_optimized: Input should be a valid boolean"),
+        ("haproxy: maybe\n", "haproxy: Input should be a valid boolean"),
+        ("stream_interval: 0\n", "stream_interval: Input should be greater than or equal to 1"),
         ("min_resident_drafts: 3\nreplicas: 2\n", "min_resident_drafts=3 is more than replicas=2"),
         ("max_concurrent_reloads: 0\n", "max_concurrent_reloads: Input should be greater than or equal to 1"),
         ("resources_per_rank: {GPU: 1}\n", "resources_per_rank: 'GPU' is set by the accelerator"),
@@ -193,32 +195,40 @@ def test_the_api_key_flag_defaults_to_the_environment(monkeypatch):
     assert _parser().parse_args(["serve"]).api_key is None
 
 
+SERVE_SWITCHES = [("throughput_optimized", "RAY_SERVE_THROUGHPUT_OPTIMIZED"), ("haproxy", "RAY_SERVE_ENABLE_HA_PROXY")]
+
+
+@pytest.mark.parametrize(("key", "env"), SERVE_SWITCHES)
 @pytest.mark.parametrize("joined", [False, True])
-def test_throughput_optimized_reaches_a_local_cluster_through_the_environment(monkeypatch, capsys, joined):
+def test_a_serve_mode_reaches_a_local_cluster_through_the_environment(monkeypatch, capsys, joined, key, env):
     from specserve.cluster import local
 
-    monkeypatch.delenv(local.THROUGHPUT_OPTIMIZED_ENV, raising=False)
+    for _, name in SERVE_SWITCHES:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     # As in a fresh `specserve serve`, whatever earlier tests in this process loaded.
     monkeypatch.delitem(sys.modules, "ray.serve", raising=False)
     if joined:
         monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     local._serve_mode(load_config(None, {}))
-    assert local.THROUGHPUT_OPTIMIZED_ENV not in os.environ, "off unless asked for"
-    local._serve_mode(load_config(None, {}).model_copy(update={"throughput_optimized": True}))
+    assert not {name for _, name in SERVE_SWITCHES} & set(os.environ), "off unless asked for"
+    local._serve_mode(load_config(None, {}).model_copy(update={key: True}))
+    others = {name for _, name in SERVE_SWITCHES} - {env}
+    assert not others & set(os.environ), "only the switch asked for"
     if joined:
-        assert local.THROUGHPUT_OPTIMIZED_ENV not in os.environ, "a joined cluster's processes are already running"
-        assert "throughput_optimized ignored" in capsys.readouterr().err
+        assert env not in os.environ, "a joined cluster's processes are already running"
+        assert f"{key} ignored" in capsys.readouterr().err
     else:
-        assert os.environ[local.THROUGHPUT_OPTIMIZED_ENV] == "1"
+        assert os.environ[env] == "1"
 
 
-def test_throughput_optimized_refuses_a_process_where_serve_already_read_its_mode(monkeypatch):
+@pytest.mark.parametrize(("key", "env"), SERVE_SWITCHES)
+def test_a_serve_mode_refuses_a_process_where_serve_already_read_it(monkeypatch, key, env):
     from specserve.cluster import local
 
-    monkeypatch.delenv(local.THROUGHPUT_OPTIMIZED_ENV, raising=False)
+    monkeypatch.delenv(env, raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setitem(sys.modules, "ray.serve", object())
-    with pytest.raises(RuntimeError, match="Ray Serve was loaded"):
-        local._serve_mode(load_config(None, {}).model_copy(update={"throughput_optimized": True}))
-    assert local.THROUGHPUT_OPTIMIZED_ENV not in os.environ
+    with pytest.raises(RuntimeError, match=f"{key}: Ray Serve was loaded"):
+        local._serve_mode(load_config(None, {}).model_copy(update={key: True}))
+    assert env not in os.environ

@@ -1,7 +1,8 @@
 """What the whole specserve path costs against vLLM's bare ``AsyncLLM`` at the same k.
 
     PYTHONPATH=$PWD .venv/bin/python bench/serve_overhead.py --config bench/configs/perf-S.yaml \
-        [--k 2] [--concurrency 1,4,16] [--num-requests 32] [--rounds 3] [--ways bare,uni,uni1,fast,mp,uni8,fast8,fast8h,vllm] [--out FILE]
+        [--k 2] [--concurrency 1,4,16] [--num-requests 32] [--rounds 3] [--out FILE] \
+        [--ways bare,uni,uni1,fast,mp,uni8,fast8,fast8h,vllm]
 
 Ways to serve the same pair at the same fixed k:
 

@@ -56,14 +56,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # The config keys each `specserve serve` way adds to the config it is given; `vllm` is vLLM's own server.
+UNI = {"cpu_executor": "uni"}
+FAST = {**UNI, "throughput_optimized": True}
+CHUNKS_OF_8 = {"stream_interval": 8}
 SPECSERVE_WAYS = {
-    "uni": {"cpu_executor": "uni"},
-    "uni1": {"cpu_executor": "uni", "cpu_threads": 1},
-    "fast": {"cpu_executor": "uni", "throughput_optimized": True},
+    "uni": UNI,
+    "uni1": {**UNI, "cpu_threads": 1},
+    "fast": FAST,
     "mp": {"cpu_executor": "mp"},
-    "uni8": {"cpu_executor": "uni", "stream_interval": 8},
-    "fast8": {"cpu_executor": "uni", "throughput_optimized": True, "stream_interval": 8},
-    "fast8h": {"cpu_executor": "uni", "throughput_optimized": True, "stream_interval": 8, "haproxy": True},
+    "uni8": {**UNI, **CHUNKS_OF_8},
+    "fast8": {**FAST, **CHUNKS_OF_8},
+    "fast8h": {**FAST, **CHUNKS_OF_8, "haproxy": True},
 }
 SERVED_WAYS = (*SPECSERVE_WAYS, "vllm")
 

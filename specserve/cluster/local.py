@@ -34,6 +34,8 @@ PROMETHEUS_SCRAPE_INTERVAL_S = 5.0
 THROUGHPUT_OPTIMIZED_ENV = "RAY_SERVE_THROUGHPUT_OPTIMIZED"
 #: Ray Serve's switch for HAProxy in place of its Python HTTP proxies (ServeConfig.haproxy).
 HAPROXY_ENV = "RAY_SERVE_ENABLE_HA_PROXY"
+#: The ServeConfig keys that switch a Serve mode, and the variable each sets (``_serve_mode``).
+SERVE_SWITCHES = {"throughput_optimized": THROUGHPUT_OPTIMIZED_ENV, "haproxy": HAPROXY_ENV}
 
 
 def state_file() -> Path:
@@ -151,8 +153,7 @@ def _serve_mode(config: ServeConfig) -> None:
     """Ray Serve's throughput-optimized mode and its HAProxy ingress: Serve reads both variables when its modules
     load, in every process of the cluster, so they go into this process's environment, which a local cluster's
     processes inherit."""
-    switches = {"throughput_optimized": THROUGHPUT_OPTIMIZED_ENV, "haproxy": HAPROXY_ENV}
-    wanted = {key: env for key, env in switches.items() if getattr(config, key)}
+    wanted = {key: env for key, env in SERVE_SWITCHES.items() if getattr(config, key)}
     if not wanted:
         return
     if os.environ.get("RAY_ADDRESS"):

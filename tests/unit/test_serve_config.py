@@ -14,6 +14,7 @@ from telemetry_samples import engine_telemetry
 
 from specserve.cluster.cli import status_table
 from specserve.cluster.config import ConfigError, load_config
+from specserve.cluster.local import SERVE_SWITCHES
 from specserve.messages import ReplicaSnapshot
 from specserve.replicas.engine_env import applied, engine_env
 
@@ -195,15 +196,12 @@ def test_the_api_key_flag_defaults_to_the_environment(monkeypatch):
     assert _parser().parse_args(["serve"]).api_key is None
 
 
-SERVE_SWITCHES = [("throughput_optimized", "RAY_SERVE_THROUGHPUT_OPTIMIZED"), ("haproxy", "RAY_SERVE_ENABLE_HA_PROXY")]
-
-
-@pytest.mark.parametrize(("key", "env"), SERVE_SWITCHES)
+@pytest.mark.parametrize(("key", "env"), list(SERVE_SWITCHES.items()))
 @pytest.mark.parametrize("joined", [False, True])
 def test_a_serve_mode_reaches_a_local_cluster_through_the_environment(monkeypatch, capsys, joined, key, env):
     from specserve.cluster import local
 
-    for _, name in SERVE_SWITCHES:
+    for name in SERVE_SWITCHES.values():
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     # As in a fresh `specserve serve`, whatever earlier tests in this process loaded.
@@ -211,9 +209,9 @@ def test_a_serve_mode_reaches_a_local_cluster_through_the_environment(monkeypatc
     if joined:
         monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     local._serve_mode(load_config(None, {}))
-    assert not {name for _, name in SERVE_SWITCHES} & set(os.environ), "off unless asked for"
+    assert not set(SERVE_SWITCHES.values()) & set(os.environ), "off unless asked for"
     local._serve_mode(load_config(None, {}).model_copy(update={key: True}))
-    others = {name for _, name in SERVE_SWITCHES} - {env}
+    others = set(SERVE_SWITCHES.values()) - {env}
     assert not others & set(os.environ), "only the switch asked for"
     if joined:
         assert env not in os.environ, "a joined cluster's processes are already running"
@@ -222,7 +220,7 @@ def test_a_serve_mode_reaches_a_local_cluster_through_the_environment(monkeypatc
         assert os.environ[env] == "1"
 
 
-@pytest.mark.parametrize(("key", "env"), SERVE_SWITCHES)
+@pytest.mark.parametrize(("key", "env"), list(SERVE_SWITCHES.items()))
 def test_a_serve_mode_refuses_a_process_where_serve_already_read_it(monkeypatch, key, env):
     from specserve.cluster import local
 

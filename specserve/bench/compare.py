@@ -208,6 +208,10 @@ def round_matrix(records: list[dict[str, Any]], point: str, policies: Sequence[s
     return by_round([r for r in records if r["point"] == point], policies, lambda report: metric_value(report, metric))
 
 
+#: The share of a run's engine steps ``k_mix_tok_s`` may leave unpriced (at a k no fixed policy ran that round).
+K_MIX_UNPRICED_SHARE = 0.05
+
+
 def mean_k(steps_by_k: Sequence[int] | None) -> float | None:
     """The k of an average engine step in a run (None if the run's steps are unknown or none ran)."""
     if not steps_by_k or sum(steps_by_k) == 0:
@@ -217,17 +221,21 @@ def mean_k(steps_by_k: Sequence[int] | None) -> float | None:
 
 def k_mix_tok_s(steps_by_k: Sequence[int] | None, fixed_runs: dict[int, dict[str, Any]]) -> float | None:
     """The output tok/s the fixed policies of the same round would have served in the proportions of engine
-    steps a run ran at each k: each fixed run gives its tokens per step and seconds per step. None when the run
-    stepped at a k whose fixed policy did not run that round (or ran no step)."""
+    steps a run ran at each k: each fixed run gives its tokens per step and seconds per step. Steps at a k whose
+    fixed policy did not run that round are left out while they are at most ``K_MIX_UNPRICED_SHARE`` of the
+    run's (a comparison that leaves out k = 0, which the policy visits for a step or two when it explores);
+    with more, None."""
     if not steps_by_k or sum(steps_by_k) == 0:
         return None
     tokens = seconds = 0.0
+    unpriced = 0
     for k, n in enumerate(steps_by_k):
         if n == 0:
             continue
         run = fixed_runs.get(k)
         if run is None:
-            return None
+            unpriced += n
+            continue
         fixed_steps = sum(run.get("steps_by_k") or ())
         tok_s = metric_value(run["report"], METRICS["tok_s"])
         if fixed_steps == 0 or not tok_s:
@@ -235,6 +243,8 @@ def k_mix_tok_s(steps_by_k: Sequence[int] | None, fixed_runs: dict[int, dict[str
         per_step = run["report"]["tokens"]["output"] / fixed_steps
         tokens += n * per_step
         seconds += n * per_step / tok_s
+    if unpriced > K_MIX_UNPRICED_SHARE * sum(steps_by_k) or seconds == 0:
+        return None
     return tokens / seconds
 
 
@@ -326,8 +336,9 @@ def markdown(document: dict[str, Any], summary: list[dict[str, Any]], headline_m
         "",
         "`k mix` (policies that change k): the tok/s ÷ best fixed that the fixed policies of the same round "
         "would have served in the proportions of engine steps the policy ran at each k (each fixed run's tokens "
-        "per step, and its tok/s), median over rounds. Below 1, the policy's choices of k cost that much; its own "
-        "`× best fixed` below its k mix is what switching and the policy itself cost.",
+        "per step, and its tok/s), median over rounds; steps at a k no fixed policy ran are left out, up to "
+        f"{K_MIX_UNPRICED_SHARE:.0%} of a run's (more: no mix). Below 1, the policy's choices of k cost that much; "
+        "its own `× best fixed` below its k mix is what switching and the policy itself cost.",
     ]
     if min(rounds, default=0) < MIN_ROUNDS_FOR_CLAIMS:
         lines += ["", f"Fewer than {MIN_ROUNDS_FOR_CLAIMS} rounds: the intervals are too coarse to support a claim."]

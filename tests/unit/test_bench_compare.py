@@ -10,7 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specserve.bench.compare import Comparison, LoadPoint, Settings, aggregate, markdown, mean_k, write_results
+from specserve.bench.compare import (
+    Comparison,
+    LoadPoint,
+    Settings,
+    aggregate,
+    k_mix_tok_s,
+    markdown,
+    mean_k,
+    write_results,
+)
 from specserve.bench.load import BenchError, Lengths, closed_plan
 from specserve.bench.stats import METRICS, median_interval, ratios_to_best, settled
 from specserve.cluster.cli import main
@@ -241,10 +250,19 @@ def test_the_k_mix_prices_a_policys_steps_at_each_k_with_the_fixed_runs_of_its_r
     assert entry["best_fixed"]["tok_s"] == "fixed:k=3"
     assert entry["policies"]["adaptive"]["k_mix_ratio"] == pytest.approx(0.75, abs=0.05)
     assert entry["policies"]["fixed:k=1"]["k_mix_ratio"] is None
-    # Without the fixed run of a k the policy stepped at, there is no mix to price.
+    # Without the fixed run of a k the policy stepped at for half its steps, there is no mix to price.
     records = [r for r in records if r["policy"] != "fixed:k=1"]
     (entry,) = aggregate(document_of(records, ["fixed:k=3", "adaptive"], points=["concurrency 4"]))
     assert entry["policies"]["adaptive"]["k_mix_ratio"] is None
+
+
+def test_the_k_mix_leaves_out_a_few_steps_at_a_k_no_fixed_policy_ran():
+    report = {"window": None, "throughput": {"output_tokens_per_s": 200.0}, "tokens": {"output": 200}}
+    fixed = {3: {"steps_by_k": [0, 0, 0, 10], "report": report}}
+    # 1 step in 20 at k = 0, which no fixed policy ran: priced on the other 19, all at k = 3's rate.
+    assert k_mix_tok_s([1, 0, 0, 19], fixed) == pytest.approx(200.0)
+    # 2 in 20 is more than the mix may leave out.
+    assert k_mix_tok_s([2, 0, 0, 18], fixed) is None
 
 
 def test_throughput_is_ranked_on_the_window_where_a_run_has_one():

@@ -3,101 +3,32 @@
 joins with RAY_ADDRESS while only one worker is up and asks one unit per engine rank (`resources_per_rank`), so
 its two replicas land on different workers once the second joins. Then a worker fails under load, and a new one
 joins. Last, `specserve serve` stops and removes only its application: the cluster and its controller keep
-running for the next deployment. One cluster for the module, about four minutes: the tests run in order."""
+running for the next deployment. One cluster for the module (`multinode.joined_cluster`), about four minutes:
+the tests run in order."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
-
 import pytest
 import requests
-from closed_loop import MODEL, Load
-from ray_nodes import RayNode, node_ids_by_port, ray_env
-from serve_process import ServeProcess, free_port
-
-# Stands in for GPUs: one per worker node, one per engine rank.
-ACCELERATOR = "specserve_test_accelerator"
-
-
-@dataclass
-class Cluster:
-    head: RayNode
-    workers: list[RayNode]
-    server: ServeProcess
-    endpoint: str
-    tmp: object
-
-    def status(self) -> list[dict]:
-        done = self.cli("status", "--json")
-        assert done.returncode == 0, done.stderr[-2000:]
-        return json.loads(done.stdout)["replicas"]
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "specserve", *args], env=self.server.env, capture_output=True, text=True, timeout=120
-        )
-
-    def node_ids(self) -> dict[int, str]:
-        return node_ids_by_port(self.head.address, self.head.env)
-
-    def wait_replicas(self, until, timeout_s: float) -> list[dict]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if until(replicas := self.status()):
-                return replicas
-            time.sleep(1.0)
-        raise TimeoutError(f"replicas not as expected within {timeout_s} s: {replicas}\n{self.server.tail()}")
-
-    def complete(self, prompt: str) -> str:
-        body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0}
-        response = requests.post(f"{self.endpoint}/completions", json=body, timeout=120)
-        assert response.status_code == 200, response.text
-        return response.json()["choices"][0]["text"]
-
-
-def engines(node: RayNode) -> list:
-    return [p for p in node.descendants() if p.name() == "VLLM::EngineCore"]
+from closed_loop import Load
+from multinode import ACCELERATOR, assert_dead_engine_errors, engines, joined_cluster
+from ray_nodes import ray_env
+from serve_process import ServeProcess
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, trained_pair):
     tmp = tmp_path_factory.mktemp("multinode")
-    env = ray_env(tmp)
-    head = RayNode.head(env, tmp / "head.log", num_cpus=1)
-    workers: list[RayNode] = []
-    server = None
-    try:
-        workers.append(RayNode.worker(head, tmp / "worker-a.log", num_cpus=1, resources={ACCELERATOR: 1}))
-        config = tmp / "serve.yaml"
-        # One proxy, the head's: every node's proxy would bind the same port on this one machine, and a client
-        # whose connection the failing node's proxy took would lose its request whichever replica served it.
-        config.write_text(f"replicas: 2\nresources_per_rank: {{{ACCELERATOR}: 1}}\nproxy_location: HeadOnly\n")
-        server = ServeProcess(
-            # `make serve` passes --prometheus-port whenever `prometheus` is installed; a joined cluster's own applies.
-            ["--config", str(config), "--port", str(free_port()), "--prometheus-port", str(free_port())],
-            dict(env, RAY_ADDRESS=head.address),
-            tmp / "serve.log",
-        )
-        server.begin()
+    with joined_cluster(tmp, ray_env(tmp), workers=1) as cluster:
         # A joined cluster may still grow, so a shortfall is said, not refused; the second worker then joins.
-        server.wait_for_line(
+        cluster.server.wait_for_line(
             rf"specserve: waiting for the cluster to grow: resources_per_rank: 2 engine ranks x {ACCELERATOR}=1 "
             rf"need 2 {ACCELERATOR}; the Ray cluster has 1",
             timeout_s=120,
         )
-        workers.append(RayNode.worker(head, tmp / "worker-b.log", num_cpus=1, resources={ACCELERATOR: 1}))
-        endpoint = server.wait_endpoint(timeout_s=900)
-        yield Cluster(head, workers, server, endpoint, tmp)
-        assert server.stop() == 0
-    finally:
-        if server is not None:
-            server.kill_tree()
-        leftover = [name for node in [*workers, head] for name in node.shut_down()]
-        assert not leftover, f"ray start left running: {leftover}"
+        cluster.add_worker("b")
+        cluster.endpoint = cluster.server.wait_endpoint(timeout_s=900)
+        yield cluster
 
 
 def test_the_replicas_run_on_different_worker_nodes_and_status_names_each_node(cluster):
@@ -141,18 +72,10 @@ def test_a_failed_worker_takes_only_its_replica_and_serve_brings_it_up_on_a_new_
     # sent after the failure was too.
     assert any(in_flight), f"no request in flight at the failure was answered: {in_flight}"
     assert all(after), f"{after.count(False)} of {len(after)} requests sent after the failure failed"
-    # Those that failed say so as a dead engine does: 503, OpenAI's error object, nothing of the traceback.
-    failed = [o for o in load.outcomes if not o.ok]
-    assert all(o.status == 503 and '"engine_unavailable"' in o.detail for o in failed), [
-        (o.status, o.detail[:300]) for o in failed
-    ]
+    assert_dead_engine_errors(load.outcomes)
 
     # Serve replaces the lost replica once a node with a free accelerator joins.
-    joined = RayNode.worker(cluster.head, cluster.tmp / "worker-c.log", num_cpus=1, resources={ACCELERATOR: 1})
-    cluster.workers.append(joined)
-    joined_id = cluster.node_ids()[joined.node_manager_port]
-    replicas = cluster.wait_replicas(lambda rs: len(rs) == 2, timeout_s=600)
-    assert {r["node_id"] for r in replicas} == {survivor_id, joined_id}
+    joined, joined_id, _ = cluster.replace_lost_replica(survivor_id)
 
     # Before its first request, the new replica's acceptance estimate rests on the survivor's evidence (the
     # controller's prior for a new replica of the deployment), not on a cold prior.
@@ -165,7 +88,6 @@ def test_a_failed_worker_takes_only_its_replica_and_serve_brings_it_up_on_a_new_
         )
 
     cluster.wait_replicas(seeded, timeout_s=30)
-    assert len(engines(joined)) == 1
     assert cluster.complete("for i in range(10):")
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
-from closed_loop import MODEL, Outcome
+from closed_loop import MODEL, Load, Outcome
 from ray_nodes import RayNode, node_ids_by_port
 from serve_process import ServeProcess, free_port
 
@@ -33,8 +33,10 @@ class Cluster:
     server: ServeProcess | None = None
     endpoint: str = ""
 
-    def add_worker(self, name: str) -> RayNode:
-        worker = RayNode.worker(self.head, self.tmp / f"worker-{name}.log", num_cpus=1, resources={ACCELERATOR: 1})
+    def add_worker(self) -> RayNode:
+        """One more worker node with one accelerator; its log is worker-a.log, worker-b.log, ... in join order."""
+        log = self.tmp / f"worker-{chr(ord('a') + len(self.workers))}.log"
+        worker = RayNode.worker(self.head, log, num_cpus=1, resources={ACCELERATOR: 1})
         self.workers.append(worker)
         return worker
 
@@ -59,9 +61,19 @@ class Cluster:
             time.sleep(1.0)
         raise TimeoutError(f"replicas not as expected within {timeout_s} s: {replicas}\n{self.server.tail()}")
 
+    def fail_under_load(self, load: Load, failing: RayNode, survivor_id: str) -> float:
+        """Fail ``failing`` once ``load`` has 20 answers; returns when status lists only the survivor's replica.
+        Returns the load's clock at the failure."""
+        load.wait_answered(20)
+        failed_at = load.now()
+        failing.fail()
+        replicas = self.wait_replicas(lambda rs: len(rs) == 1, timeout_s=60)
+        assert replicas[0]["node_id"] == survivor_id
+        return failed_at
+
     def replace_lost_replica(self, survivor_id: str) -> tuple[RayNode, str, list[dict]]:
         """A new worker joins; Serve starts the lost replica on it. Returns the node, its id and the replicas."""
-        joined = self.add_worker("c")
+        joined = self.add_worker()
         joined_id = self.node_ids()[joined.node_manager_port]
         replicas = self.wait_replicas(lambda rs: len(rs) == 2, timeout_s=600)
         assert {r["node_id"] for r in replicas} == {survivor_id, joined_id}
@@ -84,7 +96,7 @@ def assert_dead_engine_errors(outcomes: list[Outcome]) -> None:
 
 
 def engines(node: RayNode) -> list:
-    return [p for p in node.descendants() if p.name() == "VLLM::EngineCore"]
+    return node.descendants_named("VLLM::EngineCore")
 
 
 @contextlib.contextmanager
@@ -94,8 +106,8 @@ def joined_cluster(tmp: Path, env: dict[str, str], workers: int, config: str = P
     got that far) and every node is shut down; a node that leaves processes behind fails the test."""
     cluster = Cluster(RayNode.head(env, tmp / "head.log", num_cpus=1), tmp)
     try:
-        for name in "abcdefgh"[:workers]:
-            cluster.add_worker(name)
+        for _ in range(workers):
+            cluster.add_worker()
         (tmp / "serve.yaml").write_text(config)
         cluster.server = ServeProcess(
             # `make serve` passes --prometheus-port whenever `prometheus` is installed; a joined cluster's own applies.

@@ -100,6 +100,15 @@ class TrackedProcess:
         except psutil.NoSuchProcess:
             return []
 
+    def descendants_named(self, name: str) -> list[psutil.Process]:
+        """Running descendants whose process name is ``name`` (Ray and vLLM set titles such as VLLM::EngineCore)."""
+        found = []
+        for process in self.descendants():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if process.name() == name:
+                    found.append(process)
+        return found
+
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 120.0) -> int:
         self.proc.send_signal(sig)
         return self.proc.wait(timeout=timeout_s)

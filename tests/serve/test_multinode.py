@@ -26,7 +26,7 @@ def cluster(tmp_path_factory, trained_pair):
             rf"need 2 {ACCELERATOR}; the Ray cluster has 1",
             timeout_s=120,
         )
-        cluster.add_worker("b")
+        cluster.add_worker()
         cluster.endpoint = cluster.server.wait_endpoint(timeout_s=900)
         yield cluster
 
@@ -57,12 +57,8 @@ def test_a_failed_worker_takes_only_its_replica_and_serve_brings_it_up_on_a_new_
     ids = cluster.node_ids()
     survivor_id = ids[survivor.node_manager_port]
     with Load(cluster.endpoint, clients=4) as load:
-        load.wait_answered(20)
-        failed_at = load.now()
-        failing.fail()
         # The controller forgets a replica that stops reporting; the other one stays in its view throughout.
-        replicas = cluster.wait_replicas(lambda rs: len(rs) == 1, timeout_s=60)
-        assert replicas[0]["node_id"] == survivor_id
+        failed_at = cluster.fail_under_load(load, failing, survivor_id)
         answered = len(load.outcomes)
         load.wait_answered(20, after_s=failed_at)
     in_flight = [o.ok for o in load.outcomes if o.start_s < failed_at < o.end_s]
@@ -75,7 +71,7 @@ def test_a_failed_worker_takes_only_its_replica_and_serve_brings_it_up_on_a_new_
     assert_dead_engine_errors(load.outcomes)
 
     # Serve replaces the lost replica once a node with a free accelerator joins.
-    joined, joined_id, _ = cluster.replace_lost_replica(survivor_id)
+    _, joined_id, _ = cluster.replace_lost_replica(survivor_id)
 
     # Before its first request, the new replica's acceptance estimate rests on the survivor's evidence (the
     # controller's prior for a new replica of the deployment), not on a cold prior.

@@ -6,24 +6,12 @@ under load and a new one joins, as in the default mode. One cluster for the modu
 
 from __future__ import annotations
 
-import contextlib
-
-import psutil
 import pytest
 from closed_loop import Load
 from multinode import assert_dead_engine_errors, joined_cluster
 from ray_nodes import ray_env
 
 from specserve.cluster.local import SERVE_SWITCHES
-
-
-def haproxies(node) -> list[psutil.Process]:
-    found = []
-    for process in node.descendants():
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if process.name() == "haproxy":
-                found.append(process)
-    return found
 
 
 def emitted(replicas: list[dict]) -> dict[str, int]:
@@ -40,8 +28,8 @@ def cluster(tmp_path_factory, trained_pair):
 
 
 def test_haproxy_on_the_head_spreads_requests_over_both_workers(cluster):
-    assert haproxies(cluster.head), "HAProxy serves HTTP on the head"
-    assert not any(haproxies(worker) for worker in cluster.workers), "proxy_location: HeadOnly"
+    assert cluster.head.descendants_named("haproxy"), "HAProxy serves HTTP on the head"
+    assert not any(w.descendants_named("haproxy") for w in cluster.workers), "proxy_location: HeadOnly"
     before = emitted(cluster.wait_replicas(lambda rs: len(rs) == 2, timeout_s=60))
     with Load(cluster.endpoint, clients=4) as load:
         load.wait_answered(24)
@@ -57,11 +45,7 @@ def test_a_failed_worker_behind_haproxy_loses_only_its_requests(cluster):
     survivor, failing = cluster.workers
     survivor_id = cluster.node_ids()[survivor.node_manager_port]
     with Load(cluster.endpoint, clients=4) as load:
-        load.wait_answered(20)
-        failed_at = load.now()
-        failing.fail()
-        replicas = cluster.wait_replicas(lambda rs: len(rs) == 1, timeout_s=60)
-        assert replicas[0]["node_id"] == survivor_id
+        failed_at = cluster.fail_under_load(load, failing, survivor_id)
         load.wait_answered(20, after_s=failed_at)
     in_flight = [o for o in load.outcomes if o.start_s < failed_at < o.end_s]
     after = [o for o in load.outcomes if o.start_s > failed_at]

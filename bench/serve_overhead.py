@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD .venv/bin/python bench/serve_overhead.py --config bench/configs/perf-S.yaml \
         [--k 2] [--concurrency 1,4,16] [--num-requests 32] [--rounds 3] [--out FILE] \
-        [--ways bare,uni,uni1,fast,mp,uni8,fast8,fast8h,vllm]
+        [--ways bare,uni,uni1,fast,mp,uni8,fast8,fast8h,vllm] [--ways bare,uni8,bare@KMP_BLOCKTIME=200,...]
 
 Ways to serve the same pair at the same fixed k:
 
@@ -22,6 +22,9 @@ Ways to serve the same pair at the same fixed k:
   ``fast8`` with ``haproxy: true``, HAProxy in place of Serve's Python HTTP proxy.
 - ``vllm``: vLLM's own OpenAI server (``vllm.entrypoints.openai.api_server``) with the same engine arguments
   as ``bare``, loaded the same way over HTTP: what HTTP and vLLM's OpenAI layer cost without Ray Serve.
+- ``WAY@KEY=VALUE[+KEY=VALUE...]``: any way with those environment variables in its engine's environment, for
+  settings that are not config keys (OpenMP's, for one). Its ratio is to ``bare`` with the same variables when
+  that runs too, else to ``bare``.
 
 Both get the same closed-loop load (the same prompts: ``bench.prompts.Prompter`` with one seed, greedy,
 ``ignore_eos``). Each round starts each way once, the order alternating between rounds; the JSON gives output
@@ -154,7 +157,7 @@ def run_bare(config: dict[str, Any], args: argparse.Namespace) -> dict[int, dict
                     results[c] = await closed_loop(engine, prompts, c, args.output_len)
                     tally.stop()
                     results[c]["cpu"] = tally.report(int(results[c].pop("output_tokens")))
-                    print(f"bare c={c}: {results[c]}", file=sys.stderr, flush=True)
+                    print(f"bare {args.engine_env} c={c}: {results[c]}", file=sys.stderr, flush=True)
 
             asyncio.run(all_points())
         finally:
@@ -210,7 +213,7 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
                 "mean_e2e_ms": report["e2e_ms"]["mean"],
                 "cpu": tally.report(round(tokens)),
             }
-            print(f"{way} c={c}: {results[c]}", file=sys.stderr, flush=True)
+            print(f"{way} {args.engine_env} c={c}: {results[c]}", file=sys.stderr, flush=True)
     finally:
         stop_server(proc)
         log.close()
@@ -281,9 +284,24 @@ def wait_for_endpoint(log_path: Path, proc: subprocess.Popen, url: str | None, t
     raise TimeoutError(f"no endpoint after {timeout_s} s; log: {log_path}")
 
 
-def ratios(rounds: list[dict[str, Any]], way: str, concurrency: list[int], metric: str) -> dict[str, dict[str, float]]:
-    """Per concurrency, ``way`` / bare of ``metric`` taken within each round."""
-    return {str(c): spread([r[way][c][metric] / r["bare"][c][metric] for r in rounds]) for c in concurrency}
+def split_way(way: str) -> tuple[str, dict[str, str]]:
+    """``uni8@KMP_BLOCKTIME=1+OMP_X=2`` -> ("uni8", {"KMP_BLOCKTIME": "1", "OMP_X": "2"})."""
+    name, _, variables = way.partition("@")
+    return name, dict(parse_env(item) for item in variables.split("+")) if variables else {}
+
+
+def bare_of(way: str, ways: list[str]) -> str:
+    """The bare way a served way is compared with: bare with the same environment if it runs, else bare."""
+    _, variables = split_way(way)
+    same = "bare@" + way.partition("@")[2]
+    return same if variables and same in ways else "bare"
+
+
+def ratios(
+    rounds: list[dict[str, Any]], way: str, bare: str, concurrency: list[int], metric: str
+) -> dict[str, dict[str, float]]:
+    """Per concurrency, ``way`` / ``bare`` of ``metric`` taken within each round."""
+    return {str(c): spread([r[way][c][metric] / r[bare][c][metric] for r in rounds]) for c in concurrency}
 
 
 def cpu_by_role(rounds: list[dict[str, Any]], way: str, concurrency: int) -> dict[str, float]:
@@ -322,15 +340,21 @@ def main() -> None:
     config = yaml.safe_load(args.config.read_text())
 
     ways = args.ways.split(",")
-    if "bare" not in ways or len(ways) < 2 or not set(ways) <= {"bare", *SERVED_WAYS}:
-        parser.error(f"--ways {args.ways!r}: bare and at least one of {', '.join(SERVED_WAYS)}")
-    served = [way for way in ways if way != "bare"]
+    try:
+        names = {split_way(way)[0] for way in ways}
+    except argparse.ArgumentTypeError as e:
+        parser.error(f"--ways {args.ways!r}: {e}")
+    if "bare" not in ways or len(ways) < 2 or not names <= {"bare", *SERVED_WAYS}:
+        parser.error(f"--ways {args.ways!r}: bare and at least one of {', '.join(SERVED_WAYS)}, each with @KEY=VALUE")
+    served = [way for way in ways if split_way(way)[0] != "bare"]
     rounds = []
     for r in range(args.rounds):
         order = ways[r % len(ways) :] + ways[: r % len(ways)]  # rotate, so drift hits every way alike
         result = {}
         for way in order:
-            result[way] = run_bare(config, args) if way == "bare" else run_served(config, way, args)
+            name, variables = split_way(way)
+            way_args = argparse.Namespace(**{**vars(args), "engine_env": {**args.engine_env, **variables}})
+            result[way] = run_bare(config, way_args) if name == "bare" else run_served(config, name, way_args)
         rounds.append(result)
 
     report = {
@@ -340,8 +364,14 @@ def main() -> None:
         "load": {"input_len": args.input_len, "output_len": args.output_len, "num_requests": args.num_requests},
         "rounds": args.rounds,
         "engine_env": args.engine_env,
-        "over_bare_tokens_per_s": {way: ratios(rounds, way, args.concurrency, "output_tokens_per_s") for way in served},
-        "over_bare_mean_e2e": {way: ratios(rounds, way, args.concurrency, "mean_e2e_ms") for way in served},
+        "over_bare_tokens_per_s": {
+            way: ratios(rounds, way, bare_of(way, ways), args.concurrency, "output_tokens_per_s") for way in served
+        },
+        "over_bare_mean_e2e": {
+            way: ratios(rounds, way, bare_of(way, ways), args.concurrency, "mean_e2e_ms") for way in served
+        },
+        # Ways with environment variables of their own; each is compared with the bare way named here.
+        "compared_with": {way: bare_of(way, ways) for way in served},
         "per_round": [{way: {str(c): v for c, v in r[way].items()} for way in r} for r in rounds],
         # CPU milliseconds per output token by role (engine, HTTP proxy, ingress, serve replica, Ray's own
         # processes, the load generator), medians over rounds: who else ran on the engine's cores.

@@ -1,8 +1,10 @@
 """`specserve bench compare`: the same load under each policy on one running server, in interleaved rounds.
 
-Order: for each load point, round after round, every policy once per round in the order given
-(A B C A B C ...), so whatever drifts during the benchmark hits every policy alike and each round
-is one paired observation (``stats`` says how rounds become medians and intervals). The policy is
+Order: for each load point, round after round, every policy once per round, each round starting one
+policy later than the one before (A B C, B C A, C A B, ...; two policies keep A B, A B, since B A would run
+B twice in a row), so whatever drifts during the benchmark hits every policy alike, within a round as
+well as between rounds, and each round is one paired observation (``stats`` says how rounds become
+medians and intervals). The policy is
 switched before every run and the switch is confirmed on every replica, idle, before load starts;
 consecutive runs never share a spec, so each run starts with a fresh policy that learns from scratch.
 
@@ -101,6 +103,16 @@ def is_fixed(spec: str) -> bool:
     return spec.partition(":")[0] == "fixed"
 
 
+def round_order(policies: Sequence[str], turn: int) -> list[str]:
+    """The policies in the order round ``turn`` runs them: rotated by one each round, so no policy always runs
+    first or last, where drift within a round would always find it. Two policies are not rotated: B A after
+    A B would run B twice in a row, and a run must start from a switch."""
+    if len(policies) <= 2:
+        return list(policies)
+    start = turn % len(policies)
+    return [*policies[start:], *policies[:start]]
+
+
 def fixed_rows(policies: Sequence[str]) -> list[int]:
     return [i for i, spec in enumerate(policies) if is_fixed(spec)]
 
@@ -140,19 +152,26 @@ class Comparison:
         # A snapshot proves a switch only if the spec changes (see PolicySwitch), the first one included.
         if self.switch.current() == self.switch.canonical(s.policies[0]):
             self._switch(s.policies[-1])
+        turn, last = 0, s.policies[-1]  # rounds run over every point: the order keeps rotating across points
         for point in self.points:
             for round_index in range(s.max_rounds):
                 if round_index >= s.rounds and self._settled(point, round_index):
                     break
-                for policy in s.policies:
+                for policy in round_order(s.policies, turn):
                     self._switch(policy)
                     report = self.run_one(point, round_index)
                     self._open = {"point": point.label, "round": round_index, "policy": policy, "report": report}
                     self.records.append(self._open)
                     self._log_run(point, round_index, policy, report)
+                    last = policy
+                turn += 1
             self._log_point(point)
-        last = self.switch.canonical(s.policies[-1])
-        final = self.final if self.final not in (None, last) else s.policies[0]
+        last = self.switch.canonical(last)
+        final = (
+            self.final
+            if self.final not in (None, last)
+            else next(p for p in s.policies if self.switch.canonical(p) != last)
+        )
         self._switch(final)
         return self.records
 
@@ -314,6 +333,18 @@ def _ratio(stats: dict[str, Any] | None) -> str:
     return f"{stats['ratio']:.3f} [{stats['ratio_low']:.3f}, {stats['ratio_high']:.3f}]"
 
 
+def order_note(document: dict[str, Any]) -> str:
+    """How the runs were ordered, read from the runs themselves (results made before rounds rotated ran
+    every round in the order given)."""
+    policies = document["policies"]
+    rounds: dict[tuple[str, int], list[str]] = {}
+    for run in document["runs"]:
+        rounds.setdefault((run["point"], run["round"]), []).append(run["policy"])
+    if all(order == policies[: len(order)] for order in rounds.values()):
+        return "rounds interleaved in the order given (A B C A B C)"
+    return "rounds interleaved, each starting one policy later than the one before (A B C, B C A, C A B)"
+
+
 def markdown(document: dict[str, Any], summary: list[dict[str, Any]], headline_metric: str) -> list[str]:
     """The results page: how it was run, the headline ratios across points, one table per point."""
     s = document["settings"]
@@ -325,13 +356,13 @@ def markdown(document: dict[str, Any], summary: list[dict[str, Any]], headline_m
         f"`{document['command']}`",
         "",
         f"Server {document['url']}, {document['started']}. Each load point ran every policy once per round, "
-        f"rounds interleaved (A B C A B C), {'/'.join(map(str, rounds))} rounds per point; "
-        f"{document['load_note']}.",
+        f"{order_note(document)}, {'/'.join(map(str, rounds))} rounds per point; {document['load_note']}.",
         "",
         "A value is the median over rounds; `mean k` is the k of an average engine step in a run, counted "
         "by the engines. `× best fixed` is the median over rounds of the policy's value "
-        "divided by the best fixed policy's value in the same round; the brackets are its 95 % bootstrap "
-        f"interval (rounds resampled in pairs, best fixed picked again in each resample; {s['resamples']} "
+        "divided by the best fixed policy's value in the same round (the best fixed policy: the one no other "
+        "fixed policy beats by that ratio, or failing that the one beaten by least); the brackets are its 95 % "
+        f"bootstrap interval (rounds resampled in pairs, best fixed picked again in each resample; {s['resamples']} "
         f"resamples, seed {s['seed']}). Above 1 is better for tok/s, below 1 for latencies.",
         "",
         "`k mix` (policies that change k): the tok/s ÷ best fixed that the fixed policies of the same round "

@@ -158,7 +158,10 @@ def test_rounds_interleave_policies_and_every_run_follows_a_confirmed_switch():
     records = comparison.run()
     runs = [(c[1], c[2]) for c in cluster.calls if c[0] == "run"]
     order = [(r["point"], r["round"], r["policy"]) for r in records]
-    expected = [(f"concurrency {c}", rnd, p) for c in (1, 4) for rnd in range(2) for p in policies]
+    # Each round starts one policy later, and the rotation carries on into the next point.
+    rotated = [policies, policies[1:] + policies[:1], policies[2:] + policies[:2], policies]
+    expected = [(f"concurrency {c}", rnd, p) for turn, (c, rnd) in enumerate([(1, 0), (1, 1), (4, 0), (4, 1)])
+                for p in rotated[turn]]  # fmt: skip
     assert order == expected and runs == [(pt, rnd) for pt, rnd, _ in expected]
     switches = [c[1] for c in cluster.calls if c[0] == "switch"]
     # One switch before each run, to the run's policy; then back to the policy the server had.
@@ -168,6 +171,22 @@ def test_rounds_interleave_policies_and_every_run_follows_a_confirmed_switch():
     by_policy = {r["policy"]: r["steps_by_k"] for r in records}
     assert by_policy["fixed:k=0"] == [10, 0, 0, 0, 0] and by_policy["fixed:k=2"] == [0, 0, 10, 0, 0]
     assert mean_k(by_policy["adaptive"]) == 2.0
+
+
+@pytest.mark.parametrize("num_policies", [2, 3, 4])
+def test_no_policy_runs_twice_in_a_row_and_each_takes_every_place_in_a_round(num_policies):
+    policies = ["fixed:k=0", "fixed:k=2", "adaptive", "goodput"][:num_policies]
+    cluster = FakeCluster(current="adaptive")
+    speed = dict.fromkeys(policies, 100.0)
+    Comparison(points(1, 4), settings(policies, rounds=3), cluster, lambda p, r: cluster.run(p, r, speed)).run()
+    switches = [c[1] for c in cluster.calls if c[0] == "switch"]
+    assert all(a != b for a, b in zip(switches, switches[1:], strict=False)), switches
+    runs = switches[1 if switches[0] != policies[0] else 0 : -1]
+    rounds = [runs[i : i + num_policies] for i in range(0, len(runs), num_policies)]
+    assert all(sorted(r) == sorted(policies) for r in rounds)
+    if num_policies > 2:
+        places = {p: {r.index(p) for r in rounds} for p in policies}
+        assert all(len(taken) == num_policies for taken in places.values()), places
 
 
 @pytest.mark.parametrize(("running", "first"), [("fixed:k=0", "fixed:k=0"), ("fixed", "fixed:k=3")])
@@ -237,6 +256,10 @@ def test_results_page_plots_and_json_regenerate(tmp_path: Path):
     assert summary[0]["policies"]["fixed:k=2"]["mean_k"] == 2.0
     page = "\n".join(markdown(document, summary, "tok_s"))
     assert "| `adaptive` |" in page and "Fewer than 5 rounds" in page
+    assert "each starting one policy later" in page, "the page says how the runs were ordered"
+    # A document from before rounds rotated says so on its page.
+    in_order = sorted(records, key=lambda r: (r["point"], r["round"], policies.index(r["policy"])))
+    assert "in the order given" in "\n".join(markdown({**document, "runs": in_order}, summary, "tok_s"))
 
     paths = write_results(document, tmp_path / "out" / "cpu-test", "tok_s")
     assert {p.name for p in paths} == {

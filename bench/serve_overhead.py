@@ -292,9 +292,8 @@ def split_way(way: str) -> tuple[str, dict[str, str]]:
 
 def bare_of(way: str, ways: list[str]) -> str:
     """The bare way a served way is compared with: bare with the same environment if it runs, else bare."""
-    _, variables = split_way(way)
-    same = "bare@" + way.partition("@")[2]
-    return same if variables and same in ways else "bare"
+    variables = way.partition("@")[2]
+    return f"bare@{variables}" if variables and f"bare@{variables}" in ways else "bare"
 
 
 def ratios(
@@ -341,18 +340,18 @@ def main() -> None:
 
     ways = args.ways.split(",")
     try:
-        names = {split_way(way)[0] for way in ways}
+        parsed = {way: split_way(way) for way in ways}
     except argparse.ArgumentTypeError as e:
         parser.error(f"--ways {args.ways!r}: {e}")
-    if "bare" not in ways or len(ways) < 2 or not names <= {"bare", *SERVED_WAYS}:
+    if "bare" not in ways or len(ways) < 2 or not {name for name, _ in parsed.values()} <= {"bare", *SERVED_WAYS}:
         parser.error(f"--ways {args.ways!r}: bare and at least one of {', '.join(SERVED_WAYS)}, each with @KEY=VALUE")
-    served = [way for way in ways if split_way(way)[0] != "bare"]
+    served = [way for way in ways if parsed[way][0] != "bare"]
     rounds = []
     for r in range(args.rounds):
         order = ways[r % len(ways) :] + ways[: r % len(ways)]  # rotate, so drift hits every way alike
         result = {}
         for way in order:
-            name, variables = split_way(way)
+            name, variables = parsed[way]
             way_args = argparse.Namespace(**{**vars(args), "engine_env": {**args.engine_env, **variables}})
             result[way] = run_bare(config, way_args) if name == "bare" else run_served(config, name, way_args)
         rounds.append(result)

@@ -152,7 +152,7 @@ class Comparison:
         # A snapshot proves a switch only if the spec changes (see PolicySwitch), the first one included.
         if self.switch.current() == self.switch.canonical(s.policies[0]):
             self._switch(s.policies[-1])
-        turn, last = 0, s.policies[-1]  # rounds run over every point: the order keeps rotating across points
+        turn = 0  # rounds run over every point: the order keeps rotating across points
         for point in self.points:
             for round_index in range(s.max_rounds):
                 if round_index >= s.rounds and self._settled(point, round_index):
@@ -163,10 +163,9 @@ class Comparison:
                     self._open = {"point": point.label, "round": round_index, "policy": policy, "report": report}
                     self.records.append(self._open)
                     self._log_run(point, round_index, policy, report)
-                    last = policy
                 turn += 1
             self._log_point(point)
-        last = self.switch.canonical(last)
+        last = self.switch.canonical(self.records[-1]["policy"] if self.records else s.policies[-1])
         final = (
             self.final
             if self.final not in (None, last)

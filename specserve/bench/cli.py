@@ -147,8 +147,15 @@ def add_commands(parser: argparse.ArgumentParser, dest: str, policies: PolicyBac
     run.set_defaults(bench_run=run_load)
     if policies is not None:
         _add_compare(commands, policies)
-    report = commands.add_parser("report", help="a `bench compare` page and plots again, from its JSON")
-    report.add_argument("results", help="the PREFIX.json that `bench compare` wrote")
+    report = commands.add_parser(
+        "report", help="a `bench compare` page and plots again, from its JSON; or one page from several"
+    )
+    report.add_argument(
+        "results",
+        nargs="+",
+        help="the PREFIX.json that `bench compare` wrote; several (one per load, each with its own policies) "
+        "make one page with every load, each point's rounds paired only with each other (needs --out)",
+    )
     report.add_argument("--out", help="path prefix of the page and plots (default: the JSON's own)")
     report.add_argument("--metric", choices=sorted(METRICS), help="headline metric (default: the run's)")
     report.set_defaults(bench_run=run_report)
@@ -452,10 +459,13 @@ def _restore(cluster: PolicySwitch, original: str | None) -> None:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from specserve.bench.compare import read_results, write_results
+    from specserve.bench.compare import merge, read_results, write_results
 
-    document = read_results(args.results)
-    prefix = Path(args.out) if args.out else Path(args.results).with_suffix("")
+    if len(args.results) > 1 and not args.out:
+        raise BenchError("--out: several results make a new page; say where (a path prefix)")
+    documents = [(path, read_results(path)) for path in args.results]
+    document = merge(documents) if len(documents) > 1 else documents[0][1]
+    prefix = Path(args.out) if args.out else Path(args.results[0]).with_suffix("")
     for path in write_results(document, prefix, args.metric or document["settings"]["metric"]):
         print(path)
     return 0

@@ -282,13 +282,18 @@ def k_mix_ratio(runs: list[dict[str, Any]], policy: str, best: str) -> float | N
     return float(np.median(ratios)) if ratios else None
 
 
+def point_policies(document: dict[str, Any], point: dict[str, Any]) -> list[str]:
+    """The policies a load point ran: its own list where comparisons were merged (``merge``), else all."""
+    return list(point.get("policies") or document["policies"])
+
+
 def aggregate(document: dict[str, Any]) -> list[dict[str, Any]]:
     """Per point: each policy's medians with intervals, and its ratio to the best fixed policy per metric."""
-    policies = document["policies"]
     resamples, seed = document["settings"]["resamples"], document["settings"]["seed"]
     out = []
     for point in document["points"]:
         label = point["label"]
+        policies = point_policies(document, point)
         entry: dict[str, Any] = {"label": label, "best_fixed": {}, "policies": {p: {} for p in policies}}
         for metric in METRICS.values():
             values = round_matrix(document["runs"], label, policies, metric)
@@ -335,11 +340,11 @@ def _ratio(stats: dict[str, Any] | None) -> str:
 def order_note(document: dict[str, Any]) -> str:
     """How the runs were ordered, read from the runs themselves (results made before rounds rotated ran
     every round in the order given)."""
-    policies = document["policies"]
+    given = {p["label"]: point_policies(document, p) for p in document["points"]}
     rounds: dict[tuple[str, int], list[str]] = {}
     for run in document["runs"]:
         rounds.setdefault((run["point"], run["round"]), []).append(run["policy"])
-    if all(order == policies[: len(order)] for order in rounds.values()):
+    if all(order == given[point][: len(order)] for (point, _), order in rounds.items()):
         return "rounds interleaved in the order given (A B C A B C)"
     return "rounds interleaved, each starting one policy later than the one before (A B C, B C A, C A B)"
 
@@ -349,10 +354,11 @@ def markdown(document: dict[str, Any], summary: list[dict[str, Any]], headline_m
     s = document["settings"]
     metric = METRICS[headline_metric]
     rounds = sorted({e["rounds"] for e in summary})
+    commands = document["command"] if isinstance(document["command"], list) else [document["command"]]
     lines = [
         f"# Policy comparison: {document['model']}",
         "",
-        f"`{document['command']}`",
+        *(f"`{command}`  " for command in commands),
         "",
         f"Server {document['url']}, {document['started']}. Each load point ran every policy once per round, "
         f"{order_note(document)}, {'/'.join(map(str, rounds))} rounds per point; {document['load_note']}.",
@@ -375,7 +381,7 @@ def markdown(document: dict[str, Any], summary: list[dict[str, Any]], headline_m
     lines += ["", f"## {metric.label} ÷ best fixed", "", "| policy | " + " | ".join(e["label"] for e in summary) + " |"]
     lines.append("|---" * (len(summary) + 1) + "|")
     for policy in document["policies"]:
-        cells = [_ratio(e["policies"][policy].get(metric.name)) for e in summary]
+        cells = [_ratio(e["policies"].get(policy, {}).get(metric.name)) for e in summary]
         lines.append(f"| `{policy}` | " + " | ".join(cells) + " |")
     for e in summary:
         best = ", ".join(
@@ -387,8 +393,7 @@ def markdown(document: dict[str, Any], summary: list[dict[str, Any]], headline_m
             "| mean TPOT ms | mean TTFT ms | mean k | k mix | failed |"
         )
         lines.append("|---|---|---|---|---|---|---|---|---|---|")
-        for policy in document["policies"]:
-            p = e["policies"][policy]
+        for policy, p in e["policies"].items():
 
             def median(name: str, p: dict[str, Any] = p) -> float | None:
                 return p[name]["median"] if name in p else None
@@ -399,7 +404,7 @@ def markdown(document: dict[str, Any], summary: list[dict[str, Any]], headline_m
                 f"{_cell(p['mean_k'], 2)} | {_cell(p.get('k_mix_ratio'), 3)} | {p['failed']} |"
             )
         if e.get("phases"):
-            lines += phases.markdown(e["phases"], document["policies"])
+            lines += phases.markdown(e["phases"], list(e["policies"]))
     return lines
 
 
@@ -416,6 +421,47 @@ def write_results(document: dict[str, Any], prefix: Path, headline_metric: str) 
     lines += ["", *(f"![{p.stem}]({p.name})" for p in pngs)]
     md_path.write_text("\n".join(lines) + "\n")
     return [md_path, json_path, *pngs]
+
+
+#: Settings that must agree for comparisons to share one page: how values were measured and summarised.
+MERGE_MUST_AGREE = ("metric", "resamples", "seed", "ci_width", "ignore_eos", "temperature")
+
+
+def merge(documents: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One results document from several comparisons of one model and load shape, each with its own load points
+    and policies (a comparison per load, each with the fixed k that can win there): every point keeps the
+    policies it ran, and its rounds are paired only with each other. ``documents``: (path, document) pairs."""
+    (first_path, first), *rest = documents
+    labels: dict[str, str] = {}
+    for path, document in documents:
+        for key, expected in (("model", first["model"]), ("load_note", first["load_note"])):
+            if document[key] != expected:
+                raise BenchError(f"{path!r}: {key} {document[key]!r} differs from {first_path!r}'s {expected!r}")
+        for key in MERGE_MUST_AGREE:
+            mine, theirs = document["settings"].get(key), first["settings"].get(key)
+            if mine != theirs:
+                raise BenchError(f"{path!r}: setting {key}={mine!r} differs from {first_path!r}'s {theirs!r}")
+        for point in document["points"]:
+            if point["label"] in labels:
+                raise BenchError(f"{path!r}: load point {point['label']!r} is also in {labels[point['label']]!r}")
+            labels[point["label"]] = path
+    every = dict.fromkeys(p for _, d in documents for p in d["policies"])
+    # Fixed k in order of k, then the rest as first given: the page's rows read down the k axis.
+    fixed = sorted((p for p in every if p.startswith("fixed:k=")), key=lambda p: int(p.removeprefix("fixed:k=")))
+    urls = dict.fromkeys(d["url"] for _, d in documents)
+    return {
+        "command": [d["command"] for _, d in documents],
+        "started": " to ".join(
+            dict.fromkeys((min(d["started"] for _, d in documents), max(d["started"] for _, d in documents)))
+        ),
+        "url": ", ".join(urls),
+        "model": first["model"],
+        "load_note": first["load_note"],
+        "settings": {key: first["settings"].get(key) for key in MERGE_MUST_AGREE},
+        "policies": [*fixed, *(p for p in every if p not in fixed)],
+        "points": [{**point, "policies": point_policies(d, point)} for _, d in documents for point in d["points"]],
+        "runs": [run for _, d in documents for run in d["runs"]],
+    }
 
 
 def read_results(path: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ def _series(ax: Any, document: dict[str, Any], summary: list[dict[str, Any]], me
     # Side by side within a point, so the error bars of close policies stay readable.
     width = 0.5 / max(len(policies), 1)
     for i, policy in enumerate(policies):
-        stats = [e["policies"][policy].get(metric) for e in summary]
+        stats = [e["policies"].get(policy, {}).get(metric) for e in summary]
         keep = [j for j, st in enumerate(stats) if st is not None]
         if not keep:
             continue

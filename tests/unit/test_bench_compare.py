@@ -277,6 +277,50 @@ def test_results_page_plots_and_json_regenerate(tmp_path: Path):
     )
 
 
+def test_comparisons_of_different_loads_and_policies_merge_into_one_page(tmp_path: Path, capsys):
+    # One comparison per load, each with the fixed k that can win there (as on a slow machine one would run
+    # them): the merged page has both loads, each point ranked among its own policies.
+    low_policies, high_policies = ["fixed:k=3", "fixed:k=4", "adaptive"], ["fixed:k=0", "fixed:k=1", "adaptive"]
+    low_speed = {"fixed:k=3": 150.0, "fixed:k=4": 120.0, "adaptive": 145.0}
+    high_speed = {"fixed:k=0": 100.0, "fixed:k=1": 300.0, "adaptive": 240.0}
+    paths = []
+    for name, pts, policies, speed in (
+        ("low", points(1), low_policies, low_speed),
+        ("high", points(16), high_policies, high_speed),
+    ):
+        cluster = FakeCluster()
+        records = Comparison(pts, settings(policies, 5), cluster, lambda p, r: cluster.run(p, r, speed)).run()
+        document = {**document_of(records, policies, points=[p.label for p in pts]), "command": f"compare {name}"}
+        paths.append(write_results(document, tmp_path / name, "tok_s")[1])
+
+    assert main(["bench", "report", *map(str, paths), "--out", str(tmp_path / "both")]) == 0
+    merged = json.loads((tmp_path / "both.json").read_text())
+    assert merged["policies"] == ["fixed:k=0", "fixed:k=1", "fixed:k=3", "fixed:k=4", "adaptive"]
+    low, high = aggregate(merged)
+    assert (low["best_fixed"]["tok_s"], high["best_fixed"]["tok_s"]) == ("fixed:k=3", "fixed:k=1")
+    assert set(low["policies"]) == set(low_policies) and set(high["policies"]) == set(high_policies)
+    assert high["policies"]["adaptive"]["tok_s"]["ratio"] == pytest.approx(240 / 300, abs=0.1)
+    page = (tmp_path / "both.md").read_text()
+    assert "`compare low`" in page and "`compare high`" in page
+    assert "| `fixed:k=0` | - | 1" not in page and "| `fixed:k=0` | - | 0." in page, "a policy a load did not run: -"
+    assert "each starting one policy later" in page
+    # The merged JSON makes the same page again.
+    assert main(["bench", "report", str(tmp_path / "both.json"), "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again.md").read_text() == page.replace("both", "again")
+
+    # What cannot share a page is refused, naming the file and the value.
+    capsys.readouterr()
+    assert main(["bench", "report", *map(str, paths)]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert main(["bench", "report", str(paths[0]), str(paths[0]), "--out", str(tmp_path / "x")]) == 2
+    assert "'concurrency 1' is also in" in capsys.readouterr().err
+    other = json.loads(paths[1].read_text()) | {"model": "another"}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert main(["bench", "report", str(paths[0]), str(tmp_path / "other.json"), "--out", str(tmp_path / "x")]) == 2
+    assert "model 'another' differs" in capsys.readouterr().err
+    assert not (tmp_path / "x.md").exists()
+
+
 def test_the_k_mix_prices_a_policys_steps_at_each_k_with_the_fixed_runs_of_its_round():
     # The fake adaptive runs 5 steps at k = 1 and 5 at k = 3; the fixed runs 10 steps of a one-second run, so
     # k = 1 makes 10 tokens a step in 0.1 s and k = 3 20 tokens in 0.1 s: the mix serves 150 tok/s, 0.75 x k = 3.

@@ -339,14 +339,25 @@ def _ratio(stats: dict[str, Any] | None) -> str:
 
 def order_note(document: dict[str, Any]) -> str:
     """How the runs were ordered, read from the runs themselves (results made before rounds rotated ran
-    every round in the order given)."""
+    every round in the order given; a merged page may hold both)."""
     given = {p["label"]: point_policies(document, p) for p in document["points"]}
     rounds: dict[tuple[str, int], list[str]] = {}
     for run in document["runs"]:
         rounds.setdefault((run["point"], run["round"]), []).append(run["policy"])
-    if all(order == given[point][: len(order)] for (point, _), order in rounds.items()):
-        return "rounds interleaved in the order given (A B C A B C)"
-    return "rounds interleaved, each starting one policy later than the one before (A B C, B C A, C A B)"
+    in_order = {
+        label: all(order == given[label][: len(order)] for (point, _), order in rounds.items() if point == label)
+        for label in given
+    }
+    as_given, rotating = (
+        "in the order given (A B C A B C)",
+        "each starting one policy later than the one before (A B C, B C A, C A B)",
+    )
+    if all(in_order.values()):
+        return f"rounds interleaved {as_given}"
+    if not any(in_order.values()):
+        return f"rounds interleaved, {rotating}"
+    listed = ", ".join(label for label, yes in in_order.items() if yes)
+    return f"rounds interleaved, {rotating}, except at {listed}: {as_given}"
 
 
 def markdown(document: dict[str, Any], summary: list[dict[str, Any]], headline_metric: str) -> list[str]:

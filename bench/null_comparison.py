@@ -103,6 +103,8 @@ def plot(document: dict, path: Path) -> None:
     right.axhline(1.0, color="black", linewidth=0.8)
     for ax in (left, right):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(rounds, [str(r) for r in rounds])
+        ax.minorticks_off()
         ax.set_xlabel("rounds per invocation")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

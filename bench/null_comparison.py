@@ -92,6 +92,7 @@ def plot(document: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    ticks = sorted({row["rounds"] for row in document["rows"]})
     for n in sorted({row["tied"] for row in document["rows"]}):
         rows = [row for row in document["rows"] if row["tied"] == n]
         rounds = [row["rounds"] for row in rows]
@@ -103,7 +104,7 @@ def plot(document: dict, path: Path) -> None:
     right.axhline(1.0, color="black", linewidth=0.8)
     for ax in (left, right):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(rounds, [str(r) for r in rounds])
+        ax.set_xticks(ticks, [str(r) for r in ticks])
         ax.minorticks_off()
         ax.set_xlabel("rounds per invocation")
         ax.grid(alpha=0.3)

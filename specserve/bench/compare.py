@@ -103,6 +103,12 @@ def is_fixed(spec: str) -> bool:
     return spec.partition(":")[0] == "fixed"
 
 
+def fixed_k(spec: str) -> int | None:
+    """The k of a ``fixed:k=N`` spec, by spelling: this package talks HTTP and does not import the policy
+    registry (so plain ``fixed`` gives None)."""
+    return int(spec.removeprefix("fixed:k=")) if spec.startswith("fixed:k=") else None
+
+
 def round_order(policies: Sequence[str], turn: int) -> list[str]:
     """The policies in the order round ``turn`` runs them: rotated by one each round, so no policy always runs
     first or last, where drift within a round would always find it. Two policies are not rotated: B A after
@@ -274,8 +280,7 @@ def k_mix_ratio(runs: list[dict[str, Any]], policy: str, best: str) -> float | N
         in_round = {r["policy"]: r for r in runs if r["round"] == round_index}
         if policy not in in_round or best not in in_round:
             continue
-        # By spelling: this package talks HTTP and does not import the policy registry (so plain `fixed` is left out).
-        fixed = {int(spec.removeprefix("fixed:k=")): r for spec, r in in_round.items() if spec.startswith("fixed:k=")}
+        fixed = {k: r for spec, r in in_round.items() if (k := fixed_k(spec)) is not None}
         mix = k_mix_tok_s(in_round[policy].get("steps_by_k"), fixed)
         if mix is not None:
             ratios.append(mix / metric_value(in_round[best]["report"], METRICS["tok_s"]))
@@ -344,10 +349,10 @@ def order_note(document: dict[str, Any]) -> str:
     rounds: dict[tuple[str, int], list[str]] = {}
     for run in document["runs"]:
         rounds.setdefault((run["point"], run["round"]), []).append(run["policy"])
-    in_order = {
-        label: all(order == given[label][: len(order)] for (point, _), order in rounds.items() if point == label)
-        for label in given
-    }
+    in_order = dict.fromkeys(given, True)
+    for (point, _), order in rounds.items():
+        if order != given[point][: len(order)]:
+            in_order[point] = False
     as_given, rotating = (
         "in the order given (A B C A B C)",
         "each starting one policy later than the one before (A B C, B C A, C A B)",
@@ -442,7 +447,7 @@ def merge(documents: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """One results document from several comparisons of one model and load shape, each with its own load points
     and policies (a comparison per load, each with the fixed k that can win there): every point keeps the
     policies it ran, and its rounds are paired only with each other. ``documents``: (path, document) pairs."""
-    (first_path, first), *rest = documents
+    first_path, first = documents[0]
     labels: dict[str, str] = {}
     for path, document in documents:
         for key, expected in (("model", first["model"]), ("load_note", first["load_note"])):
@@ -458,14 +463,13 @@ def merge(documents: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
             labels[point["label"]] = path
     every = dict.fromkeys(p for _, d in documents for p in d["policies"])
     # Fixed k in order of k, then the rest as first given: the page's rows read down the k axis.
-    fixed = sorted((p for p in every if p.startswith("fixed:k=")), key=lambda p: int(p.removeprefix("fixed:k=")))
-    urls = dict.fromkeys(d["url"] for _, d in documents)
+    ks = {p: k for p in every if (k := fixed_k(p)) is not None}
+    fixed = sorted(ks, key=ks.__getitem__)
+    starts = sorted(d["started"] for _, d in documents)
     return {
         "command": [d["command"] for _, d in documents],
-        "started": " to ".join(
-            dict.fromkeys((min(d["started"] for _, d in documents), max(d["started"] for _, d in documents)))
-        ),
-        "url": ", ".join(urls),
+        "started": " to ".join(dict.fromkeys((starts[0], starts[-1]))),
+        "url": ", ".join(dict.fromkeys(d["url"] for _, d in documents)),
         "model": first["model"],
         "load_note": first["load_note"],
         "settings": {key: first["settings"].get(key) for key in MERGE_MUST_AGREE},

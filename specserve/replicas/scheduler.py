@@ -138,6 +138,13 @@ class AdaptiveKScheduler(Scheduler):
     # -- the loop ---------------------------------------------------------------------------------
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        if not self.has_unfinished_requests():
+            # vLLM's step after the last request finished, which only tells the workers to free it: no step
+            # for a policy to choose k for (asked, a policy's errors and probes would count a step never run).
+            if self.elastic is not None:
+                self.elastic.before_schedule()
+            self._step_ctx = None
+            return super().schedule(*args, **kwargs)
         now_s = time.monotonic()
         self._step_started_s = now_s if self._busy_since_s is None else self._busy_since_s
         ctx = self._context(now_s)

@@ -105,8 +105,12 @@ def running_engine(
     draft_offload: DraftOffload | None = None,
     draft_signals: bool = True,
     step_log: str | None = None,
+    dtype: str = "float32",
     **engine_kwargs: Any,
 ) -> Iterator[Engine]:
+    """An offline engine on ``pair``. In float32 by default: these tests compare greedy tokens across batch
+    shapes (k + 1 tokens a request against one), and bf16 GEMMs on AMX CPUs round differently by shape, which
+    flips the near-ties of the tiny test models; the rules under test are exact, the arithmetic is not."""
     kwargs = speculative_engine_kwargs(
         EngineSpec(
             target=str(pair.target),
@@ -120,6 +124,7 @@ def running_engine(
             draft_offload=draft_offload,
             draft_signals=draft_signals,
             step_log=step_log,
+            dtype=dtype,
         )
     )
     kwargs.update(engine_kwargs)

@@ -21,6 +21,8 @@ def test_a_broken_policy_serves_the_batch_of_plain_greedy_decoding_and_its_error
     assert errors["choose"] > 0 and errors["bad_k"] > 0 and errors["observe"] > 0
     # The steps between the failures speculated at the policy's k; the failed ones ran at k = 0.
     assert during.num_steps_by_k[3] > 0 and during.num_steps_by_k[0] >= errors["choose"] + errors["bad_k"]
+    # Asked once a step that ran: never for vLLM's step after the last request finished, which runs nothing.
+    assert during.policy_info["num_chosen"] == sum(during.num_steps_by_k)
     # The NaN estimate is dropped (and counted); the finite one is reported.
     assert "estimate" not in during.policy_info and during.policy_info["num_chosen"] > 0
     assert errors["describe"] >= 1

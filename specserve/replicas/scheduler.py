@@ -7,7 +7,8 @@ vLLM imports this module in the EngineCore process when it resolves ``scheduler_
 
 Nothing here crosses a process boundary on the hot path. Private vLLM interfaces used:
 ``Scheduler.schedule`` / ``update_from_output`` / ``has_unfinished_requests``,
-``SchedulerOutput.num_spec_tokens_to_schedule`` and ``scheduled_spec_decode_tokens``, ``Request.spec_token_ids`` / ``num_computed_tokens``,
+``SchedulerOutput.num_spec_tokens_to_schedule`` and ``scheduled_spec_decode_tokens``,
+``Request.spec_token_ids`` / ``num_computed_tokens``,
 ``kv_cache_manager.block_pool``, ``Scheduler.requests``, ``EngineCore`` utility methods (added below), and
 ``EngineCore.post_step`` (wrapped: it fetches the worker's drafts, which a skipped draft pass leaves empty,
 ``vllm/v1/engine/core.py:689``).

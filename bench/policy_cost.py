@@ -51,6 +51,7 @@ def main() -> None:
             steps = after.num_steps - before.num_steps
             step_s = sum(after.step_durations_s)
             policy_s = after.policy_s - before.policy_s
+            policy_cpu_s = after.policy_cpu_s - before.policy_cpu_s
             row = {
                 "policy": policy,
                 "pair": args.pair if args.pair == "trained" else f"perf-{args.size}-a{args.agreement}",
@@ -58,6 +59,8 @@ def main() -> None:
                 "mean_step_ms": round(1e3 * step_s / steps, 3),
                 "policy_us_per_step": round(1e6 * policy_s / steps, 1),
                 "policy_share_of_step_time": round(policy_s / step_s, 4),
+                # CPU time on the EngineCore's thread: the rest of the wall time, other threads held the core.
+                "policy_cpu_us_per_step": round(1e6 * policy_cpu_s / steps, 1),
             }
             print(json.dumps(row), flush=True)
 

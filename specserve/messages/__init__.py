@@ -94,6 +94,9 @@ class EngineTelemetry:
     # Seconds the policy spent in choose and observe, summed over steps: what adaptive control costs the
     # engine, as a share of step time (the policy_seconds_total metric over step_duration_seconds_sum).
     policy_s: float = 0.0
+    # The same calls' CPU seconds on the EngineCore's thread: below policy_s by the time other processes held the
+    # core while the policy ran (on a small CPU host, vLLM's worker threads).
+    policy_cpu_s: float = 0.0
     # Policy failures the engine's guard absorbed (the step ran at k = 0), cumulative, by where: choose, observe,
     # bad_k (an answer outside 0..max_k), describe (``speculation/guard.py``).
     policy_errors: dict[str, int] = dataclasses.field(default_factory=dict)

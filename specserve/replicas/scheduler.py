@@ -149,9 +149,9 @@ class AdaptiveKScheduler(Scheduler):
         now_s = time.monotonic()
         self._step_started_s = now_s if self._busy_since_s is None else self._busy_since_s
         ctx = self._context(now_s)
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         decision = self.policy.choose(ctx)
-        self.counters.policy_s += time.perf_counter() - started
+        self._count_policy_time(started, started_cpu)
         k = self._batch_k(decision) if self.draft_resident else 0
         if self.elastic is not None:
             self.elastic.before_schedule()
@@ -166,6 +166,10 @@ class AdaptiveKScheduler(Scheduler):
         else:
             self._step_ctx = None
         return output
+
+    def _count_policy_time(self, started: float, started_cpu: float) -> None:
+        self.counters.policy_s += time.perf_counter() - started
+        self.counters.policy_cpu_s += time.thread_time() - started_cpu
 
     def forget_draft_signals(self) -> None:
         self._signals = {}
@@ -189,9 +193,9 @@ class AdaptiveKScheduler(Scheduler):
         self.last_step_drafted_nothing = skipped
         if ctx is not None and scheduler_output.num_scheduled_tokens:
             record = self._record(ctx, scheduler_output, model_runner_output, skipped, ended_s)
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.thread_time()
             self.policy.observe(record)
-            self.counters.policy_s += time.perf_counter() - started
+            self._count_policy_time(started, started_cpu)
             self.acceptance.observe(record)
             self.counters.add(record)
             if self._step_log_fd is not None:
@@ -435,6 +439,7 @@ class AdaptiveKScheduler(Scheduler):
             num_requests_caught_up=c.num_requests_caught_up,
             num_catch_up_tokens=c.num_catch_up_tokens,
             policy_s=c.policy_s,
+            policy_cpu_s=c.policy_cpu_s,
             policy_errors=dict(self.policy.errors),
             acceptance_ema_accepted_per_pos=tuple(self.acceptance.accepted_counts())[: self.num_spec_tokens],
             acceptance_ema_reached_per_pos=tuple(self.acceptance.num_reached())[: self.num_spec_tokens],

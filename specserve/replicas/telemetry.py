@@ -51,6 +51,8 @@ class StepCounters:
     num_catch_up_tokens: int = 0
     # Seconds spent inside the policy's choose and observe, summed over steps: the controller's own cost.
     policy_s: float = 0.0
+    # Their CPU seconds on the EngineCore's thread (``time.thread_time``).
+    policy_cpu_s: float = 0.0
     # The latest steps' records, the last being step ``num_steps``: durations for the metrics, and the
     # step log a CPU latency profile is fitted from (experiments/engine_profile.py).
     recent_steps: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=MAX_RECENT_DURATIONS))

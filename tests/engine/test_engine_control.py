@@ -126,6 +126,9 @@ def test_the_policys_own_time_is_measured_inside_the_engine(engine):
     # steps' wall time, so it is below the whole generation's.
     assert after.num_steps > before.num_steps
     assert 0 < policy_s < wall_s
+    # Its CPU time on the EngineCore's thread is part of that time (the clocks' resolutions apart).
+    policy_cpu_s = after.policy_cpu_s - before.policy_cpu_s
+    assert 0 < policy_cpu_s <= policy_s + 1e-3
 
 
 def test_a_policy_set_at_run_time_starts_from_the_steps_the_engine_ran(engine):

@@ -7,7 +7,10 @@ machine move by +-20 %; the share is what to read. 256 tokens give each policy a
 cost after each switch that short runs spread over too few steps.
 
     .venv/bin/python bench/policy_cost.py [--policies adaptive,goodput,fixed:k=4]
-        [--pair trained | --pair perf --size S --agreement 0.6]
+        [--pair trained | --pair perf --size S --agreement 0.6] [--step-log FILE]
+
+With ``--step-log`` the engine logs every step (the log's own writes fall outside the policy's timer), and
+``bench/policy_time_replay.py FILE`` times the same policy on the same steps outside the engine.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--pair", choices=("trained", "perf"), default="trained")
     add_perf_options(parser, size="S", agreement=0.6)
+    parser.add_argument("--step-log", default=None, help="append every engine step to this file (JSON lines)")
     args = parser.parse_args()
 
     from vllm import SamplingParams
@@ -38,7 +42,14 @@ def main() -> None:
 
     options = {"size": args.size, "agreement": args.agreement} if args.pair == "perf" else {}
     pair = cached_pair(args.pair, **options)
-    spec = EngineSpec(target=str(pair.target), draft=str(pair.draft), policy="fixed:k=0", max_k=4, max_num_seqs=8)
+    spec = EngineSpec(
+        target=str(pair.target),
+        draft=str(pair.draft),
+        policy="fixed:k=0",
+        max_k=4,
+        max_num_seqs=8,
+        step_log=args.step_log,
+    )
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     env = engine_env.engine_env(tempfile.mkdtemp(prefix="specserve-bench-"), num_cpus=2)
     with engine_env.applied(env), offline_llm(**speculative_engine_kwargs(spec)) as llm:

@@ -28,12 +28,10 @@ def main() -> int:
         steps = step_log.load(args.log)
     except ValueError as exc:
         parser.error(f"log: {exc}")
-    replayed = 0
-    for start, stop in runs(steps):
-        if steps[start].policy.startswith(args.policy):
-            print(format_run(replay_run(steps, start, stop, args.warm_steps)), end="\n\n")
-            replayed += 1
-    if not replayed:
+    selected = runs(steps, args.policy)
+    for start, stop in selected:
+        print(format_run(replay_run(steps, start, stop, args.warm_steps)), end="\n\n")
+    if not selected:
         print(f"no run of a policy starting with {args.policy!r} in {args.log}", file=sys.stderr)
         return 1
     return 0

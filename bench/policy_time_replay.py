@@ -23,17 +23,14 @@ import sys
 import time
 from pathlib import Path
 
-from specserve.experiments.policy_replay import runs
+from specserve.experiments.policy_replay import runs, warm_policy
 from specserve.speculation import step_log
-from specserve.speculation.policy import make_policy
 
 
 def timed_replay(steps, start: int, stop: int, profiler: cProfile.Profile | None = None) -> float:
     """Seconds in choose + observe over ``steps[start:stop]``, from a policy warm-started on the engine's earlier
     steps (at most 1024, as the engine's ``set_policy`` does)."""
-    first = steps[start]
-    policy = make_policy(first.policy, first.traits)
-    policy.warm_start([s.record for s in steps[:start] if s.engine == first.engine][-1024:])
+    policy = warm_policy(steps, start)
     spent = 0.0
     for logged in steps[start:stop]:
         if profiler is not None:
@@ -60,11 +57,8 @@ def main() -> int:
         steps = step_log.load(args.log)
     except ValueError as exc:
         parser.error(f"log: {exc}")
-    found = 0
-    for start, stop in runs(steps):
-        if not steps[start].policy.startswith(args.policy):
-            continue
-        found += 1
+    selected = runs(steps, args.policy)
+    for start, stop in selected:
         seconds = statistics.median(timed_replay(steps, start, stop) for _ in range(args.repeats))
         row: dict[str, object] = {
             "policy": steps[start].policy,
@@ -79,7 +73,7 @@ def main() -> int:
             pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(args.profile)
             row["profile"] = out.getvalue()
         print(json.dumps(row), flush=True)
-    if not found:
+    if not selected:
         print(f"no run of a policy starting with {args.policy!r} in {args.log}", file=sys.stderr)
         return 1
     return 0

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specserve.speculation import make_policy
+from specserve.speculation.policy import Policy
 from specserve.speculation.step_log import LoggedStep
 
 
@@ -44,23 +45,32 @@ class RunReplay:
     description: dict[str, float]  # the replayed policy's ``describe()`` at the end of the run
 
 
-def runs(steps: Sequence[LoggedStep]) -> list[tuple[int, int]]:
-    """(start, stop) index ranges of consecutive steps of one engine under one policy."""
+def runs(steps: Sequence[LoggedStep], policy: str = "") -> list[tuple[int, int]]:
+    """(start, stop) index ranges of consecutive steps of one engine under one policy (a spec starting with
+    ``policy``)."""
     out: list[tuple[int, int]] = []
     start = 0
     for i in range(1, len(steps) + 1):
         if i == len(steps) or (steps[i].engine, steps[i].policy) != (steps[start].engine, steps[start].policy):
-            out.append((start, i))
+            if steps[start].policy.startswith(policy):
+                out.append((start, i))
             start = i
     return out
+
+
+def warm_policy(steps: Sequence[LoggedStep], start: int, warm_steps: int = 1024) -> Policy:
+    """A fresh policy of ``steps[start]``'s spec, warm-started on that engine's earlier steps as the engine did."""
+    first = steps[start]
+    policy = make_policy(first.policy, first.traits)
+    earlier = [s.record for s in steps[:start] if s.engine == first.engine]
+    policy.warm_start(earlier[-warm_steps:] if warm_steps else [])
+    return policy
 
 
 def replay_run(steps: Sequence[LoggedStep], start: int, stop: int, warm_steps: int = 1024) -> RunReplay:
     """Replay ``steps[start:stop]``, warm-started on that engine's earlier steps as the engine did."""
     first = steps[start]
-    earlier = [s.record for s in steps[:start] if s.engine == first.engine]
-    policy = make_policy(first.policy, first.traits)
-    policy.warm_start(earlier[-warm_steps:] if warm_steps else [])
+    policy = warm_policy(steps, start, warm_steps)
     priced = hasattr(policy, "decode_seconds_all") and hasattr(policy, "core")
     by_batch: dict[int, BatchRow] = defaultdict(BatchRow)
     agreeing = 0

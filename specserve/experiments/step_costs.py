@@ -77,7 +77,7 @@ def switch_excess(steps: Sequence[LoggedStep], policy: str = "") -> list[SwitchE
     """The last step before each change of k and the first two after it, against their (batch, k)'s steady
     median."""
     steady: dict[tuple[int, int], list[float]] = defaultdict(list)
-    chosen = [[s.record for s in steps[a:b]] for a, b in runs(steps) if steps[a].policy.startswith(policy)]
+    chosen = [[s.record for s in steps[a:b]] for a, b in runs(steps, policy)]
     for records in chosen:
         for i in range(2, len(records)):
             window = records[i - 2 : i + 1]

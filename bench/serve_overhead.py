@@ -2,12 +2,15 @@
 
     PYTHONPATH=$PWD .venv/bin/python bench/serve_overhead.py --config bench/configs/perf-S.yaml \
         [--k 2] [--concurrency 1,4,16] [--num-requests 32] [--rounds 3] [--out FILE] \
-        [--ways bare,uni,uni1,fast,mp,uni8,fast8,fast8h,vllm] [--ways bare,uni8,bare@KMP_BLOCKTIME=200,...]
+        [--ways bare,uni,uni1,fast,mp,uni8,fast8,fast8h,vllm] [--ways bare,uni8,bare@KMP_BLOCKTIME=200,...] \
+        [--bare-executor mp|uni] [--pin-engine CORES]
 
 Ways to serve the same pair at the same fixed k:
 
 - ``bare``: vLLM's ``AsyncLLM`` in this process with the draft model at ``num_speculative_tokens = k``: no
-  specserve scheduler, worker extension or policy, no HTTP, no Ray. Requests go straight to ``generate``.
+  specserve scheduler, worker extension or policy, no HTTP, no Ray. Requests go straight to ``generate``. Its
+  executor is vLLM's CPU default, ``mp``, unless ``--bare-executor uni`` puts the worker inside the EngineCore
+  as the ``uni`` ways do.
 - ``uni`` / ``mp``: ``specserve serve --config CONFIG --policy fixed:k=K --k-max K`` in its own session
   (stopped by its PID with SIGINT), loaded by ``specserve bench run``'s closed loop over HTTP (run in this
   process): Ray Serve's proxy and OpenAI ingress, the replica, our scheduler and policy, streaming. ``uni`` and
@@ -31,7 +34,11 @@ Both get the same closed-loop load (the same prompts: ``bench.prompts.Prompter``
 tokens/s and mean end-to-end latency per way and concurrency, each served way's paired ratio to bare, and the
 CPU time per output token of every process involved, by role (``specserve.bench.cpu_share``).
 On a machine with few cores the client, Ray's processes and the engine share them, so the ratio there is an
-upper bound on the overhead a GPU node with spare cores would see.
+upper bound on the overhead a GPU node with spare cores would see. ``--pin-engine CORES`` measures that node
+instead: once each way's engine has started, every thread of its engine processes is pinned to CORES (one
+OpenMP thread per core: ``cpu_threads`` for the served ways, ``OMP_NUM_THREADS`` for bare) and every other
+process of the way, the load generator included, to the remaining cores; the JSON records the cores each role
+held after the load.
 """
 
 from __future__ import annotations
@@ -49,9 +56,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
-from specserve.bench.cpu_share import CpuTally
+from specserve.bench.cpu_share import CpuTally, cores_by_role, pin_engine
 from specserve.bench.stats import spread
 from specserve.experiments.report_io import emit_report
 
@@ -78,6 +86,45 @@ def parse_ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
+def parse_cores(text: str) -> set[int]:
+    """``0`` or ``0,2-3`` -> {0} or {0, 2, 3}; only cores this process may run on, and not all of them."""
+    cores: set[int] = set()
+    try:
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            cores |= set(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected cores such as 0 or 0,2-3") from None
+    allowed = os.sched_getaffinity(0)
+    if not cores or not cores < allowed:
+        raise argparse.ArgumentTypeError(f"{text!r}: some of this machine's cores {sorted(allowed)}, not all")
+    return cores
+
+
+class Pinning:
+    """``--pin-engine``: the engine's threads on its cores, everything else of a way on the rest, this process
+    back on every core between ways (so the next way starts as it would unpinned)."""
+
+    def __init__(self, engine_cores: set[int] | None) -> None:
+        self.engine_cores = engine_cores
+        self.all_cores = os.sched_getaffinity(0)
+
+    def apply(self, root_pid: int) -> None:
+        if self.engine_cores:
+            pin_engine(root_pid, self.engine_cores, self.all_cores - self.engine_cores, extra=(os.getpid(),))
+
+    def held(self, root_pid: int) -> dict[str, list[int]]:
+        return cores_by_role(root_pid, extra=(os.getpid(),)) if self.engine_cores else {}
+
+    def release(self) -> None:
+        if self.engine_cores:
+            for thread in psutil.Process().threads():
+                try:
+                    os.sched_setaffinity(thread.id, self.all_cores)
+                except ProcessLookupError:
+                    continue
+
+
 def parse_env(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -85,7 +132,7 @@ def parse_env(text: str) -> tuple[str, str]:
     return key, value
 
 
-def bare_kwargs(config: dict[str, Any], k: int) -> dict[str, Any]:
+def bare_kwargs(config: dict[str, Any], k: int, executor: str = "mp") -> dict[str, Any]:
     from specserve.cluster.config import ServeConfig
     from specserve.replicas.engine_args import EngineSpec, plain_vllm_kwargs
 
@@ -99,7 +146,7 @@ def bare_kwargs(config: dict[str, Any], k: int) -> dict[str, Any]:
         # The served ways take the config's dtype; so must the engines they are compared with.
         dtype=str(config.get("dtype", ServeConfig.model_fields["dtype"].default)),
     )
-    return plain_vllm_kwargs(spec, speculative=True)
+    return plain_vllm_kwargs(spec, speculative=True) | {"distributed_executor_backend": executor}
 
 
 async def closed_loop(engine: Any, prompts: list[str], concurrency: int, max_tokens: int) -> dict[str, float]:
@@ -142,8 +189,11 @@ def run_bare(config: dict[str, Any], args: argparse.Namespace) -> dict[int, dict
         num_cpus=args.num_cpus,
         kv_cache_space_gib=int(config.get("kv_cache_space_gib", 1)),
     )
-    with engine_env.applied({**env, **args.engine_env}):
-        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**bare_kwargs(config, args.k)))
+    threads = {"OMP_NUM_THREADS": str(len(args.pin_engine))} if args.pin_engine else {}
+    pinning = Pinning(args.pin_engine)
+    with engine_env.applied({**env, **threads, **args.engine_env}):
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**bare_kwargs(config, args.k, args.bare_executor)))
+        pinning.apply(os.getpid())
         try:
 
             async def all_points() -> None:
@@ -157,11 +207,13 @@ def run_bare(config: dict[str, Any], args: argparse.Namespace) -> dict[int, dict
                     results[c] = await closed_loop(engine, prompts, c, args.output_len)
                     tally.stop()
                     results[c]["cpu"] = tally.report(int(results[c].pop("output_tokens")))
+                    results[c]["cores_by_role"] = pinning.held(os.getpid())
                     print(f"bare {args.engine_env} c={c}: {results[c]}", file=sys.stderr, flush=True)
 
             asyncio.run(all_points())
         finally:
             engine.shutdown()
+            pinning.release()
     return results
 
 
@@ -183,10 +235,13 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
         scratch = tempfile.mkdtemp(prefix="specserve-overhead-vllm-")
         gib = int(config.get("kv_cache_space_gib", 1))
         env = engine_env.engine_env(scratch, num_cpus=args.num_cpus, kv_cache_space_gib=gib)
+        if args.pin_engine:
+            env["OMP_NUM_THREADS"] = str(len(args.pin_engine))
         url = f"http://127.0.0.1:{args.port}/v1"
     else:
         config_path = Path(tempfile.mktemp(prefix="specserve-overhead-", suffix=".yaml"))
-        config_path.write_text(yaml.safe_dump({**config, **paths, **SPECSERVE_WAYS[way]}))
+        threads = {"cpu_threads": len(args.pin_engine)} if args.pin_engine else {}
+        config_path.write_text(yaml.safe_dump({**config, **paths, **SPECSERVE_WAYS[way], **threads}))
         cmd = [
             sys.executable, "-m", "specserve.cluster.cli", "serve", "--config", str(config_path),
             "--policy", f"fixed:k={args.k}", "--k-max", str(max(args.k, 1)), "--port", str(args.port),
@@ -196,8 +251,10 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
     env = {**os.environ, **(env or {}), **args.engine_env}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT, env=env)
     results: dict[int, dict[str, float]] = {}
+    pinning = Pinning(args.pin_engine)
     try:
         url = wait_for_endpoint(Path(log.name), proc, url, timeout_s=600)
+        pinning.apply(proc.pid)
         load = ServedLoad(url, args)
         load.run(max(args.concurrency), args.warmup, args.seed)
         root_role = "vLLM API server" if way == "vllm" else "specserve serve driver"
@@ -212,11 +269,13 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
                 "output_tokens_per_s": report["throughput"]["output_tokens_per_s"],
                 "mean_e2e_ms": report["e2e_ms"]["mean"],
                 "cpu": tally.report(round(tokens)),
+                "cores_by_role": pinning.held(proc.pid),
             }
             print(f"{way} {args.engine_env} c={c}: {results[c]}", file=sys.stderr, flush=True)
     finally:
         stop_server(proc)
         log.close()
+        pinning.release()
     return results
 
 
@@ -333,6 +392,19 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="an environment variable for every way's engine (bare's in this process, a served way's whole server)",
     )
+    parser.add_argument(
+        "--bare-executor",
+        choices=("mp", "uni"),
+        default="mp",
+        help="bare's executor: vLLM's default on CPU, mp (the worker in a process of its own, which the EngineCore "
+        "waits on), or uni (the worker inside the EngineCore, as the served ways but mp run it)",
+    )
+    parser.add_argument(
+        "--pin-engine",
+        type=parse_cores,
+        metavar="CORES",
+        help="the engine's threads on these cores (0 or 0,2-3), every other process on the rest: a GPU node's split",
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     args.engine_env = dict(args.engine_env)
@@ -363,6 +435,8 @@ def main() -> None:
         "load": {"input_len": args.input_len, "output_len": args.output_len, "num_requests": args.num_requests},
         "rounds": args.rounds,
         "engine_env": args.engine_env,
+        "pin_engine": sorted(args.pin_engine) if args.pin_engine else None,
+        "bare_executor": args.bare_executor,
         "over_bare_tokens_per_s": {
             way: ratios(rounds, way, bare_of(way, ways), args.concurrency, "output_tokens_per_s") for way in served
         },

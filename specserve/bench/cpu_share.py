@@ -8,6 +8,7 @@ load; processes that started or ended in between count from zero or are lost (th
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -53,12 +54,7 @@ def cpu_seconds(root_pid: int, root_role: str = "") -> dict[int, tuple[str, floa
     """pid -> (role, user + system CPU seconds) for ``root_pid`` (its role ``root_role`` if given) and every
     descendant."""
     out: dict[int, tuple[str, float]] = {}
-    try:
-        root = psutil.Process(root_pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return out
-    for process in processes:
+    for process in _tree(root_pid, ()):
         try:
             times = process.cpu_times()
         except psutil.Error:
@@ -123,3 +119,52 @@ class CpuTally:
             if output_tokens
             else {},
         }
+
+
+def _tree(root_pid: int, extra: tuple[int, ...]) -> list[psutil.Process]:
+    processes = []
+    try:
+        root = psutil.Process(root_pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        pass
+    for pid in extra:
+        try:
+            processes.append(psutil.Process(pid))
+        except psutil.Error:
+            continue
+    return processes
+
+
+def _threads(process: psutil.Process) -> list[int]:
+    try:
+        return [thread.id for thread in process.threads()]
+    except psutil.Error:
+        return []
+
+
+def pin_engine(root_pid: int, engine_cores: set[int], other_cores: set[int], extra: tuple[int, ...] = ()) -> None:
+    """Give the engine cores of its own: every thread of the engine's processes (role ``engine``) under
+    ``root_pid`` on ``engine_cores``, every thread of every other process in the tree (and of ``extra``) on
+    ``other_cores``. What a GPU node has: the model computes where the serving processes do not run. Threads
+    and processes started later inherit their creator's cores (``cores_by_role`` tells whether it held)."""
+    for process in _tree(root_pid, extra):
+        cores = engine_cores if role_of(process) == "engine" else other_cores
+        for tid in _threads(process):
+            try:
+                os.sched_setaffinity(tid, cores)
+            except (ProcessLookupError, PermissionError):
+                continue  # the thread ended, or is not ours to move
+
+
+def cores_by_role(root_pid: int, extra: tuple[int, ...] = ()) -> dict[str, list[int]]:
+    """Role -> the cores its processes' threads may run on (the union over them)."""
+    held: dict[str, set[int]] = defaultdict(set)
+    for process in _tree(root_pid, extra):
+        role = role_of(process)
+        for tid in _threads(process):
+            try:
+                held[role] |= os.sched_getaffinity(tid)
+            except ProcessLookupError:
+                continue
+    return {role: sorted(cores) for role, cores in sorted(held.items())}

@@ -23,6 +23,10 @@ Ways to serve the same pair at the same fixed k:
   (the first and the last at once) instead of one per engine step, through every hop (``bare`` keeps 1: its
   in-process outputs cost little per chunk, so the ratio is, if anything, against the served way). ``fast8h``:
   ``fast8`` with ``haproxy: true``, HAProxy in place of Serve's Python HTTP proxy.
+- ``engine``: as ``bare`` (in this process, no HTTP, no Ray, its executor ``--bare-executor``), but with
+  specserve's scheduler, worker extension and policy at fixed k: the served engine without the serving path.
+  Each served way's ratio to it is the path's cost alone (``over_engine_tokens_per_s``), its own ratio to bare
+  the engine's difference.
 - ``vllm``: vLLM's own OpenAI server (``vllm.entrypoints.openai.api_server``) with the same engine arguments
   as ``bare``, loaded the same way over HTTP: what HTTP and vLLM's OpenAI layer cost without Ray Serve.
 - ``WAY@KEY=VALUE[+KEY=VALUE...]``: any way with those environment variables in its engine's environment, for
@@ -80,6 +84,9 @@ SPECSERVE_WAYS = {
     "fast8h": {**FAST, **CHUNKS_OF_8, "haproxy": True},
 }
 SERVED_WAYS = (*SPECSERVE_WAYS, "vllm")
+# In this process, as bare, but with specserve's scheduler, worker extension and policy: served ÷ engine is the
+# path's cost alone, engine ÷ bare the engine's own difference.
+IN_PROCESS_WAYS = ("bare", "engine")
 
 
 def parse_ints(text: str) -> list[int]:
@@ -132,9 +139,9 @@ def parse_env(text: str) -> tuple[str, str]:
     return key, value
 
 
-def bare_kwargs(config: dict[str, Any], k: int, executor: str = "mp") -> dict[str, Any]:
+def bare_kwargs(config: dict[str, Any], k: int, specserve: bool = False) -> dict[str, Any]:
     from specserve.cluster.config import ServeConfig
-    from specserve.replicas.engine_args import EngineSpec, plain_vllm_kwargs
+    from specserve.replicas.engine_args import EngineSpec, plain_vllm_kwargs, speculative_engine_kwargs
 
     spec = EngineSpec(
         target=str(ROOT / config["model"]),
@@ -146,7 +153,7 @@ def bare_kwargs(config: dict[str, Any], k: int, executor: str = "mp") -> dict[st
         # The served ways take the config's dtype; so must the engines they are compared with.
         dtype=str(config.get("dtype", ServeConfig.model_fields["dtype"].default)),
     )
-    return plain_vllm_kwargs(spec, speculative=True) | {"distributed_executor_backend": executor}
+    return speculative_engine_kwargs(spec) if specserve else plain_vllm_kwargs(spec, speculative=True)
 
 
 async def closed_loop(engine: Any, prompts: list[str], concurrency: int, max_tokens: int) -> dict[str, float]:
@@ -176,7 +183,7 @@ async def closed_loop(engine: Any, prompts: list[str], concurrency: int, max_tok
     }
 
 
-def run_bare(config: dict[str, Any], args: argparse.Namespace) -> dict[int, dict[str, float]]:
+def run_bare(config: dict[str, Any], args: argparse.Namespace, specserve: bool = False) -> dict[int, dict[str, float]]:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -192,7 +199,11 @@ def run_bare(config: dict[str, Any], args: argparse.Namespace) -> dict[int, dict
     threads = {"OMP_NUM_THREADS": str(len(args.pin_engine))} if args.pin_engine else {}
     pinning = Pinning(args.pin_engine)
     with engine_env.applied({**env, **threads, **args.engine_env}):
-        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**bare_kwargs(config, args.k, args.bare_executor)))
+        engine_args = AsyncEngineArgs(**bare_kwargs(config, args.k, specserve))
+        vllm_config = engine_args.create_engine_config()
+        # vLLM's CPU platform turns a requested `uni` into `mp`; set after it, as the served `uni` ways' engine does.
+        vllm_config.parallel_config.distributed_executor_backend = args.bare_executor
+        engine = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=engine_args.disable_log_stats)
         pinning.apply(os.getpid())
         try:
 
@@ -208,7 +219,8 @@ def run_bare(config: dict[str, Any], args: argparse.Namespace) -> dict[int, dict
                     tally.stop()
                     results[c]["cpu"] = tally.report(int(results[c].pop("output_tokens")))
                     results[c]["cores_by_role"] = pinning.held(os.getpid())
-                    print(f"bare {args.engine_env} c={c}: {results[c]}", file=sys.stderr, flush=True)
+                    name = "engine" if specserve else "bare"
+                    print(f"{name} {args.engine_env} c={c}: {results[c]}", file=sys.stderr, flush=True)
 
             asyncio.run(all_points())
         finally:
@@ -415,8 +427,14 @@ def main() -> None:
         parsed = {way: split_way(way) for way in ways}
     except argparse.ArgumentTypeError as e:
         parser.error(f"--ways {args.ways!r}: {e}")
-    if "bare" not in ways or len(ways) < 2 or not {name for name, _ in parsed.values()} <= {"bare", *SERVED_WAYS}:
-        parser.error(f"--ways {args.ways!r}: bare and at least one of {', '.join(SERVED_WAYS)}, each with @KEY=VALUE")
+    if (
+        "bare" not in ways
+        or len(ways) < 2
+        or not {name for name, _ in parsed.values()} <= {*IN_PROCESS_WAYS, *SERVED_WAYS}
+    ):
+        parser.error(
+            f"--ways {args.ways!r}: bare and at least one of engine, {', '.join(SERVED_WAYS)}, each with @KEY=VALUE"
+        )
     served = [way for way in ways if parsed[way][0] != "bare"]
     rounds = []
     for r in range(args.rounds):
@@ -425,7 +443,10 @@ def main() -> None:
         for way in order:
             name, variables = parsed[way]
             way_args = argparse.Namespace(**{**vars(args), "engine_env": {**args.engine_env, **variables}})
-            result[way] = run_bare(config, way_args) if name == "bare" else run_served(config, name, way_args)
+            if name in IN_PROCESS_WAYS:
+                result[way] = run_bare(config, way_args, specserve=name == "engine")
+            else:
+                result[way] = run_served(config, name, way_args)
         rounds.append(result)
 
     report = {
@@ -442,6 +463,12 @@ def main() -> None:
         },
         "over_bare_mean_e2e": {
             way: ratios(rounds, way, bare_of(way, ways), args.concurrency, "mean_e2e_ms") for way in served
+        },
+        # With the in-process specserve engine run too: each served way over it, the serving path's cost alone.
+        "over_engine_tokens_per_s": {
+            way: ratios(rounds, way, "engine", args.concurrency, "output_tokens_per_s")
+            for way in served
+            if way != "engine" and "engine" in ways
         },
         # Ways with environment variables of their own; each is compared with the bare way named here.
         "compared_with": {way: bare_of(way, ways) for way in served},

@@ -3,7 +3,7 @@
     PYTHONPATH=$PWD .venv/bin/python bench/serve_overhead.py --config bench/configs/perf-S.yaml \
         [--k 2] [--concurrency 1,4,16] [--num-requests 32] [--rounds 3] [--out FILE] \
         [--ways bare,uni,uni1,fast,mp,uni8,fast8,fast8h,vllm] [--ways bare,uni8,bare@KMP_BLOCKTIME=200,...] \
-        [--bare-executor mp|uni] [--pin-engine CORES]
+        [--bare-executor mp|uni] [--pin-engine CORES] [--step-log DIR]
 
 Ways to serve the same pair at the same fixed k:
 
@@ -139,7 +139,7 @@ def parse_env(text: str) -> tuple[str, str]:
     return key, value
 
 
-def bare_kwargs(config: dict[str, Any], k: int, specserve: bool = False) -> dict[str, Any]:
+def bare_kwargs(config: dict[str, Any], k: int, specserve: bool = False, step_log: str | None = None) -> dict[str, Any]:
     from specserve.cluster.config import ServeConfig
     from specserve.replicas.engine_args import EngineSpec, plain_vllm_kwargs, speculative_engine_kwargs
 
@@ -148,6 +148,7 @@ def bare_kwargs(config: dict[str, Any], k: int, specserve: bool = False) -> dict
         draft=str(ROOT / config["draft"]),
         policy=f"fixed:k={k}",
         max_k=k,
+        step_log=step_log,
         max_num_seqs=int(config.get("max_num_seqs", 8)),
         max_model_len=int(config.get("max_model_len", 512)),
         # The served ways take the config's dtype; so must the engines they are compared with.
@@ -199,7 +200,7 @@ def run_bare(config: dict[str, Any], args: argparse.Namespace, specserve: bool =
     threads = {"OMP_NUM_THREADS": str(len(args.pin_engine))} if args.pin_engine else {}
     pinning = Pinning(args.pin_engine)
     with engine_env.applied({**env, **threads, **args.engine_env}):
-        engine_args = AsyncEngineArgs(**bare_kwargs(config, args.k, specserve))
+        engine_args = AsyncEngineArgs(**bare_kwargs(config, args.k, specserve, args.step_log_file))
         vllm_config = engine_args.create_engine_config()
         # vLLM's CPU platform turns a requested `uni` into `mp`; set after it, as the served `uni` ways' engine does.
         vllm_config.parallel_config.distributed_executor_backend = args.bare_executor
@@ -252,8 +253,10 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
         url = f"http://127.0.0.1:{args.port}/v1"
     else:
         config_path = Path(tempfile.mktemp(prefix="specserve-overhead-", suffix=".yaml"))
-        threads = {"cpu_threads": len(args.pin_engine)} if args.pin_engine else {}
-        config_path.write_text(yaml.safe_dump({**config, **paths, **SPECSERVE_WAYS[way], **threads}))
+        extra: dict[str, Any] = {"cpu_threads": len(args.pin_engine)} if args.pin_engine else {}
+        if args.step_log_file:
+            extra["step_log"] = args.step_log_file
+        config_path.write_text(yaml.safe_dump({**config, **paths, **SPECSERVE_WAYS[way], **extra}))
         cmd = [
             sys.executable, "-m", "specserve.cluster.cli", "serve", "--config", str(config_path),
             "--policy", f"fixed:k={args.k}", "--k-max", str(max(args.k, 1)), "--port", str(args.port),
@@ -417,9 +420,18 @@ def main() -> None:
         metavar="CORES",
         help="the engine's threads on these cores (0 or 0,2-3), every other process on the rest: a GPU node's split",
     )
+    parser.add_argument(
+        "--step-log",
+        type=Path,
+        metavar="DIR",
+        help="specserve's engines (engine and the specserve serve ways) log every step to DIR/WAY-rROUND.jsonl",
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     args.engine_env = dict(args.engine_env)
+    if args.step_log:
+        args.step_log = args.step_log.resolve()
+        args.step_log.mkdir(parents=True, exist_ok=True)
     config = yaml.safe_load(args.config.read_text())
 
     ways = args.ways.split(",")
@@ -442,7 +454,10 @@ def main() -> None:
         result = {}
         for way in order:
             name, variables = parsed[way]
-            way_args = argparse.Namespace(**{**vars(args), "engine_env": {**args.engine_env, **variables}})
+            step_log = str(args.step_log / f"{way}-r{r}.jsonl") if args.step_log else None
+            way_args = argparse.Namespace(
+                **{**vars(args), "engine_env": {**args.engine_env, **variables}, "step_log_file": step_log}
+            )
             if name in IN_PROCESS_WAYS:
                 result[way] = run_bare(config, way_args, specserve=name == "engine")
             else:

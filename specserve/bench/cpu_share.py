@@ -149,12 +149,16 @@ def pin_engine(root_pid: int, engine_cores: set[int], other_cores: set[int], ext
     ``other_cores``. What a GPU node has: the model computes where the serving processes do not run. Threads
     and processes started later inherit their creator's cores (``cores_by_role`` tells whether it held)."""
     for process in _tree(root_pid, extra):
-        cores = engine_cores if role_of(process) == "engine" else other_cores
-        for tid in _threads(process):
-            try:
-                os.sched_setaffinity(tid, cores)
-            except (ProcessLookupError, PermissionError):
-                continue  # the thread ended, or is not ours to move
+        set_cores(process, engine_cores if role_of(process) == "engine" else other_cores)
+
+
+def set_cores(process: psutil.Process, cores: set[int]) -> None:
+    """Every thread of ``process`` on ``cores`` (a process's affinity call moves only its main thread)."""
+    for tid in _threads(process):
+        try:
+            os.sched_setaffinity(tid, cores)
+        except (ProcessLookupError, PermissionError):
+            continue  # the thread ended, or is not ours to move
 
 
 def cores_by_role(root_pid: int, extra: tuple[int, ...] = ()) -> dict[str, list[int]]:

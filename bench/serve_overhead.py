@@ -33,10 +33,10 @@ Ways to serve the same pair at the same fixed k:
   settings that are not config keys (OpenMP's, for one). Its ratio is to ``bare`` with the same variables when
   that runs too, else to ``bare``.
 
-Both get the same closed-loop load (the same prompts: ``bench.prompts.Prompter`` with one seed, greedy,
-``ignore_eos``). The same prompt texts do not always reach the engine as the same requests: at 4 clients on perf
-pair S the in-process ways accepted 0.20 of the drafts where the served ways accepted 0.47 (``--step-log``
-shows it), so a ratio there compares different token streams; at 16 clients 0.44 against 0.47.
+Both get the same closed-loop load: the same prompts in the same order (``bench.prompts.Prompter`` with one
+seed per load), greedy, ``ignore_eos``. Until 2026-11-28 the in-process ways sent one prompt ``--num-requests``
+times (a fresh ``Prompter`` per prompt), so their ratios to the served ways compared different token streams:
+at 4 clients on perf pair S 0.20 of the drafts accepted against 0.47 (``--step-log`` showed it).
 Each round starts each way once, the order alternating between rounds; the JSON gives output
 tokens/s and mean end-to-end latency per way and concurrency, each served way's paired ratio to bare, and the
 CPU time per output token of every process involved, by role (``specserve.bench.cpu_share``).
@@ -208,11 +208,11 @@ def run_bare(config: dict[str, Any], args: argparse.Namespace, specserve: bool =
         try:
 
             async def all_points() -> None:
-                prompter = Prompter(args.seed)
-                warm = [prompter.prompt(args.input_len) for _ in range(args.warmup)]
+                # One Prompter per load, as ServedLoad's runner takes one: the same texts in the same order.
+                warm = Prompter(args.seed).prompts(args.warmup, args.input_len)
                 await closed_loop(engine, warm, max(args.concurrency), args.output_len)
                 for c in args.concurrency:
-                    prompts = [Prompter(args.seed + c).prompt(args.input_len) for _ in range(args.num_requests)]
+                    prompts = Prompter(args.seed + c).prompts(args.num_requests, args.input_len)
                     tally = CpuTally(os.getpid(), root_role="load generator + AsyncLLM front end")
                     tally.start()
                     results[c] = await closed_loop(engine, prompts, c, args.output_len)

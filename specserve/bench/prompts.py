@@ -40,6 +40,10 @@ class Prompter:
             return self.words(n)
         return self._exact(n)
 
+    def prompts(self, count: int, n: int) -> list[str]:
+        """The next ``count`` prompts of ``n`` tokens: what a closed loop of ``count`` requests sends, in order."""
+        return [self.prompt(n) for _ in range(count)]
+
     def _exact(self, n: int) -> str:
         # Decoding n ids and encoding again can merge or split tokens at the seams, so trim or pad with
         # words until the encoded length is n (a few rounds at most).

@@ -182,6 +182,13 @@ def test_word_prompts_have_the_requested_word_count_and_differ():
     assert len(a.split()) == 50 and a != b
 
 
+def test_a_loads_prompts_are_what_a_closed_loop_sends_in_order_and_all_differ():
+    # The in-process ways of bench/serve_overhead.py take prompts(); Runner's closed loop calls prompt() per send.
+    sent = Prompter(seed=3)
+    load = Prompter(seed=3).prompts(16, 20)
+    assert load == [sent.prompt(20) for _ in range(16)] and len(set(load)) == 16
+
+
 def test_tokenizer_prompts_have_the_exact_length(tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
     from transformers import PreTrainedTokenizerFast

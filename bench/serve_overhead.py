@@ -131,6 +131,26 @@ class Pinning:
             set_cores(psutil.Process(), self.all_cores)
 
 
+def step_summary(path: str | None, windows: dict[int, tuple[float, float]], results: dict[int, dict]) -> None:
+    """With ``--step-log``: each load's steps (the engine stamps them with the machine-wide monotonic clock, so a
+    window taken here selects them), as ``results[c]["steps"]``: what token streams the way's engine ran."""
+    if path is None or not Path(path).exists():
+        return
+    records = [json.loads(line)["record"] for line in Path(path).read_text().splitlines() if line]
+    for c, (start, end) in windows.items():
+        steps = [r for r in records if start <= r["now_s"] <= end]
+        drafted = sum(sum(r["num_drafted_per_request"]) for r in steps)
+        accepted = sum(sum(r["num_accepted_per_request"]) for r in steps)
+        results[c]["steps"] = {
+            "steps": len(steps),
+            "drafted": drafted,
+            "accepted": accepted,
+            "acceptance": round(accepted / drafted, 4) if drafted else None,
+            "tokens_per_step": round(sum(r["num_emitted_tokens"] for r in steps) / len(steps), 3) if steps else None,
+            "ms_per_step": round(1e3 * sum(r["duration_s"] for r in steps) / len(steps), 2) if steps else None,
+        }
+
+
 def parse_env(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -191,6 +211,7 @@ def run_bare(config: dict[str, Any], args: argparse.Namespace, specserve: bool =
     from specserve.replicas import engine_env
 
     results: dict[int, dict[str, float]] = {}
+    windows: dict[int, tuple[float, float]] = {}
     env = engine_env.engine_env(
         tempfile.mkdtemp(prefix="specserve-overhead-"),
         num_cpus=args.num_cpus,
@@ -215,7 +236,9 @@ def run_bare(config: dict[str, Any], args: argparse.Namespace, specserve: bool =
                     prompts = Prompter(args.seed + c).prompts(args.num_requests, args.input_len)
                     tally = CpuTally(os.getpid(), root_role="load generator + AsyncLLM front end")
                     tally.start()
+                    started = time.monotonic()
                     results[c] = await closed_loop(engine, prompts, c, args.output_len)
+                    windows[c] = (started, time.monotonic())
                     tally.stop()
                     results[c]["cpu"] = tally.report(int(results[c].pop("output_tokens")))
                     results[c]["cores_by_role"] = pinning.held(os.getpid())
@@ -226,6 +249,7 @@ def run_bare(config: dict[str, Any], args: argparse.Namespace, specserve: bool =
         finally:
             engine.shutdown()
             pinning.release()
+    step_summary(args.step_log_file, windows, results)
     return results
 
 
@@ -265,6 +289,7 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
     env = {**os.environ, **(env or {}), **args.engine_env}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT, env=env)
     results: dict[int, dict[str, float]] = {}
+    windows: dict[int, tuple[float, float]] = {}
     pinning = Pinning(args.pin_engine)
     try:
         url = wait_for_endpoint(Path(log.name), proc, url, timeout_s=600)
@@ -276,7 +301,9 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
             # This process is the load generator: its CPU counts beside the server's processes.
             tally = CpuTally(proc.pid, root_role=root_role, extra={os.getpid(): "load generator"})
             tally.start()
+            started = time.monotonic()
             report = load.run(c, args.num_requests, args.seed + c)
+            windows[c] = (started, time.monotonic())
             tally.stop()
             tokens = report["throughput"]["output_tokens_per_s"] * report["duration_s"]
             results[c] = {
@@ -290,6 +317,7 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
         stop_server(proc)
         log.close()
         pinning.release()
+    step_summary(args.step_log_file, windows, results)
     return results
 
 
@@ -493,6 +521,13 @@ def main() -> None:
             way: {str(c): cpu_by_role(rounds, way, c) for c in args.concurrency} for way in ways
         },
     }
+    if args.step_log:
+        # Did the ways' engines run the same token streams? Only specserve's engines log steps.
+        report["draft_acceptance"] = {
+            way: {str(c): [r[way][c]["steps"]["acceptance"] for r in rounds] for c in args.concurrency}
+            for way in ways
+            if all("steps" in r[way].get(c, {}) for r in rounds for c in args.concurrency)
+        }
     emit_report(report, args.out)
 
 

@@ -451,7 +451,8 @@ def main() -> None:
         "--step-log",
         type=Path,
         metavar="DIR",
-        help="specserve's engines (engine and the specserve serve ways) log every step to DIR/WAY-rROUND.jsonl",
+        help="specserve's engines (engine and the specserve serve ways) log every step to DIR/WAY-rROUND.jsonl; the "
+        "JSON gains each load's drafts accepted, tokens and ms a step: did the ways run the same token streams?",
     )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()

@@ -25,6 +25,26 @@ ACCELERATOR = "specserve_test_accelerator"
 PLACEMENT = f"replicas: 2\nresources_per_rank: {{{ACCELERATOR}: 1}}\nproxy_location: HeadOnly\n"
 
 
+@dataclass(frozen=True)
+class Failure:
+    """When a node failed, on a load's clock: the kill began at ``at_s`` and every process of the node was gone at
+    ``gone_s``. Killing a node's process tree takes a moment, and a request sent within it can still reach the
+    dying replica, so it counts as in flight, not as sent after."""
+
+    at_s: float
+    gone_s: float
+
+    def in_flight(self, outcomes: list[Outcome]) -> list[Outcome]:
+        return [o for o in outcomes if o.start_s < self.gone_s and o.end_s > self.at_s]
+
+    def after(self, outcomes: list[Outcome]) -> list[Outcome]:
+        return [o for o in outcomes if o.start_s > self.gone_s]
+
+    def describe(self, outcomes: list[Outcome]) -> str:
+        """Failed requests, each as (start relative to the kill, status, detail), for an assertion's message."""
+        return str([(round(o.start_s - self.at_s, 3), o.status, o.detail[:200]) for o in outcomes if not o.ok])
+
+
 @dataclass
 class Cluster:
     head: RayNode
@@ -61,15 +81,15 @@ class Cluster:
             time.sleep(1.0)
         raise TimeoutError(f"replicas not as expected within {timeout_s} s: {replicas}\n{self.server.tail()}")
 
-    def fail_under_load(self, load: Load, failing: RayNode, survivor_id: str) -> float:
-        """Fail ``failing`` once ``load`` has 20 answers; returns when status lists only the survivor's replica.
-        Returns the load's clock at the failure."""
+    def fail_under_load(self, load: Load, failing: RayNode, survivor_id: str) -> Failure:
+        """Fail ``failing`` once ``load`` has 20 answers; returns when status lists only the survivor's replica."""
         load.wait_answered(20)
-        failed_at = load.now()
+        at_s = load.now()
         failing.fail()
+        failure = Failure(at_s, load.now())
         replicas = self.wait_replicas(lambda rs: len(rs) == 1, timeout_s=60)
         assert replicas[0]["node_id"] == survivor_id
-        return failed_at
+        return failure
 
     def replace_lost_replica(self, survivor_id: str) -> tuple[RayNode, str, list[dict]]:
         """A new worker joins; Serve starts the lost replica on it. Returns the node, its id and the replicas."""

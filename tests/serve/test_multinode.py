@@ -58,16 +58,16 @@ def test_a_failed_worker_takes_only_its_replica_and_serve_brings_it_up_on_a_new_
     survivor_id = ids[survivor.node_manager_port]
     with Load(cluster.endpoint, clients=4) as load:
         # The controller forgets a replica that stops reporting; the other one stays in its view throughout.
-        failed_at = cluster.fail_under_load(load, failing, survivor_id)
+        failure = cluster.fail_under_load(load, failing, survivor_id)
         answered = len(load.outcomes)
-        load.wait_answered(20, after_s=failed_at)
-    in_flight = [o.ok for o in load.outcomes if o.start_s < failed_at < o.end_s]
-    after = [o.ok for o in load.outcomes if o.start_s > failed_at]
+        load.wait_answered(20, after_s=failure.gone_s)
+    in_flight = [o.ok for o in failure.in_flight(load.outcomes)]
+    after = failure.after(load.outcomes)
     assert len(load.outcomes) > answered
     # Only requests the failed node was serving may fail: the other replica's were answered, and every request
     # sent after the failure was too.
     assert any(in_flight), f"no request in flight at the failure was answered: {in_flight}"
-    assert all(after), f"{after.count(False)} of {len(after)} requests sent after the failure failed"
+    assert all(o.ok for o in after), f"of {len(after)} sent after the failure: {failure.describe(after)}"
     assert_dead_engine_errors(load.outcomes)
 
     # Serve replaces the lost replica once a node with a free accelerator joins.

@@ -45,19 +45,19 @@ def test_a_failed_worker_behind_haproxy_loses_only_its_requests(cluster):
     survivor, failing = cluster.workers
     survivor_id = cluster.node_ids()[survivor.node_manager_port]
     with Load(cluster.endpoint, clients=4) as load:
-        failed_at = cluster.fail_under_load(load, failing, survivor_id)
-        load.wait_answered(20, after_s=failed_at)
-    in_flight = [o for o in load.outcomes if o.start_s < failed_at < o.end_s]
-    after = [o for o in load.outcomes if o.start_s > failed_at]
+        failure = cluster.fail_under_load(load, failing, survivor_id)
+        load.wait_answered(20, after_s=failure.gone_s)
+    in_flight, after = failure.in_flight(load.outcomes), failure.after(load.outcomes)
     print(
-        f"\nworker failed: {len(in_flight)} requests in flight, {sum(o.ok for o in in_flight)} answered, the others "
-        f"ended {[round(o.end_s - failed_at, 2) for o in in_flight if not o.ok]} s after; "
+        f"\nworker failed (its processes killed in {failure.gone_s - failure.at_s:.3f} s): {len(in_flight)} requests "
+        f"in flight, {sum(o.ok for o in in_flight)} answered, the others ended "
+        f"{[round(o.end_s - failure.at_s, 2) for o in in_flight if not o.ok]} s after; "
         f"{len(after)} sent after, {sum(o.ok for o in after)} answered"
     )
     assert any(o.ok for o in in_flight), "the surviving replica's requests in flight were answered"
     # HAProxy retries a connection the lost node refuses on another replica (Ray's config: `retry-on` and
     # `option redispatch`), so no request sent after the failure fails, as none does through Serve's own proxy.
-    assert all(o.ok for o in after), f"{sum(not o.ok for o in after)} of {len(after)} requests sent after failed"
+    assert all(o.ok for o in after), f"of {len(after)} sent after the failure: {failure.describe(after)}"
     # The lost replica's requests fail as a dead engine's do, HAProxy passing the ingress's answer through: 503 with
     # OpenAI's error object, not HAProxy's own error page.
     assert_dead_engine_errors(load.outcomes)

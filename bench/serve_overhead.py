@@ -34,9 +34,10 @@ Ways to serve the same pair at the same fixed k:
   that runs too, else to ``bare``.
 
 Both get the same closed-loop load: the same prompts in the same order (``bench.prompts.Prompter`` with one
-seed per load), greedy, ``ignore_eos``. Until 2026-11-28 the in-process ways sent one prompt ``--num-requests``
-times (a fresh ``Prompter`` per prompt), so their ratios to the served ways compared different token streams:
-at 4 clients on perf pair S 0.20 of the drafts accepted against 0.47 (``--step-log`` showed it).
+seed per load), greedy, ``ignore_eos``. Before commit 4503589 the in-process ways sent one prompt
+``--num-requests`` times (a fresh ``Prompter`` per prompt), so their ratios to the served ways compared
+different token streams: at 4 clients on perf pair S 0.20 of the drafts accepted against 0.47 (``--step-log``
+showed it).
 Each round starts each way once, the order alternating between rounds; the JSON gives output
 tokens/s and mean end-to-end latency per way and concurrency, each served way's paired ratio to bare, and the
 CPU time per output token of every process involved, by role (``specserve.bench.cpu_share``).

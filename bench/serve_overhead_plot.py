@@ -50,15 +50,15 @@ def main() -> None:
         report = json.loads(path.read_text())
         ways = list(report["over_bare_tokens_per_s"])
         width = 0.8 / len(ways)
+        concurrencies = list(per_round_ratios(report, ways[0]))
         for i, way in enumerate(ways):
-            ratios = per_round_ratios(report, way)
-            for j, values in enumerate(ratios.values()):
+            for j, values in enumerate(per_round_ratios(report, way).values()):
                 x = j + (i - (len(ways) - 1) / 2) * width
                 legend = way if j == 0 else None
                 color = COLORS.get(way, f"C{len(COLORS) + i}")
                 ax.bar(x, statistics.median(values), width * 0.9, color=color, alpha=0.5, label=legend)
                 ax.plot([x] * len(values), values, "k.", markersize=4)
-            ax.set_xticks(range(len(ratios)), [f"c = {c}" for c in ratios])
+        ax.set_xticks(range(len(concurrencies)), [f"c = {c}" for c in concurrencies])
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.axhline(0.95, color="red", linestyle="--", linewidth=0.8)
         ax.set_title(label, fontsize=9)

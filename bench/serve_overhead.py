@@ -3,7 +3,7 @@
     PYTHONPATH=$PWD .venv/bin/python bench/serve_overhead.py --config bench/configs/perf-S.yaml \
         [--k 2] [--concurrency 1,4,16] [--num-requests 32] [--rounds 3] [--out FILE] \
         [--ways bare,uni,uni1,fast,mp,uni8,fast8,fast8h,vllm] [--ways bare,uni8,bare@KMP_BLOCKTIME=200,...] \
-        [--bare-executor mp|uni] [--pin-engine CORES] [--step-log DIR]
+        [--bare-executor mp|uni] [--pin-engine CORES] [--ways bare,uni,uni:pinned] [--step-log DIR]
 
 Ways to serve the same pair at the same fixed k:
 
@@ -46,7 +46,10 @@ upper bound on the overhead a GPU node with spare cores would see. ``--pin-engin
 instead: once each way's engine has started, every thread of its engine processes is pinned to CORES (one
 OpenMP thread per core: ``cpu_threads`` for the served ways, ``OMP_NUM_THREADS`` for bare) and every other
 process of the way, the load generator included, to the remaining cores; the JSON records the cores each role
-held after the load.
+held after the load. Where some ways are marked ``:pinned`` (``uni:pinned``, ``bare:pinned``) only those are
+pinned, so that one invocation compares a way with its engine's cores its own against the same way on shared
+cores, within rounds (``pinned_over_shared_tokens_per_s``): what a CPU node gains by keeping its serving
+processes off the model's cores.
 """
 
 from __future__ import annotations
@@ -67,9 +70,10 @@ from typing import Any
 import psutil
 import yaml
 
-from specserve.bench.cpu_share import CpuTally, cores_by_role, pin_engine, set_cores
+from specserve.bench.cpu_share import CpuTally, cores_by_role, pin_engine
 from specserve.bench.stats import spread
 from specserve.experiments.report_io import emit_report
+from specserve.replicas.cpu_affinity import set_cores, split_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,17 +103,10 @@ def parse_ints(text: str) -> list[int]:
 
 def parse_cores(text: str) -> set[int]:
     """``0`` or ``0,2-3`` -> {0} or {0, 2, 3}; only cores this process may run on, and not all of them."""
-    cores: set[int] = set()
     try:
-        for part in text.split(","):
-            low, _, high = part.partition("-")
-            cores |= set(range(int(low), int(high or low) + 1))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected cores such as 0 or 0,2-3") from None
-    allowed = os.sched_getaffinity(0)
-    if not cores or not cores < allowed:
-        raise argparse.ArgumentTypeError(f"{text!r}: some of this machine's cores {sorted(allowed)}, not all")
-    return cores
+        return split_cores(text)[0]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 class Pinning:
@@ -386,16 +383,27 @@ def wait_for_endpoint(log_path: Path, proc: subprocess.Popen, url: str | None, t
     raise TimeoutError(f"no endpoint after {timeout_s} s; log: {log_path}")
 
 
+PINNED = ":pinned"
+
+
 def split_way(way: str) -> tuple[str, dict[str, str]]:
-    """``uni8@KMP_BLOCKTIME=1+OMP_X=2`` -> ("uni8", {"KMP_BLOCKTIME": "1", "OMP_X": "2"})."""
-    name, _, variables = way.partition("@")
+    """``uni8@KMP_BLOCKTIME=1+OMP_X=2:pinned`` -> ("uni8", {"KMP_BLOCKTIME": "1", "OMP_X": "2"})."""
+    name, _, variables = way.removesuffix(PINNED).partition("@")
     return name, dict(parse_env(item) for item in variables.split("+")) if variables else {}
 
 
+def is_pinned(way: str, ways: list[str], pin_engine: set[int] | None) -> bool:
+    """With ``--pin-engine``, the ways marked ``:pinned``, or every way where none is marked."""
+    if not pin_engine:
+        return False
+    return way.endswith(PINNED) or not any(w.endswith(PINNED) for w in ways)
+
+
 def bare_of(way: str, ways: list[str]) -> str:
-    """The bare way a served way is compared with: bare with the same environment if it runs, else bare."""
-    variables = way.partition("@")[2]
-    return f"bare@{variables}" if variables and f"bare@{variables}" in ways else "bare"
+    """The bare way a served way is compared with: bare with the same environment and pinning if it runs, else
+    bare."""
+    twin = "bare" + way[len(split_way(way)[0]) :]
+    return twin if twin != "bare" and twin in ways else "bare"
 
 
 def ratios(
@@ -446,7 +454,8 @@ def main() -> None:
         "--pin-engine",
         type=parse_cores,
         metavar="CORES",
-        help="the engine's threads on these cores (0 or 0,2-3), every other process on the rest: a GPU node's split",
+        help="the engine's threads on these cores (0 or 0,2-3), every other process on the rest: a GPU node's split; "
+        f"for every way, or only those marked {PINNED} (uni{PINNED}, bare{PINNED}) where some are",
     )
     parser.add_argument(
         "--step-log",
@@ -476,6 +485,8 @@ def main() -> None:
         parser.error(
             f"--ways {args.ways!r}: bare and at least one of engine, {', '.join(SERVED_WAYS)}, each with @KEY=VALUE"
         )
+    if any(way.endswith(PINNED) for way in ways) and not args.pin_engine:
+        parser.error(f"--ways {args.ways!r}: a way marked {PINNED} needs --pin-engine CORES")
     served = [way for way in ways if parsed[way][0] != "bare"]
     rounds = []
     for r in range(args.rounds):
@@ -485,7 +496,12 @@ def main() -> None:
             name, variables = parsed[way]
             step_log = str(args.step_log / f"{way}-r{r}.jsonl") if args.step_log else None
             way_args = argparse.Namespace(
-                **{**vars(args), "engine_env": {**args.engine_env, **variables}, "step_log_file": step_log}
+                **{
+                    **vars(args),
+                    "engine_env": {**args.engine_env, **variables},
+                    "step_log_file": step_log,
+                    "pin_engine": args.pin_engine if is_pinned(way, ways, args.pin_engine) else None,
+                }
             )
             if name in IN_PROCESS_WAYS:
                 result[way] = run_bare(config, way_args, specserve=name == "engine")
@@ -501,6 +517,7 @@ def main() -> None:
         "rounds": args.rounds,
         "engine_env": args.engine_env,
         "pin_engine": sorted(args.pin_engine) if args.pin_engine else None,
+        "pinned_ways": [way for way in ways if is_pinned(way, ways, args.pin_engine)],
         "bare_executor": args.bare_executor,
         "over_bare_tokens_per_s": {
             way: ratios(rounds, way, bare_of(way, ways), args.concurrency, "output_tokens_per_s") for way in served
@@ -513,6 +530,12 @@ def main() -> None:
             way: ratios(rounds, way, "engine", args.concurrency, "output_tokens_per_s")
             for way in served
             if way != "engine" and "engine" in ways
+        },
+        # A way pinned beside the same way unpinned: what giving the engine cores of its own is worth there.
+        "pinned_over_shared_tokens_per_s": {
+            way: ratios(rounds, way, way.removesuffix(PINNED), args.concurrency, "output_tokens_per_s")
+            for way in ways
+            if way.endswith(PINNED) and way.removesuffix(PINNED) in ways
         },
         # Ways with environment variables of their own; each is compared with the bare way named here.
         "compared_with": {way: bare_of(way, ways) for way in served},

@@ -30,8 +30,14 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from specserve.cluster.config import check_speculation
-from specserve.replicas.engine_args import CPU_EXECUTOR_KEY, DraftOffload, EngineSpec, speculative_engine_kwargs
+from specserve.cluster.config import check_engine_cpus, check_speculation
+from specserve.replicas.engine_args import (
+    CPU_EXECUTOR_KEY,
+    ENGINE_CPUS_KEY,
+    DraftOffload,
+    EngineSpec,
+    speculative_engine_kwargs,
+)
 from specserve.replicas.engine_env import engine_env
 
 #: Ray Serve LLM's ``LLMServer`` plus specserve's telemetry loop and run-time policy switching.
@@ -98,6 +104,11 @@ class Speculation(BaseModel):
     cpu_threads: int | None = Field(
         None, ge=1, description="CPU only: OpenMP threads per engine rank. Default: Ray's 1 in a Serve replica."
     )
+    engine_cpus: str | None = Field(
+        None,
+        description="Cores of its own for each one-rank engine (`0`, `0-3`): the replica moves its engine's threads "
+        "there. Start the node's Ray on the other cores (taskset -c CORES ray start ...) to keep them apart.",
+    )
 
     @model_validator(mode="after")
     def _policy_parses(self) -> Speculation:
@@ -123,6 +134,7 @@ def speculative_llm_config_kwargs(
     user = dict(engine_kwargs or {})
     if taken := sorted(set(user) & set(OWNED_ENGINE_KWARGS)):
         raise ValueError(f"engine_kwargs {taken}: specserve sets these to control speculation; leave them out")
+    check_engine_cpus(spec.engine_cpus, user.get("tensor_parallel_size", 1))
     on_gpu = device == "gpu"
     ours = speculative_engine_kwargs(
         EngineSpec(
@@ -155,7 +167,10 @@ def speculative_llm_config_kwargs(
             **user,
             **{key: ours[key] for key in OWNED_ENGINE_KWARGS},
         },
-        "experimental_configs": {CPU_EXECUTOR_KEY: spec.cpu_executor},
+        "experimental_configs": {
+            CPU_EXECUTOR_KEY: spec.cpu_executor,
+            **({ENGINE_CPUS_KEY: spec.engine_cpus} if spec.engine_cpus is not None else {}),
+        },
     }
     if not on_gpu:
         kwargs["accelerator_config"] = {"kind": "cpu"}
@@ -164,6 +179,7 @@ def speculative_llm_config_kwargs(
             tp=user.get("tensor_parallel_size", 1),
             kv_cache_space_gib=spec.kv_cache_space_gib,
             cpu_threads=spec.cpu_threads,
+            engine_cpus=spec.engine_cpus,
         )
         kwargs["runtime_env"] = {"env_vars": env}
     return kwargs

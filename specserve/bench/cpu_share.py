@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from specserve.replicas.cpu_affinity import is_engine_title, set_cores, thread_ids
+
 # Ray names its worker processes after the actor they host (``ray::ServeReplica:app:LLMServer...``);
 # vLLM names the engine's processes ``VLLM::EngineCore`` / ``VLLM::Worker...``. First match wins.
 ROLES = (
-    ("EngineCore", "engine"),
-    ("Worker", "engine"),
     ("LLMServer", "serve replica (LLMServer)"),
     ("Ingress", "ingress"),
     ("ProxyActor", "HTTP proxy"),
@@ -43,6 +43,8 @@ def role_of(process: psutil.Process) -> str:
     # psutil would report as an error): it is gone, and keeps the role it was last seen with.
     if not command_line:
         return "gone"
+    if is_engine_title(command_line[0]):
+        return "engine"
     title = " ".join(command_line)
     for needle, role in ROLES:
         if needle in title:
@@ -136,13 +138,6 @@ def _tree(root_pid: int, extra: tuple[int, ...]) -> list[psutil.Process]:
     return processes
 
 
-def _threads(process: psutil.Process) -> list[int]:
-    try:
-        return [thread.id for thread in process.threads()]
-    except psutil.Error:
-        return []
-
-
 def pin_engine(root_pid: int, engine_cores: set[int], other_cores: set[int], extra: tuple[int, ...] = ()) -> None:
     """Give the engine cores of its own: every thread of the engine's processes (role ``engine``) under
     ``root_pid`` on ``engine_cores``, every thread of every other process in the tree (and of ``extra``) on
@@ -152,21 +147,12 @@ def pin_engine(root_pid: int, engine_cores: set[int], other_cores: set[int], ext
         set_cores(process, engine_cores if role_of(process) == "engine" else other_cores)
 
 
-def set_cores(process: psutil.Process, cores: set[int]) -> None:
-    """Every thread of ``process`` on ``cores`` (a process's affinity call moves only its main thread)."""
-    for tid in _threads(process):
-        try:
-            os.sched_setaffinity(tid, cores)
-        except (ProcessLookupError, PermissionError):
-            continue  # the thread ended, or is not ours to move
-
-
 def cores_by_role(root_pid: int, extra: tuple[int, ...] = ()) -> dict[str, list[int]]:
     """Role -> the cores its processes' threads may run on (the union over them)."""
     held: dict[str, set[int]] = defaultdict(set)
     for process in _tree(root_pid, extra):
         role = role_of(process)
-        for tid in _threads(process):
+        for tid in thread_ids(process):
             try:
                 held[role] |= os.sched_getaffinity(tid)
             except ProcessLookupError:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from specserve.replicas.cpu_affinity import parse_cpu_list
 from specserve.speculation import EngineTraits, make_policy
 
 
@@ -37,6 +38,21 @@ def check_speculation(
 
 # Resources Ray itself accounts for; an engine rank's GPU or CPU comes from Ray Serve LLM's accelerator bundles.
 RAY_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "TPU", "memory", "object_store_memory"})
+
+
+def check_engine_cpus(engine_cpus: str | None, tp: int) -> None:
+    """``engine_cpus``'s own checks, shared by ``ServeConfig`` and the public ``Speculation``."""
+    if engine_cpus is None:
+        return
+    try:
+        parse_cpu_list(engine_cpus)
+    except ValueError as e:
+        raise ValueError(f"engine_cpus: {e}") from None
+    if tp > 1:
+        raise ValueError(
+            f"engine_cpus {engine_cpus!r} gives one engine rank its cores; at tp={tp} vLLM binds each rank's threads "
+            "itself (VLLM_CPU_OMP_THREADS_BIND, one core range per rank)"
+        )
 
 
 class ServeConfig(BaseModel):
@@ -194,6 +210,12 @@ class ServeConfig(BaseModel):
         description="CPU only: OpenMP threads per engine rank (OMP_NUM_THREADS). Default: Ray's 1, as it gives an "
         "actor that reserves no CPU, which Serve's replicas are.",
     )
+    engine_cpus: str | None = Field(
+        None,
+        description="Cores of its own for each engine of one rank (`0`, `0-3`, `0,2-3`): the replica moves its "
+        "engine's threads there, and a local cluster runs Ray's and Serve's processes on the other cores. OpenMP "
+        "threads: one per core unless `cpu_threads` says. Default: every process on every core.",
+    )
     cpu_executor: Literal["uni", "mp"] = Field(
         "uni",
         description="CPU engines of one rank: `uni` runs vLLM's worker inside its EngineCore process; `mp` is Ray "
@@ -242,6 +264,11 @@ class ServeConfig(BaseModel):
                 "max_queued_requests needs max_ongoing_requests: without a bound on each replica no request ever "
                 "waits in Ray Serve's queue (they all wait inside the engines)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _engine_cpus_parse(self) -> ServeConfig:
+        check_engine_cpus(self.engine_cpus, self.tp)
         return self
 
     @model_validator(mode="after")

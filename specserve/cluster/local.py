@@ -21,6 +21,7 @@ from pydantic import SecretStr
 from specserve.cluster.app import ResolvedServe, build_app, memory_params, model_pair
 from specserve.cluster.config import ConfigError, ServeConfig
 from specserve.cluster.prometheus import INSTALL_HINT, PrometheusError, PrometheusServer
+from specserve.replicas.cpu_affinity import split_cores
 from specserve.replicas.engine_env import engine_env
 
 APP_NAME = "specserve"
@@ -65,6 +66,7 @@ def resolve(config: ServeConfig, tmp_dir: str) -> ResolvedServe:
         tp=config.tp,
         kv_cache_space_gib=config.kv_cache_space_gib,
         cpu_threads=config.cpu_threads,
+        engine_cpus=config.engine_cpus,
         on_gpu=on_gpu,
     )
     return ResolvedServe(config, target, draft, on_gpu, env)
@@ -176,7 +178,13 @@ def _start_ray(config: ServeConfig, resolved: ResolvedServe) -> bool:
 
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": resolved.env_vars})
+        if config.engine_cpus is not None:
+            log(
+                f"specserve: engine_cpus {config.engine_cpus}: each engine moves there; the cluster's own processes "
+                "keep the cores their nodes started with (taskset -c CORES ray start ...)"
+            )
         return True
+    _keep_serving_off_engine_cores(config)
     ray.init(
         # "local": always a new cluster, even where `ray start` left its address behind.
         address="local",
@@ -185,6 +193,29 @@ def _start_ray(config: ServeConfig, resolved: ResolvedServe) -> bool:
         _metrics_export_port=config.metrics_port,
     )
     return False
+
+
+def _keep_serving_off_engine_cores(config: ServeConfig) -> None:
+    """With ``engine_cpus``, this process moves to the other cores before it starts the local cluster, whose
+    processes (Ray's, Serve's proxy and replicas, Prometheus) inherit them; each replica then moves its engine
+    onto ``engine_cpus`` (``replicas/server.py``)."""
+    if config.engine_cpus is None:
+        return
+    if config.replicas > 1:
+        raise ConfigError(
+            f"engine_cpus {config.engine_cpus!r} with replicas: {config.replicas} would put {config.replicas} engines "
+            "on the same cores of this machine; serve one replica, or leave engine_cpus unset"
+        )
+    try:
+        engine, serving = split_cores(config.engine_cpus)
+    except ValueError as e:
+        raise ConfigError(f"engine_cpus {e}") from None
+    os.sched_setaffinity(0, serving)
+    log(f"specserve: the engine on cores {_spans(engine)}; Ray, Serve and Prometheus on {_spans(serving)}")
+
+
+def _spans(cores: set[int]) -> str:
+    return ",".join(str(core) for core in sorted(cores))
 
 
 def _require_capacity(config: ServeConfig, on_gpu: bool, joined: bool) -> None:

@@ -30,6 +30,8 @@ MEMORY_DIRECTIVE_UTILITY = "specserve_memory_directive"
 MEMORY_COORDINATED_UTILITY = "specserve_memory_coordinated"
 # The ``LLMConfig.experimental_configs`` key that carries the executor a CPU replica runs (engine.py).
 CPU_EXECUTOR_KEY = "specserve_cpu_executor"
+#: LLMConfig.experimental_configs key: the cores a replica moves its engine onto (``cpu_affinity.py``).
+ENGINE_CPUS_KEY = "specserve_engine_cpus"
 # What one entry of the step log holds (``StepRecord`` fields).
 STEP_LOG_FIELDS = (
     "now_s",

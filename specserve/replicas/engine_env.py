@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from specserve.replicas.cpu_affinity import parse_cpu_list
+
 #: Keys that point into the caller's scratch folder, which the caller deletes when done: vLLM writes
 #: its compile caches under VLLM_CACHE_ROOT and leaves ZMQ socket and vllm_dist_* files in TMPDIR.
 SCRATCH_KEYS = ("VLLM_CACHE_ROOT", "TMPDIR")
@@ -27,6 +29,7 @@ def engine_env(
     num_cpus: int | None = None,
     kv_cache_space_gib: int = 1,
     cpu_threads: int | None = None,
+    engine_cpus: str | None = None,
     on_gpu: bool = False,
 ) -> dict[str, str]:
     """Variables for an engine of ``tp`` ranks on a machine of ``num_cpus`` cores (default: this one's).
@@ -44,6 +47,9 @@ def engine_env(
     env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(tp, num_cpus or os.cpu_count() or 1)
     # Ray sets OMP_NUM_THREADS=1 in an actor that reserves no CPU (serve's replicas reserve none), and the
     # EngineCore the replica spawns inherits it: without ``cpu_threads`` a served engine computes on one core.
+    # With cores of its own (``engine_cpus``, cpu_affinity.py) the engine runs one thread per core by default.
+    if cpu_threads is None and engine_cpus is not None:
+        cpu_threads = len(parse_cpu_list(engine_cpus))
     if cpu_threads is not None:
         env["OMP_NUM_THREADS"] = str(cpu_threads)
     if (iomp := intel_openmp()) is not None:

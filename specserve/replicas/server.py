@@ -29,8 +29,10 @@ from specserve.messages import (
     EngineTelemetry,
     ReplicaSnapshot,
 )
+from specserve.replicas.cpu_affinity import parse_cpu_list, pin_engine_processes
 from specserve.replicas.engine import SpecVLLMEngine
 from specserve.replicas.engine_args import (
+    ENGINE_CPUS_KEY,
     MEMORY_COORDINATED_UTILITY,
     MEMORY_DIRECTIVE_UTILITY,
     SEED_ACCEPTANCE_UTILITY,
@@ -60,12 +62,28 @@ class SpecLLMServer(LLMServer):
 
     async def start(self) -> None:
         await super().start()
+        self._pin_engine()
         context = serve.get_replica_context()
         self._replica_id = context.replica_id.unique_id
         self._node_id = ray.get_runtime_context().get_node_id()
         self._model_id = self._llm_config.model_id
         self._metrics = ReplicaMetrics(model=self._model_id, replica=self._replica_id)
         self._telemetry_task = asyncio.get_running_loop().create_task(self._telemetry_loop())
+
+    def _pin_engine(self) -> None:
+        """``engine_cpus``: every thread of this replica's engine processes onto those cores, once they run (the
+        threads they start later inherit them). A core this node lacks fails the replica's start, naming it."""
+        cores = self._llm_config.experimental_configs.get(ENGINE_CPUS_KEY)
+        if cores is None:
+            return
+        try:
+            pids = pin_engine_processes(parse_cpu_list(cores))
+        except OSError as e:
+            raise RuntimeError(f"engine_cpus {cores!r}: this node cannot run the engine there ({e})") from e
+        if pids:
+            logger.info("specserve: engine processes %s on cores %s", pids, cores)
+        else:
+            logger.warning("specserve: engine_cpus %r: no engine process under this replica to move", cores)
 
     # -- methods callable through a DeploymentHandle ---------------------------------------------
 

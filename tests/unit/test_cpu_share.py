@@ -9,6 +9,7 @@ import time
 
 import psutil
 import pytest
+from titled_processes import SLEEP, THREAD_ON_DEMAND, stop, titled
 
 from specserve.bench.cpu_share import CpuTally, cores_by_role, pin_engine, role_of
 
@@ -88,34 +89,31 @@ def test_a_tree_that_is_gone_tallies_nothing(pid):
     assert tally.stop() == {}
 
 
-# A process that starts a thread for each line it reads and prints the cores that thread may run on.
-THREAD_ON_DEMAND = """
-import os, sys, threading
-for line in sys.stdin:
-    thread = threading.Thread(target=lambda: print(sorted(os.sched_getaffinity(0)), flush=True))
-    thread.start()
-    thread.join()
-"""
-
-
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to split")
 def test_pinning_puts_the_engines_threads_on_its_cores_the_rest_elsewhere_and_later_threads_follow():
     engine_core, other_core = sorted(os.sched_getaffinity(0))[:2]
-    engine = subprocess.Popen(
-        [sys.executable, "-c", THREAD_ON_DEMAND, "EngineCore"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    proxy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "ProxyActor"])
+    engine = titled("VLLM::EngineCore", THREAD_ON_DEMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proxy = titled("ray::ProxyActor")
     try:
-        while (role_of(psutil.Process(engine.pid)), role_of(psutil.Process(proxy.pid))) != ("engine", "HTTP proxy"):
-            time.sleep(0.05)  # until both have their command lines
         pin_engine(engine.pid, {engine_core}, {other_core}, extra=(proxy.pid,))
         held = cores_by_role(engine.pid, extra=(proxy.pid,))
         engine.stdin.write("a thread started after the pinning\n")
         engine.stdin.flush()
         later = engine.stdout.readline().strip()
     finally:
-        for process in (engine, proxy):
-            process.kill()
-            process.wait()
+        stop(engine, proxy)
     assert held == {"engine": [engine_core], "HTTP proxy": [other_core]}
     assert later == str([engine_core])
+
+
+def test_only_a_title_names_an_engine_not_an_argument_that_mentions_a_worker():
+    # The raylet's command line carries Ray's Java worker command (io.ray.runtime.runner.worker.DefaultWorker).
+    raylet = subprocess.Popen(
+        [sys.executable, "-c", SLEEP, "raylet", "--java_worker_command=io.ray.runtime.runner.worker.DefaultWorker"]
+    )
+    worker = titled("VLLM::Worker_TP0")
+    try:
+        roles = role_of(psutil.Process(raylet.pid)), role_of(psutil.Process(worker.pid))
+    finally:
+        stop(raylet, worker)
+    assert roles == ("Ray: raylet", "engine")

@@ -22,7 +22,9 @@ Ways to serve the same pair at the same fixed k:
   ``uni`` / ``fast`` with ``stream_interval: 8``, vLLM's stream interval: one streamed chunk per 8 output tokens
   (the first and the last at once) instead of one per engine step, through every hop (``bare`` keeps 1: its
   in-process outputs cost little per chunk, so the ratio is, if anything, against the served way). ``fast8h``:
-  ``fast8`` with ``haproxy: true``, HAProxy in place of Serve's Python HTTP proxy.
+  ``fast8`` with ``haproxy: true``, HAProxy in place of Serve's Python HTTP proxy. ``cores``: ``uni`` with
+  ``engine_cpus`` set to the ``--pin-engine`` cores (one OpenMP thread per core): specserve places its own
+  processes, the engine on those cores and the local cluster on the rest; the load generator moves off them.
 - ``engine``: as ``bare`` (in this process, no HTTP, no Ray, its executor ``--bare-executor``), but with
   specserve's scheduler, worker extension and policy at fixed k: the served engine without the serving path.
   Each served way's ratio to it is the path's cost alone (``over_engine_tokens_per_s``), its own ratio to bare
@@ -90,6 +92,7 @@ SPECSERVE_WAYS = {
     "uni8": {**UNI, **CHUNKS_OF_8},
     "fast8": {**FAST, **CHUNKS_OF_8},
     "fast8h": {**FAST, **CHUNKS_OF_8, "haproxy": True},
+    "cores": UNI,  # with engine_cpus: the --pin-engine cores (below)
 }
 SERVED_WAYS = (*SPECSERVE_WAYS, "vllm")
 # In this process, as bare, but with specserve's scheduler, worker extension and policy: served ÷ engine is the
@@ -111,14 +114,18 @@ def parse_cores(text: str) -> set[int]:
 
 class Pinning:
     """``--pin-engine``: the engine's threads on its cores, everything else of a way on the rest, this process
-    back on every core between ways (so the next way starts as it would unpinned)."""
+    back on every core between ways (so the next way starts as it would unpinned). ``by_server``: the server
+    placed its own processes (``engine_cpus``); this process, the load generator, only moves off the engine's."""
 
-    def __init__(self, engine_cores: set[int] | None) -> None:
+    def __init__(self, engine_cores: set[int] | None, by_server: bool = False) -> None:
         self.engine_cores = engine_cores
+        self.by_server = by_server
         self.all_cores = os.sched_getaffinity(0)
 
     def apply(self, root_pid: int) -> None:
-        if self.engine_cores:
+        if self.engine_cores and self.by_server:
+            set_cores(psutil.Process(), self.all_cores - self.engine_cores)
+        elif self.engine_cores:
             pin_engine(root_pid, self.engine_cores, self.all_cores - self.engine_cores, extra=(os.getpid(),))
 
     def held(self, root_pid: int) -> dict[str, list[int]]:
@@ -275,6 +282,8 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
     else:
         config_path = Path(tempfile.mktemp(prefix="specserve-overhead-", suffix=".yaml"))
         extra: dict[str, Any] = {"cpu_threads": len(args.pin_engine)} if args.pin_engine else {}
+        if args.engine_cpus:
+            extra |= {"engine_cpus": ",".join(map(str, sorted(args.engine_cpus))), "cpu_threads": len(args.engine_cpus)}
         if args.step_log_file:
             extra["step_log"] = args.step_log_file
         config_path.write_text(yaml.safe_dump({**config, **paths, **SPECSERVE_WAYS[way], **extra}))
@@ -288,7 +297,7 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT, env=env)
     results: dict[int, dict[str, float]] = {}
     windows: dict[int, tuple[float, float]] = {}
-    pinning = Pinning(args.pin_engine)
+    pinning = Pinning(args.engine_cpus, by_server=True) if args.engine_cpus else Pinning(args.pin_engine)
     try:
         url = wait_for_endpoint(Path(log.name), proc, url, timeout_s=600)
         pinning.apply(proc.pid)
@@ -393,10 +402,18 @@ def split_way(way: str) -> tuple[str, dict[str, str]]:
 
 
 def is_pinned(way: str, ways: list[str], pin_engine: set[int] | None) -> bool:
-    """With ``--pin-engine``, the ways marked ``:pinned``, or every way where none is marked."""
-    if not pin_engine:
+    """With ``--pin-engine``, the ways marked ``:pinned``, or every way where none is marked (``cores`` places
+    its processes itself)."""
+    if not pin_engine or split_way(way)[0] == "cores":
         return False
-    return way.endswith(PINNED) or not any(w.endswith(PINNED) for w in ways)
+    return way.endswith(PINNED) or not any(w.endswith(PINNED) or split_way(w)[0] == "cores" for w in ways)
+
+
+def shared_twin(way: str) -> str:
+    """The way a pinned one is compared with on shared cores: ``uni:pinned`` -> ``uni``, ``cores`` -> ``uni``."""
+    if split_way(way)[0] == "cores":
+        return "uni" + way.removeprefix("cores")
+    return way.removesuffix(PINNED) if way.endswith(PINNED) else ""
 
 
 def bare_of(way: str, ways: list[str]) -> str:
@@ -485,8 +502,8 @@ def main() -> None:
         parser.error(
             f"--ways {args.ways!r}: bare and at least one of engine, {', '.join(SERVED_WAYS)}, each with @KEY=VALUE"
         )
-    if any(way.endswith(PINNED) for way in ways) and not args.pin_engine:
-        parser.error(f"--ways {args.ways!r}: a way marked {PINNED} needs --pin-engine CORES")
+    if any(way.endswith(PINNED) or parsed[way][0] == "cores" for way in ways) and not args.pin_engine:
+        parser.error(f"--ways {args.ways!r}: cores and ways marked {PINNED} need --pin-engine CORES")
     served = [way for way in ways if parsed[way][0] != "bare"]
     rounds = []
     for r in range(args.rounds):
@@ -501,6 +518,7 @@ def main() -> None:
                     "engine_env": {**args.engine_env, **variables},
                     "step_log_file": step_log,
                     "pin_engine": args.pin_engine if is_pinned(way, ways, args.pin_engine) else None,
+                    "engine_cpus": args.pin_engine if name == "cores" else None,
                 }
             )
             if name in IN_PROCESS_WAYS:
@@ -533,9 +551,9 @@ def main() -> None:
         },
         # A way pinned beside the same way unpinned: what giving the engine cores of its own is worth there.
         "pinned_over_shared_tokens_per_s": {
-            way: ratios(rounds, way, way.removesuffix(PINNED), args.concurrency, "output_tokens_per_s")
+            way: ratios(rounds, way, shared, args.concurrency, "output_tokens_per_s")
             for way in ways
-            if way.endswith(PINNED) and way.removesuffix(PINNED) in ways
+            if (shared := shared_twin(way)) in ways
         },
         # Ways with environment variables of their own; each is compared with the bare way named here.
         "compared_with": {way: bare_of(way, ways) for way in served},

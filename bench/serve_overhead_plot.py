@@ -20,7 +20,17 @@ matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 
 # One colour per way across panels.
-COLORS = {"engine": "C0", "uni": "C1", "vllm": "C2", "uni8": "C3", "fast": "C4", "fast8": "C5", "mp": "C6"}
+COLORS = {
+    "engine": "C0",
+    "uni": "C1",
+    "vllm": "C2",
+    "uni8": "C3",
+    "fast": "C4",
+    "fast8": "C5",
+    "mp": "C6",
+    "uni:pinned": "C7",
+    "cores": "C8",
+}
 
 
 def per_round_ratios(report: dict, way: str) -> dict[str, list[float]]:
@@ -45,7 +55,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
-    fig, axes = plt.subplots(1, len(args.sources), figsize=(4.2 * len(args.sources), 4), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(args.sources), figsize=(max(6.5, 4.2 * len(args.sources)), 4), sharey=True, squeeze=False
+    )
     for ax, (label, path) in zip(axes[0], args.sources, strict=True):
         report = json.loads(path.read_text())
         ways = list(report["over_bare_tokens_per_s"])

@@ -50,13 +50,17 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "controller": ("vllm", "torch", *all_ours_but("controller", "messages", "memory")),
     "models": ("vllm", "ray", *ours("controller", "cluster", "sim", "experiments", "speculation")),
     "cluster": ("vllm",),
-    # The load generator talks HTTP to any endpoint: of vLLM only its benchmark helpers (checked below),
-    # of ours only the simulator's trace loader.
-    "bench": ("ray", "torch", "prometheus_client", *all_ours_but("bench", "sim")),
+    # The load generator talks HTTP to any endpoint: of vLLM only its benchmark helpers (checked below), of ours
+    # only the simulator's trace loader, and the CPU tally finds engine processes as the replicas do (psutil only).
+    "bench": ("ray", "torch", "prometheus_client", *all_ours_but("bench", "sim", "replicas")),
 }
 # Within an allowed package, the only modules a package may import.
 ONLY: dict[str, dict[str, tuple[str, ...]]] = {
-    "bench": {"vllm": ("vllm.benchmarks",), "specserve.sim": ("specserve.sim.workload", "specserve.sim.profiles")},
+    "bench": {
+        "vllm": ("vllm.benchmarks",),
+        "specserve.sim": ("specserve.sim.workload", "specserve.sim.profiles"),
+        "specserve.replicas": ("specserve.replicas.cpu_affinity",),
+    },
 }
 
 

@@ -21,7 +21,7 @@ from pydantic import SecretStr
 from specserve.cluster.app import ResolvedServe, build_app, memory_params, model_pair
 from specserve.cluster.config import ConfigError, ServeConfig
 from specserve.cluster.prometheus import INSTALL_HINT, PrometheusError, PrometheusServer
-from specserve.replicas.cpu_affinity import split_cores
+from specserve.replicas.cpu_affinity import spans, split_cores
 from specserve.replicas.engine_env import engine_env
 
 APP_NAME = "specserve"
@@ -211,11 +211,7 @@ def _keep_serving_off_engine_cores(config: ServeConfig) -> None:
     except ValueError as e:
         raise ConfigError(f"engine_cpus {e}") from None
     os.sched_setaffinity(0, serving)
-    log(f"specserve: the engine on cores {_spans(engine)}; Ray, Serve and Prometheus on {_spans(serving)}")
-
-
-def _spans(cores: set[int]) -> str:
-    return ",".join(str(core) for core in sorted(cores))
+    log(f"specserve: the engine on cores {spans(engine)}; Ray, Serve and Prometheus on {spans(serving)}")
 
 
 def _require_capacity(config: ServeConfig, on_gpu: bool, joined: bool) -> None:

@@ -43,10 +43,10 @@ def split_cores(engine_cpus: str, allowed: set[int] | None = None) -> tuple[set[
     engine = parse_cpu_list(engine_cpus)
     if not engine <= allowed:
         raise ValueError(
-            f"{engine_cpus!r}: cores {_spans(engine - allowed)} are not among this machine's {_spans(allowed)}"
+            f"{engine_cpus!r}: cores {spans(engine - allowed)} are not among this machine's {spans(allowed)}"
         )
     if engine == allowed:
-        raise ValueError(f"{engine_cpus!r}: every core of this machine's {_spans(allowed)}; leave one or more to serve")
+        raise ValueError(f"{engine_cpus!r}: every core of this machine's {spans(allowed)}; leave one or more to serve")
     return engine, allowed - engine
 
 
@@ -92,5 +92,6 @@ def pin_engine_processes(cores: set[int], root: psutil.Process | None = None) ->
     return [process.pid for process in engines]
 
 
-def _spans(cores: set[int]) -> str:
+def spans(cores: set[int]) -> str:
+    """{0, 1, 3} -> "0,1,3": cores as a message names them."""
     return ",".join(str(core) for core in sorted(cores))

@@ -134,8 +134,8 @@ def speculative_llm_config_kwargs(
     user = dict(engine_kwargs or {})
     if taken := sorted(set(user) & set(OWNED_ENGINE_KWARGS)):
         raise ValueError(f"engine_kwargs {taken}: specserve sets these to control speculation; leave them out")
-    check_engine_cpus(spec.engine_cpus, user.get("tensor_parallel_size", 1))
     on_gpu = device == "gpu"
+    check_engine_cpus(spec.engine_cpus, user.get("tensor_parallel_size", 1), spec.cpu_executor, on_gpu)
     ours = speculative_engine_kwargs(
         EngineSpec(
             target="",  # the model comes from model_loading_config; only the keys below are kept

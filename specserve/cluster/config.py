@@ -40,8 +40,11 @@ def check_speculation(
 RAY_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "TPU", "memory", "object_store_memory"})
 
 
-def check_engine_cpus(engine_cpus: str | None, tp: int) -> None:
-    """``engine_cpus``'s own checks, shared by ``ServeConfig`` and the public ``Speculation``."""
+def check_engine_cpus(engine_cpus: str | None, tp: int, cpu_executor: str = "uni", on_gpu: bool = False) -> None:
+    """``engine_cpus``'s own checks, shared by ``ServeConfig`` and the public ``Speculation``: a CPU engine of one
+    rank on the uniprocess executor, the case measured. Where the EngineCore and a worker process both run (the
+    ``mp`` executor, every GPU engine), the EngineCore waits for the worker by spinning, and on the worker's cores
+    that spin would take their time."""
     if engine_cpus is None:
         return
     try:
@@ -52,6 +55,13 @@ def check_engine_cpus(engine_cpus: str | None, tp: int) -> None:
         raise ValueError(
             f"engine_cpus {engine_cpus!r} gives one engine rank its cores; at tp={tp} vLLM binds each rank's threads "
             "itself (VLLM_CPU_OMP_THREADS_BIND, one core range per rank)"
+        )
+    if on_gpu:
+        raise ValueError(f"engine_cpus {engine_cpus!r} is for CPU engines; a GPU engine's model runs on its device")
+    if cpu_executor != "uni":
+        raise ValueError(
+            f"engine_cpus {engine_cpus!r} with cpu_executor: {cpu_executor}: the EngineCore would spin on the worker's "
+            "cores while it waits for each step; use cpu_executor: uni"
         )
 
 
@@ -268,7 +278,7 @@ class ServeConfig(BaseModel):
 
     @model_validator(mode="after")
     def _engine_cpus_parse(self) -> ServeConfig:
-        check_engine_cpus(self.engine_cpus, self.tp)
+        check_engine_cpus(self.engine_cpus, self.tp, self.cpu_executor)
         return self
 
     @model_validator(mode="after")

@@ -60,6 +60,8 @@ def resolve(config: ServeConfig, tmp_dir: str) -> ResolvedServe:
         log("specserve: using the bundled tiny trained pair (built once, then cached)")
     target, draft = model_pair(config)
     on_gpu = has_gpu()
+    if on_gpu and config.engine_cpus is not None:
+        raise ConfigError(f"engine_cpus {config.engine_cpus!r} is for CPU engines; this machine serves on its GPUs")
     # vLLM's caches and IPC sockets go under tmp_dir, which `serve` deletes on exit.
     env = engine_env(
         tmp_dir,

@@ -44,6 +44,8 @@ def test_the_config_names_a_bad_core_list_and_refuses_it_for_several_ranks():
         ServeConfig(engine_cpus="x")
     with pytest.raises(ValidationError, match="engine_cpus '0' gives one engine rank its cores; at tp=2"):
         ServeConfig(engine_cpus="0", tp=2)
+    with pytest.raises(ValidationError, match="with cpu_executor: mp: the EngineCore would spin"):
+        ServeConfig(engine_cpus="0", cpu_executor="mp")
     assert ServeConfig(engine_cpus="0-1").engine_cpus == "0-1"
 
 
@@ -60,6 +62,8 @@ def test_the_public_api_carries_the_cores_to_the_replica_and_checks_them():
     assert ENGINE_CPUS_KEY not in speculative_llm_config_kwargs("d", device="cpu")["experimental_configs"]
     with pytest.raises(ValueError, match="at tp=2"):
         speculative_llm_config_kwargs("d", device="cpu", engine_cpus="1", engine_kwargs={"tensor_parallel_size": 2})
+    with pytest.raises(ValueError, match="is for CPU engines"):
+        speculative_llm_config_kwargs("d", device="gpu", engine_cpus="1")
 
 
 @TWO_CORES

@@ -317,6 +317,11 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> ServeConfig:
             raise ConfigError(f"--config {path}: not valid YAML: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"--config {path}: expected a mapping of keys, got {type(loaded).__name__}")
+        # YAML keys may be null, numbers or dates ("? " alone is a null key); a config's are names.
+        if unnamed := [key for key in loaded or {} if not isinstance(key, str)]:
+            raise ConfigError(
+                "\n".join(f"--config {path}: {key!r}: a key must be a name, such as policy" for key in unnamed)
+            )
         data.update(loaded or {})
     data.update({key: value for key, value in overrides.items() if value is not None})
     try:

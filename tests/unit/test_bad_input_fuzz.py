@@ -10,6 +10,7 @@ import math
 import tempfile
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
@@ -179,3 +180,11 @@ def test_a_bad_scenario_raises_scenario_error_naming_the_field(raw: dict) -> Non
         resolve(scenario)
     except ScenarioError as exc:
         assert str(exc)
+
+
+@pytest.mark.parametrize(("text", "named"), [("?\n", "None"), ("1: 2\n", "1"), ("2026-11-29: x\n", "datetime.date")])
+def test_a_key_that_is_not_a_name_is_a_config_error_naming_it(tmp_path, text, named):
+    path = tmp_path / "serve.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"--config {path}: {named}.*: a key must be a name"):
+        load_config(str(path), {})

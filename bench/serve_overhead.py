@@ -75,7 +75,7 @@ import yaml
 from specserve.bench.cpu_share import CpuTally, cores_by_role, pin_engine
 from specserve.bench.stats import spread
 from specserve.experiments.report_io import emit_report
-from specserve.replicas.cpu_affinity import set_cores, split_cores
+from specserve.replicas.cpu_affinity import set_cores, spans, split_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -283,7 +283,8 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
         config_path = Path(tempfile.mktemp(prefix="specserve-overhead-", suffix=".yaml"))
         extra: dict[str, Any] = {"cpu_threads": len(args.pin_engine)} if args.pin_engine else {}
         if args.engine_cpus:
-            extra |= {"engine_cpus": ",".join(map(str, sorted(args.engine_cpus))), "cpu_threads": len(args.engine_cpus)}
+            # The config's own cpu_threads would otherwise win over engine_cpus's one thread per core.
+            extra |= {"engine_cpus": spans(args.engine_cpus), "cpu_threads": len(args.engine_cpus)}
         if args.step_log_file:
             extra["step_log"] = args.step_log_file
         config_path.write_text(yaml.safe_dump({**config, **paths, **SPECSERVE_WAYS[way], **extra}))

@@ -8,14 +8,13 @@ load; processes that started or ended in between count from zero or are lost (th
 
 from __future__ import annotations
 
-import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import psutil
 
-from specserve.replicas.cpu_affinity import is_engine_title, set_cores, thread_ids
+from specserve.replicas.cpu_affinity import cores_of, is_engine_title, set_cores
 
 # Ray names its worker processes after the actor they host (``ray::ServeReplica:app:LLMServer...``);
 # vLLM names the engine's processes ``VLLM::EngineCore`` / ``VLLM::Worker...``. First match wins.
@@ -151,10 +150,5 @@ def cores_by_role(root_pid: int, extra: tuple[int, ...] = ()) -> dict[str, list[
     """Role -> the cores its processes' threads may run on (the union over them)."""
     held: dict[str, set[int]] = defaultdict(set)
     for process in _tree(root_pid, extra):
-        role = role_of(process)
-        for tid in thread_ids(process):
-            try:
-                held[role] |= os.sched_getaffinity(tid)
-            except ProcessLookupError:
-                continue
+        held[role_of(process)] |= cores_of(process)
     return {role: sorted(cores) for role, cores in sorted(held.items())}

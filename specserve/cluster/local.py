@@ -19,7 +19,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from specserve.cluster.app import ResolvedServe, build_app, memory_params, model_pair
-from specserve.cluster.config import ConfigError, ServeConfig
+from specserve.cluster.config import ConfigError, ServeConfig, check_engine_cpus
 from specserve.cluster.prometheus import INSTALL_HINT, PrometheusError, PrometheusServer
 from specserve.replicas.cpu_affinity import spans, split_cores
 from specserve.replicas.engine_env import engine_env
@@ -60,8 +60,10 @@ def resolve(config: ServeConfig, tmp_dir: str) -> ResolvedServe:
         log("specserve: using the bundled tiny trained pair (built once, then cached)")
     target, draft = model_pair(config)
     on_gpu = has_gpu()
-    if on_gpu and config.engine_cpus is not None:
-        raise ConfigError(f"engine_cpus {config.engine_cpus!r} is for CPU engines; this machine serves on its GPUs")
+    try:
+        check_engine_cpus(config.engine_cpus, config.tp, config.cpu_executor, on_gpu)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     # vLLM's caches and IPC sockets go under tmp_dir, which `serve` deletes on exit.
     env = engine_env(
         tmp_dir,

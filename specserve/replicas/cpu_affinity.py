@@ -72,6 +72,17 @@ def thread_ids(process: psutil.Process) -> list[int]:
         return []
 
 
+def cores_of(process: psutil.Process) -> set[int]:
+    """The cores any thread of ``process`` may run on (the union over its threads)."""
+    held: set[int] = set()
+    for tid in thread_ids(process):
+        try:
+            held |= os.sched_getaffinity(tid)
+        except ProcessLookupError:
+            continue  # the thread ended
+    return held
+
+
 def set_cores(process: psutil.Process, cores: set[int]) -> None:
     """Every thread of ``process`` on ``cores`` (a process's affinity call moves only its main thread). Threads
     it starts later inherit their creator's cores."""

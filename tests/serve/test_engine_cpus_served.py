@@ -10,19 +10,9 @@ import pytest
 from openai import OpenAI
 from serve_process import API_KEY, free_port, serving
 
-from specserve.replicas.cpu_affinity import is_engine_process, thread_ids
+from specserve.replicas.cpu_affinity import cores_of, is_engine_process
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to split")
-
-
-def cores_of(process: psutil.Process) -> set[int]:
-    held: set[int] = set()
-    for tid in thread_ids(process):
-        try:
-            held |= os.sched_getaffinity(tid)
-        except ProcessLookupError:
-            continue  # the thread ended
-    return held
 
 
 def test_the_engine_computes_on_its_own_cores_and_the_cluster_on_the_others(tmp_path, trained_pair):

@@ -46,9 +46,11 @@ test-serve: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m slow $(PYTEST_ARGS)
 
-# Grafana dashboards as code: regenerate the committed JSON (dashboards/json/); a test fails on drift.
+# Grafana dashboards and Prometheus alerting rules as code: regenerate the committed JSON (dashboards/json/) and
+# rules (deploy/prometheus/specserve-alerts.yml, deploy/kuberay/prometheusrule.yaml); tests fail on drift.
 dashboards: $(STAMP)
 	$(BIN)/python -m dashboards generate
+	$(BIN)/python -m specserve.cluster.alert_rules
 
 # Benchmarks print numbers (JSON); they are not tests.
 bench-serve: $(STAMP)

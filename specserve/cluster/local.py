@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
+from specserve.cluster import alert_rules
 from specserve.cluster.app import ResolvedServe, build_app, memory_params, model_pair
 from specserve.cluster.config import ConfigError, ServeConfig, check_engine_cpus
 from specserve.cluster.prometheus import INSTALL_HINT, PrometheusError, PrometheusServer
@@ -109,6 +110,7 @@ def serve_forever(config: ServeConfig) -> int:
                 [f"127.0.0.1:{config.metrics_port}"],
                 scrape_interval_s=PROMETHEUS_SCRAPE_INTERVAL_S,
                 host=config.host,
+                rules=alert_rules.rules_document(),
             )
             cleanup.callback(prometheus.stop)  # before tmp_dir (its TSDB) goes: the stack unwinds last in, first out
             try:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 INSTALL_HINT = "apt-get install prometheus (scripts/install.sh does it when run as root)"
+RULES_FILE = "alerts.yml"
 
 
 class PrometheusError(RuntimeError):
@@ -52,7 +53,8 @@ class PrometheusServer:
     """One Prometheus process with its configuration, TSDB and log under ``workdir``.
 
     ``targets``: ``host:port`` addresses scraped every ``scrape_interval_s`` by one job; ``config``: a whole
-    prometheus.yml to run instead. ``host`` is the address its HTTP API and UI bind.
+    prometheus.yml to run instead. ``host`` is the address its HTTP API and UI bind. ``rules``: a rules file's
+    document (``alert_rules.rules_document()``), evaluated every scrape interval; with ``targets`` only.
     """
 
     def __init__(
@@ -65,12 +67,15 @@ class PrometheusServer:
         config: str | None = None,
         host: str = "127.0.0.1",
         job_name: str = "specserve",
+        rules: dict[str, Any] | None = None,
     ) -> None:
         if config is None and not targets:
             raise ValueError("PrometheusServer needs scrape targets or a whole config")
+        if config is not None and rules is not None:
+            raise ValueError("PrometheusServer: a whole config names its own rule files")
         self.workdir, self.port, self.host = Path(workdir), port, host
         self.targets, self.scrape_interval_s, self.job_name = tuple(targets), scrape_interval_s, job_name
-        self.config = config
+        self.config, self.rules = config, rules
         self.proc: subprocess.Popen[bytes] | None = None
 
     @staticmethod
@@ -95,6 +100,8 @@ class PrometheusServer:
             "global": {"scrape_interval": interval, "evaluation_interval": interval},
             "scrape_configs": [{"job_name": self.job_name, "static_configs": [{"targets": list(self.targets)}]}],
         }
+        if self.rules is not None:
+            document["rule_files"] = [RULES_FILE]
         return json.dumps(document, indent=2) + "\n"  # JSON is YAML
 
     def start(self) -> None:
@@ -104,6 +111,8 @@ class PrometheusServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "prometheus.yml"
         config.write_text(self.config_text())
+        if self.rules is not None:  # beside the config: Prometheus reads rule_files relative to it
+            (self.workdir / RULES_FILE).write_text(json.dumps(self.rules, indent=2) + "\n")
         with self.log_path.open("w") as log:
             self.proc = subprocess.Popen(
                 [

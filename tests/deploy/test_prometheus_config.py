@@ -27,8 +27,11 @@ def test_promtool_accepts_it() -> None:
 @needs_promtool
 def test_promtool_rejects_a_misspelt_key(tmp_path) -> None:
     broken = tmp_path / "prometheus.yml"
+    shutil.copy(PROMETHEUS_CONFIG.parent / "specserve-alerts.yml", tmp_path)  # it fails on the key, not the rules
     broken.write_text(PROMETHEUS_CONFIG.read_text().replace("file_sd_configs", "file_sd_config"))
     assert check(broken).returncode != 0
+    broken.write_text(PROMETHEUS_CONFIG.read_text())
+    assert check(broken).returncode == 0, "the copy alone passes"
 
 
 def test_it_reads_the_file_ray_keeps_up_to_date() -> None:

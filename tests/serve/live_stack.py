@@ -32,6 +32,7 @@ import requests
 from serve_process import ServeProcess, free_port
 
 from specserve import metrics_catalog as catalog
+from specserve.cluster import alert_rules
 from specserve.cluster.prometheus import PrometheusServer
 from specserve.models.prompts import OPENINGS
 
@@ -128,7 +129,9 @@ def start(tmp: Path, trained_pair) -> LiveStack:
     try:
         server.endpoint = server.start()
         metrics_host = server.line_matching(r"metrics: ").split()[1].split("/")[2]
-        prometheus = PrometheusServer(tmp / "prometheus", free_port(), [metrics_host])
+        prometheus = PrometheusServer(
+            tmp / "prometheus", free_port(), [metrics_host], rules=alert_rules.rules_document()
+        )
         prometheus.start()
     except BaseException:
         server.kill_tree()

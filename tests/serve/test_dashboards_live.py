@@ -18,7 +18,7 @@ from dashboards.common import VARIABLE_SOURCE
 from dashboards.panels import PanelQueries, panels_of, resolve
 from dashboards.render import render_all
 from specserve import metrics_catalog as catalog
-from specserve.cluster.prometheus import PrometheusServer
+from specserve.cluster import alert_rules, prometheus
 
 # Ray records every ~10 s, so a window of a few records; the panels' $__rate_interval stands for it.
 RATE_INTERVAL = "30s"
@@ -27,7 +27,7 @@ PANELS = [panel for board in all_dashboards() for panel in panels_of(board)]
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, trained_pair):
-    if PrometheusServer.binary() is None:
+    if prometheus.PrometheusServer.binary() is None:
         pytest.skip("Debian's prometheus is not installed (scripts/install.sh installs it when run as root)")
     stack = live_stack.start(tmp_path_factory.mktemp("live"), trained_pair)
     try:
@@ -124,6 +124,23 @@ def test_capacity_shows_the_draft_offloaded_failing_to_reload_and_reloaded(stack
 def test_the_controller_granted_the_offload_and_the_reload(stack, variables):
     kinds = label_values(stack, variables, "specserve-cluster", "Controller memory decisions", catalog.KIND)
     assert {"grant_offload", "grant_reload"} <= kinds, kinds
+
+
+def test_every_alert_rule_evaluates_on_live_data_and_the_failed_reload_fired_its_alert(stack, variables):
+    response = requests.get(f"{stack.prometheus_url}/api/v1/rules", params={"type": "alert"}, timeout=30)
+    (group,) = response.json()["data"]["groups"]
+    assert [rule["name"] for rule in group["rules"]] == [a.name for a in alert_rules.alerts()]
+    assert all(r["health"] == "ok" for r in group["rules"]), [(r["name"], r.get("lastError")) for r in group["rules"]]
+    # ALERTS is the series Prometheus writes for every pending or firing alert; the script's reloads failed.
+    fired = stack.prometheus.wait_for(
+        'max_over_time(ALERTS{alertname="SpecserveDraftReloadFailing",alertstate="firing"}[1h])', timeout_s=30
+    )
+    assert {s["metric"][catalog.REPLICA] for s in fired} == {variables[promql.REPLICA]}
+    # Nothing else was wrong: drafts accepted, the policy healthy, the pool roomy, one offload cycle or two.
+    others = prometheus.query(
+        stack.prometheus_url, 'max_over_time(ALERTS{alertname!="SpecserveDraftReloadFailing"}[1h])'
+    )
+    assert not others, [s["metric"] for s in others]
 
 
 def test_render_draws_every_panel_from_live_data(stack, variables, tmp_path):

@@ -26,6 +26,7 @@ import yaml
 from openai import OpenAI
 from serve_process import TrackedProcess, free_port, processes_under, signal_state
 
+from specserve.cluster import alert_rules
 from specserve.cluster.prometheus import PrometheusServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,9 +120,16 @@ def test_serve_run_deploys_it_and_status_and_prometheus_see_it(tmp_path, trained
 
         if PrometheusServer.binary() is None:
             pytest.skip("Debian's prometheus is not installed")
+        # The deployed config names its rules file beside it, as compose.yaml mounts it.
+        prometheus.workdir.mkdir(parents=True, exist_ok=True)
+        shutil.copy(PROMETHEUS_CONFIG.parent / "specserve-alerts.yml", prometheus.workdir)
         prometheus.start()
         (sample,) = prometheus.wait_for(f'ray_specserve_speculation_max_k{{model="{model_id}"}}', timeout_s=120)
         assert sample["value"][1] == str(config["applications"][0]["args"]["k_max"])
+        rules = requests.get(f"{prometheus.url}/api/v1/rules", params={"type": "alert"}, timeout=10).json()
+        assert [r["name"] for g in rules["data"]["groups"] for r in g["rules"]] == [
+            a.name for a in alert_rules.alerts()
+        ]
     finally:
         prometheus.stop()
         hung = ""

@@ -68,6 +68,24 @@ def test_it_scrapes_answers_promql_and_stops(tmp_path, exporter):
     assert prometheus.proc is not None and prometheus.proc.returncode is not None
 
 
+def test_it_evaluates_the_rules_it_is_given(tmp_path, exporter):
+    if PrometheusServer.binary() is None:
+        pytest.skip("Debian's prometheus is not installed")
+    alert = {"alert": "ProbeHigh", "expr": "specserve_runner_probe > 5", "labels": {"severity": "warning"}}
+    quiet = {"alert": "ProbeLow", "expr": "specserve_runner_probe < 5"}
+    rules = {"groups": [{"name": "probe", "rules": [alert, quiet]}]}
+    prometheus = PrometheusServer(tmp_path / "prometheus", free_port(), [exporter], rules=rules)
+    prometheus.start()
+    try:
+        prometheus.wait_ready()
+        (firing,) = prometheus.wait_for('ALERTS{alertstate="firing"}', timeout_s=30)
+        assert firing["metric"]["alertname"] == "ProbeHigh" and firing["metric"]["severity"] == "warning"
+    finally:
+        prometheus.stop()
+    with pytest.raises(ValueError, match="names its own rule files"):
+        PrometheusServer(tmp_path, 9090, config="global: {}\n", rules=rules)
+
+
 def test_a_prometheus_that_cannot_start_is_an_error_with_its_log(tmp_path, exporter):
     if PrometheusServer.binary() is None:
         pytest.skip("Debian's prometheus is not installed")

@@ -13,7 +13,7 @@ import requests
 from serve_process import API_KEY, specserve_cli, wait_for_replica
 
 from specserve import metrics_catalog as catalog
-from specserve.cluster import prometheus
+from specserve.cluster import alert_rules, prometheus
 
 MODEL = "specserve-tiny"
 NO_PROMETHEUS = "Debian's prometheus is not installed (scripts/install.sh installs it when run as root)"
@@ -200,6 +200,17 @@ def test_serves_prometheus_scraping_speculation_metrics(server, client):
     assert float(drafted[0]["value"][1]) > 0
     assert prometheus.wait_for(url, "ray_vllm_spec_decode_num_drafts_total")
     assert [t["health"] for t in targets(url)] == ["up"]
+
+
+def test_its_prometheus_evaluates_specserve_alert_rules(server):
+    url = prometheus_url(server)
+    (group,) = requests.get(f"{url}/api/v1/rules", params={"type": "alert"}, timeout=10).json()["data"]["groups"]
+    assert [r["name"] for r in group["rules"]] == [a.name for a in alert_rules.alerts()]
+    deadline = time.monotonic() + 30  # evaluated every scrape interval: wait for one round
+    while any(r["health"] == "unknown" for r in group["rules"]) and time.monotonic() < deadline:
+        time.sleep(1)
+        (group,) = requests.get(f"{url}/api/v1/rules", params={"type": "alert"}, timeout=10).json()["data"]["groups"]
+    assert all(r["health"] == "ok" for r in group["rules"]), [(r["name"], r.get("lastError")) for r in group["rules"]]
 
 
 def targets(url: str) -> list[dict]:

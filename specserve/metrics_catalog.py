@@ -179,6 +179,12 @@ KV_MIGRATE_SECONDS = _replica(
 )
 NUM_REQUESTS_RUNNING = _replica("specserve_num_requests_running", Kind.GAUGE, "Requests in the decode batch.")
 NUM_REQUESTS_WAITING = _replica("specserve_num_requests_waiting", Kind.GAUGE, "Requests queued for admission.")
+CONTROLLER_CONNECTED = _replica(
+    "specserve_controller_connected",
+    Kind.GAUGE,
+    "1 while the cluster controller answers this replica's telemetry (cluster policy, draft transfer grants, "
+    "acceptance priors); 0 once it has missed several rounds in a row and the replica runs on local rules.",
+)
 
 # -- the cluster controller (controller/actor.py): one per cluster, so no model or replica label --------------
 
@@ -215,6 +221,7 @@ REPLICA_METRICS: tuple[Metric, ...] = (
     KV_MIGRATE_SECONDS,
     NUM_REQUESTS_RUNNING,
     NUM_REQUESTS_WAITING,
+    CONTROLLER_CONNECTED,
 )
 CONTROLLER_ACCEPTANCE_PRIORS = Metric(
     "specserve_controller_acceptance_priors_total",

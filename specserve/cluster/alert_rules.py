@@ -140,6 +140,17 @@ def alerts() -> list[Alert]:
             "(`fixed`, `static-table`) costs nearly nothing.",
         ),
         Alert(
+            "SpecserveControllerUnreachable",
+            f"max by ({BY_REPLICA}) ({catalog.CONTROLLER_CONNECTED.exported}) == 0",
+            "1m",
+            "warning",
+            "{{ $labels.replica }} has run without the cluster controller for a minute",
+            "The replica's telemetry went unanswered and it runs on local rules: serving goes on, but the cluster "
+            "policy, reload admission, the resident-draft floor and acceptance priors are not applied, and "
+            "`specserve status` cannot list replicas. Ray restarts a crashed controller within seconds, so this "
+            "is one that hangs or cannot be placed (it runs on the head node).",
+        ),
+        Alert(
             "SpecserveKvCacheExhausted",
             f"(min by ({BY_REPLICA}) ({free} / {total}) < {KV_FREE_MIN}) and (max by ({BY_REPLICA}) ({waiting}) > 0)",
             "5m",

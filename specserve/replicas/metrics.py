@@ -43,6 +43,7 @@ class ReplicaMetrics:
         self._migrate_s = _counter(catalog.KV_MIGRATE_SECONDS, tags)
         self._running = _gauge(catalog.NUM_REQUESTS_RUNNING, tags)
         self._waiting = _gauge(catalog.NUM_REQUESTS_WAITING, tags)
+        self._controller = _gauge(catalog.CONTROLLER_CONNECTED, tags)
         self._last: EngineTelemetry | None = None
         self._last_policy: str | None = None
         self._last_draft_state: str | None = None
@@ -89,6 +90,10 @@ class ReplicaMetrics:
             self._step_time.observe(duration)
         self._update_memory(now, before)
         self._last = now
+
+    def controller_connected(self, connected: bool) -> None:
+        """Whether the controller coordinates this replica now (set every round: Ray drops a gauge not set again)."""
+        self._controller.set(1 if connected else 0)
 
     def _update_memory(self, now: EngineTelemetry, before: EngineTelemetry | None) -> None:
         self._kv_baseline.set(now.num_kv_blocks_baseline or now.num_kv_blocks_total)

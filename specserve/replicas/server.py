@@ -29,6 +29,7 @@ from specserve.messages import (
     EngineTelemetry,
     ReplicaSnapshot,
 )
+from specserve.replicas.controller_link import ControllerLink
 from specserve.replicas.cpu_affinity import parse_cpu_list, pin_engine_processes
 from specserve.replicas.engine import SpecVLLMEngine
 from specserve.replicas.engine_args import (
@@ -46,8 +47,6 @@ logger = logging.getLogger("ray.serve")
 TELEMETRY_INTERVAL_S = 1.0
 # A controller that does not answer in time is skipped this round; the replica keeps serving.
 CONTROLLER_TIMEOUT_S = 2.0
-# Rounds without a controller after which the engine grants its own draft transfers (local rules).
-LOCAL_RULES_AFTER_ROUNDS = 3
 
 
 class SpecLLMServer(LLMServer):
@@ -95,7 +94,7 @@ class SpecLLMServer(LLMServer):
 
     async def _telemetry_loop(self) -> None:
         controller = None
-        missed = 0
+        link = ControllerLink()
         while True:
             started = time.monotonic()
             try:
@@ -104,9 +103,9 @@ class SpecLLMServer(LLMServer):
                 controller = controller or _find_controller()
                 if controller is not None:
                     controller = await self._exchange(controller, snapshot)
-                missed = 0 if controller is not None else missed + 1
                 # The controller grants draft transfers while it answers; without it the engine grants its own.
-                coordinated = missed < LOCAL_RULES_AFTER_ROUNDS and controller is not None
+                coordinated = link.round(answered=controller is not None)
+                self._metrics.controller_connected(coordinated)
                 if snapshot.engine.draft_bytes and coordinated != snapshot.engine.memory_coordinated:
                     await self._engine_core().call_utility_async(MEMORY_COORDINATED_UTILITY, coordinated)
             except asyncio.CancelledError:

@@ -1,6 +1,6 @@
 """Serve tier: faults injected into the real stack under load. A replica's engine process is killed, then the
-cluster controller actor is. One `specserve serve --replicas 1` for the module; the tests run in order and print
-the recovery times they measure (README, Reliability)."""
+cluster controller actor is killed, then it hangs. One `specserve serve --replicas 1` for the module; the tests
+run in order and print the recovery times they measure (README, Reliability)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ import time
 
 import psutil
 import pytest
+import requests
 from closed_loop import Load
 from serve_process import free_port, serving
+
+from specserve import metrics_catalog as catalog
 
 # Serve LLM checks an engine's health every 10 s; a new replica then loads its engine (tens of seconds on CPU).
 REPLACEMENT_TIMEOUT_S = 300.0
@@ -128,3 +131,49 @@ def test_a_killed_controller_comes_back_with_the_cluster_policy_and_serving_neve
     # The replica served on its own while the controller was gone: every request was answered.
     assert all(o.ok for o in load.outcomes), [o.detail for o in load.outcomes if not o.ok]
     assert [o for o in load.outcomes if o.start_s < listed_at and o.end_s > killed_at], "no request during the outage"
+
+
+def controller_connected(server, replica_id: str) -> float | None:
+    """The replica's ``controller_connected`` gauge as Ray's metrics port exports it (None before its first export)."""
+    url = server.line_matching(r"metrics: ").split()[1]
+    text = requests.get(url, timeout=10).text
+    name = catalog.CONTROLLER_CONNECTED.exported
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'{catalog.REPLICA}="{replica_id}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def wait_connected(server, replica_id: str, value: float, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (seen := controller_connected(server, replica_id)) != value:
+        assert time.monotonic() < deadline, f"controller_connected {seen}, not {value}, after {timeout_s} s"
+        time.sleep(1.0)
+
+
+def test_a_hung_controller_hands_the_replica_to_local_rules_and_serving_never_waits(server):
+    # A controller that hangs is not restarted by Ray as a crashed one is: the replica's pushes time out instead.
+    (replica,) = wait_replicas(server, lambda rs: len(rs) == 1, timeout_s=60)
+    rid = replica["replica_id"]
+    wait_connected(server, rid, 1.0, timeout_s=60)
+    (controller,) = processes(server, "ray::ClusterController")
+    with Load(server.endpoint, clients=2) as load:
+        load.wait_answered(2)
+        hung_at = load.now()
+        controller.suspend()  # SIGSTOP, by the PID found above
+        try:
+            wait_connected(server, rid, 0.0, timeout_s=60)
+            local_at = load.now()
+            load.wait_answered(4, after_s=local_at)
+        finally:
+            controller.resume()
+        resumed_at = load.now()
+        wait_connected(server, rid, 1.0, timeout_s=60)
+        back_at = load.now()
+        load.wait_answered(2, after_s=back_at)
+    print(
+        f"\ncontroller hung: the replica exported local rules {local_at - hung_at:.1f} s after, coordination "
+        f"again {back_at - resumed_at:.1f} s after it resumed (both as Ray's ~10 s metrics export shows them)"
+    )
+    assert all(o.ok for o in load.outcomes), [o.detail for o in load.outcomes if not o.ok]
+    assert wait_replicas(server, lambda rs: [r["replica_id"] for r in rs] == [rid], timeout_s=30)

@@ -87,6 +87,7 @@ HEALTHY = [
     series(catalog.KV_BLOCKS_TOTAL.exported, "1000x40"),
     series(catalog.NUM_REQUESTS_WAITING.exported, "0x40"),
     series(catalog.DRAFT_TRANSFERS.exported, "1x40", direction="offload"),
+    series(catalog.CONTROLLER_CONNECTED.exported, "1x40"),
 ]
 # One minute a sample; Ray exports a counter only from its first event, which "_x5" (absent 5 minutes) shows.
 CASES: list[dict] = [
@@ -151,6 +152,18 @@ CASES: list[dict] = [
             series(catalog.STEP_DURATION.series("_sum"), "0+60x40"),
         ],
         "tests": [silent("SpecservePolicyTimeHigh", "12m"), fired("SpecservePolicyTimeHigh", "25m")],
+    },
+    {
+        "name": "a replica on local rules for minutes fires; one through a controller restart does not",
+        "series": [
+            series(catalog.CONTROLLER_CONNECTED.exported, "1x5 0x10 1x5"),
+            series(catalog.CONTROLLER_CONNECTED.exported, "1x5 0 1x14", replica="restarted"),
+        ],
+        "tests": [
+            silent("SpecserveControllerUnreachable", "5m"),
+            fired("SpecserveControllerUnreachable", "8m"),
+            silent("SpecserveControllerUnreachable", "17m"),
+        ],
     },
     {
         "name": "a full KV cache with a queue fires; a full one without a queue does not",

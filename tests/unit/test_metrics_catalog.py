@@ -62,6 +62,7 @@ EXPORTED_NAMES = {
     "ray_specserve_kv_migrate_seconds_total",
     "ray_specserve_num_requests_running",
     "ray_specserve_num_requests_waiting",
+    "ray_specserve_controller_connected",
     "ray_specserve_controller_memory_decisions_total",
     "ray_specserve_controller_acceptance_priors_total",
 }

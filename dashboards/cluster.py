@@ -38,6 +38,23 @@ def controller_decisions() -> timeseries.Panel:
     )
 
 
+def controller_connection() -> timeseries.Panel:
+    connected = promql.max_by((catalog.REPLICA,), promql.replica(catalog.CONTROLLER_CONNECTED.exported))
+    return with_queries(
+        steps(
+            default_timeseries(
+                "Controller connection",
+                "1 while the cluster controller answers the replica's telemetry; 0 while the replica runs on local "
+                "rules (its own transfer grants, no cluster policy), after three unanswered rounds in a row.",
+                units.Short,
+            )
+        )
+        .min(0)
+        .max(1),
+        Query(connected, "{{replica}}"),
+    )
+
+
 def latency_percentiles(
     title: str, description: str, metric: catalog.VllmMetric, quantiles: Sequence[float] = QUANTILES
 ) -> timeseries.Panel:
@@ -73,9 +90,9 @@ def cluster_dashboard() -> model.Dashboard:
     return house_dashboard(
         UID,
         "specserve / Cluster",
-        "Replicas per node, the controller's draft memory decisions, and request latency percentiles.",
+        "Replicas per node, the controller's draft memory decisions and connection, and request latency percentiles.",
         [
-            ("Cluster", [replicas_by_node(), controller_decisions()]),
+            ("Cluster", [replicas_by_node(), controller_decisions(), controller_connection()]),
             ("Latency", [time_to_first_token(), time_per_output_token(), end_to_end_latency()]),
         ],
     )

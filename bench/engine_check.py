@@ -46,12 +46,20 @@ def main() -> int:
         help="stretch the trace for a slower machine: segments this many times longer, rates this many times lower",
     )
     parser.add_argument("--rounds", type=int, default=3, help="engine runs of each policy that chooses k")
+    parser.add_argument(
+        "--sim-seeds",
+        type=int,
+        default=engine_check.SIM_SEEDS,
+        help=f"simulator runs per policy, pooled (default: {engine_check.SIM_SEEDS})",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--steps", type=Path, help="an earlier run's *-steps.json: refit and re-simulate, no engine")
     args = parser.parse_args()
+    if args.sim_seeds < 1:
+        parser.error(f"--sim-seeds: {args.sim_seeds}: must be at least 1")
     if args.steps is not None:
-        return refit(parser, args.steps, args.seed, args.out)
+        return refit(parser, args.steps, args.seed, args.out, args.sim_seeds)
     try:
         setup = engine_check.SETUPS[args.pair].slowed(args.slowdown)
     except ValueError as exc:
@@ -113,10 +121,10 @@ def main() -> int:
             )
     steps = {"pair": setup.name, "slowdown": setup.slowdown, "dtype": dtype, "runs": [vars_of(r) for r in runs]}
     (args.out / f"{setup.prefix}-steps.json").write_text(json.dumps(steps) + "\n")
-    return report(runs, trace, args.seed, args.out, setup, dtype)
+    return report(runs, trace, args.seed, args.out, setup, dtype, sim_seeds=args.sim_seeds)
 
 
-def refit(parser: argparse.ArgumentParser, steps: Path, seed: int, out: Path) -> int:
+def refit(parser: argparse.ArgumentParser, steps: Path, seed: int, out: Path, sim_seeds: int) -> int:
     if not steps.is_file():
         parser.error(f"--steps: {steps}: no such file")
     document = json.loads(steps.read_text())
@@ -126,7 +134,7 @@ def refit(parser: argparse.ArgumentParser, steps: Path, seed: int, out: Path) ->
     runs = [engine_check.EngineRun(**run) for run in document["runs"]]
     # The logs from before --dtype ran in bf16 on a CPU with AMX.
     dtype = document.get("dtype", "bfloat16")
-    return report(runs, setup.trace_file(steps.parent), seed, out, setup, dtype, refit=True)
+    return report(runs, setup.trace_file(steps.parent), seed, out, setup, dtype, refit=True, sim_seeds=sim_seeds)
 
 
 def report(
@@ -137,9 +145,10 @@ def report(
     setup: engine_check.CheckSetup,
     dtype: str,
     refit: bool = False,
+    sim_seeds: int = engine_check.SIM_SEEDS,
 ) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    checks, timer, fit_error = engine_check.compare(runs, trace, MAX_K, setup)
+    checks, timer, fit_error = engine_check.compare(runs, trace, MAX_K, setup, sim_seeds)
     for path in engine_check_report.write(checks, timer, fit_error, seed, out, setup, dtype, refit):
         print(path)
     return 0

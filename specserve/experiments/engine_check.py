@@ -470,6 +470,7 @@ class PolicyCheck:
     sim: RunSummary
     acceptance: AcceptanceConfig
     engine_runs: tuple[RunSummary, ...] = ()
+    sim_seeds: int = SIM_SEEDS  # the simulator's runs behind ``sim``
 
     @property
     def e2e_ratio(self) -> float:
@@ -531,5 +532,5 @@ def compare(
         sim = dataclasses.replace(sim, makespan_s=total_makespan / len(sims))
         each = tuple(summarize_run(r.steps, r.makespan_s, horizon, r.e2e_s, closed) for r in mine)
         engine = mean_summary(each, [e for r in mine for e in r.e2e_s])
-        checks.append(PolicyCheck(policy, engine, sim, acceptance, each))
+        checks.append(PolicyCheck(policy, engine, sim, acceptance, each, sim_seeds))
     return checks, timer, fit_error

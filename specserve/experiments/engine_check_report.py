@@ -54,6 +54,7 @@ def as_json(
         "phases": setup.phases,
         "seed": seed,
         "fit_median_relative_error": fit_error,
+        "sim_seeds": _sim_seeds(checks),
         "timer": dataclasses.asdict(timer),
         "window_s": WINDOW_S,
         "checks": [
@@ -82,6 +83,10 @@ def as_json(
             for c in checks
         ],
     }
+
+
+def _sim_seeds(checks: Sequence[PolicyCheck]) -> int:
+    return checks[0].sim_seeds if checks else SIM_SEEDS
 
 
 def _ms(seconds: float) -> str:
@@ -116,6 +121,7 @@ def render_markdown(
         "PYTHONPATH=$PWD .venv/bin/python bench/engine_check.py "
         f"--pair {setup.name} --policies {','.join(c.policy for c in checks)} --rounds {rounds} --dtype {dtype} "
         + (f"--slowdown {setup.slowdown:g} " if setup.slowdown != 1.0 else "")
+        + (f"--sim-seeds {_sim_seeds(checks)} " if _sim_seeds(checks) != SIM_SEEDS else "")
         + f"--seed {seed} --out {out}"
     )
     lines = [
@@ -147,7 +153,7 @@ def render_markdown(
         f"Fitted step: {_ms(timer.step_overhead_s)} fixed, {_ms(timer.speculation_overhead_s)} more when it",
         f"speculates, {per_pass} per draft pass, {per_token} per target token; the rest of each step's time",
         f"drawn around that (lognormal, log-sigma {timer.jitter_sigma:.3f}, the fit's residual spread). The",
-        f"simulator's columns pool {SIM_SEEDS} seeds (acceptance verdicts and step-time draws).",
+        f"simulator's columns pool {_sim_seeds(checks)} seeds (acceptance verdicts and step-time draws).",
         "",
         f"| policy | engine runs | engine tok/s | sim tok/s | sim / engine | engine mean E2E (s) | sim mean E2E (s) "
         f"| sim / engine | mean throughput error per {WINDOW_S:g} s window | mean k error per window "

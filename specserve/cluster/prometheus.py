@@ -33,6 +33,14 @@ def query(url: str, promql: str) -> list[dict[str, Any]]:
     return result
 
 
+def alerting_rules(url: str) -> list[dict[str, Any]]:
+    """Every alerting rule the Prometheus at ``url`` loaded, across its groups, as its rules API reports them
+    (``name``, ``health``: ok, err or unknown before the first evaluation, ``lastError``, ``state``)."""
+    with urllib.request.urlopen(f"{url}/api/v1/rules?type=alert", timeout=10) as r:
+        groups: list[dict[str, Any]] = json.load(r)["data"]["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
 def wait_for(url: str, promql: str, timeout_s: float = 60.0) -> list[dict[str, Any]]:
     """The query's result once it is not empty."""
     deadline = time.monotonic() + timeout_s

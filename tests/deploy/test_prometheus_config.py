@@ -9,6 +9,8 @@ import subprocess
 import pytest
 from deploy_files import DEPLOY, load
 
+from specserve.cluster import alert_rules
+
 PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian's prometheus package) not installed")
@@ -27,7 +29,7 @@ def test_promtool_accepts_it() -> None:
 @needs_promtool
 def test_promtool_rejects_a_misspelt_key(tmp_path) -> None:
     broken = tmp_path / "prometheus.yml"
-    shutil.copy(PROMETHEUS_CONFIG.parent / "specserve-alerts.yml", tmp_path)  # it fails on the key, not the rules
+    shutil.copy(alert_rules.RULES_FILE, tmp_path)  # it fails on the key, not the rules
     broken.write_text(PROMETHEUS_CONFIG.read_text().replace("file_sd_configs", "file_sd_config"))
     assert check(broken).returncode != 0
     broken.write_text(PROMETHEUS_CONFIG.read_text())

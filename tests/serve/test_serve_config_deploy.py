@@ -27,7 +27,7 @@ from openai import OpenAI
 from serve_process import TrackedProcess, free_port, processes_under, signal_state
 
 from specserve.cluster import alert_rules
-from specserve.cluster.prometheus import PrometheusServer
+from specserve.cluster.prometheus import PrometheusServer, alerting_rules
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE_CONFIG = REPO / "deploy" / "serve" / "specserve.yaml"
@@ -122,14 +122,11 @@ def test_serve_run_deploys_it_and_status_and_prometheus_see_it(tmp_path, trained
             pytest.skip("Debian's prometheus is not installed")
         # The deployed config names its rules file beside it, as compose.yaml mounts it.
         prometheus.workdir.mkdir(parents=True, exist_ok=True)
-        shutil.copy(PROMETHEUS_CONFIG.parent / "specserve-alerts.yml", prometheus.workdir)
+        shutil.copy(alert_rules.RULES_FILE, prometheus.workdir)
         prometheus.start()
         (sample,) = prometheus.wait_for(f'ray_specserve_speculation_max_k{{model="{model_id}"}}', timeout_s=120)
         assert sample["value"][1] == str(config["applications"][0]["args"]["k_max"])
-        rules = requests.get(f"{prometheus.url}/api/v1/rules", params={"type": "alert"}, timeout=10).json()
-        assert [r["name"] for g in rules["data"]["groups"] for r in g["rules"]] == [
-            a.name for a in alert_rules.alerts()
-        ]
+        assert [r["name"] for r in alerting_rules(prometheus.url)] == [a.name for a in alert_rules.alerts()]
     finally:
         prometheus.stop()
         hung = ""

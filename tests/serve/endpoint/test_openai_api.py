@@ -204,13 +204,13 @@ def test_serves_prometheus_scraping_speculation_metrics(server, client):
 
 def test_its_prometheus_evaluates_specserve_alert_rules(server):
     url = prometheus_url(server)
-    (group,) = requests.get(f"{url}/api/v1/rules", params={"type": "alert"}, timeout=10).json()["data"]["groups"]
-    assert [r["name"] for r in group["rules"]] == [a.name for a in alert_rules.alerts()]
+    rules = prometheus.alerting_rules(url)
+    assert [r["name"] for r in rules] == [a.name for a in alert_rules.alerts()]
     deadline = time.monotonic() + 30  # evaluated every scrape interval: wait for one round
-    while any(r["health"] == "unknown" for r in group["rules"]) and time.monotonic() < deadline:
+    while any(r["health"] == "unknown" for r in rules) and time.monotonic() < deadline:
         time.sleep(1)
-        (group,) = requests.get(f"{url}/api/v1/rules", params={"type": "alert"}, timeout=10).json()["data"]["groups"]
-    assert all(r["health"] == "ok" for r in group["rules"]), [(r["name"], r.get("lastError")) for r in group["rules"]]
+        rules = prometheus.alerting_rules(url)
+    assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
 
 
 def targets(url: str) -> list[dict]:

@@ -119,3 +119,61 @@ def format_run(run: RunReplay) -> str:
                 f"{batch * tokens / seconds:6.1f} tok/s ({int(count)} steps)"
             )
     return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class PriceRow:
+    """How a priced policy valued each k at one logged step, split into the parts that make its price."""
+
+    step: int  # index within the run
+    k: int  # the k the engine ran
+    model_ms: tuple[float, ...]  # per k: the step-cost fit's milliseconds, before the bucket correction
+    factors: tuple[float, ...]  # per k: the bucket correction's factor (``estimators.bucket_correction``)
+    alphas: tuple[float, ...]  # per draft position: the acceptance estimate
+
+
+def trace_prices(
+    steps: Sequence[LoggedStep], start: int, stop: int, batch: int, every: int = 60, warm_steps: int = 1024
+) -> list[PriceRow]:
+    """Every ``every``-th decode-only step at ``batch`` requests of a replayed run: the fit's price per k, the
+    correction's factor per k and the acceptance per position, which together set the goodputs it compared. A
+    policy without a step-cost fit and a correction (only ``adaptive`` has both) cannot be traced."""
+    if every < 1:
+        raise ValueError(f"every={every} must be at least 1")
+    policy = warm_policy(steps, start, warm_steps)
+    if not all(hasattr(policy, name) for name in ("decode_seconds_all", "correction", "core")):
+        raise ValueError(f"policy {steps[start].policy!r} has no step-cost fit and correction to trace")
+    rows: list[PriceRow] = []
+    seen = 0
+    for index, logged in enumerate(steps[start:stop]):
+        ctx = logged.ctx
+        if ctx.num_running == batch and ctx.num_prefill_tokens == 0 and ctx.draft_resident:
+            if seen % every == 0:
+                num_k = policy.max_k + 1  # type: ignore[attr-defined]
+                factors = np.array(policy.correction.factors(batch, num_k))  # type: ignore[attr-defined]
+                # Without a prefill the decodes are charged the whole step: the fit's seconds times the factor.
+                charged = np.asarray(policy.decode_seconds_all(ctx))  # type: ignore[attr-defined]
+                rows.append(
+                    PriceRow(
+                        index,
+                        logged.record.k,
+                        tuple(float(v) for v in 1e3 * charged / factors),
+                        tuple(float(f) for f in factors),
+                        tuple(float(a) for a in policy.core.acceptance.alphas()),  # type: ignore[attr-defined]
+                    )
+                )
+            seen += 1
+        if ctx.draft_resident:
+            policy.choose(ctx)
+        policy.observe(logged.record)
+    return rows
+
+
+def format_prices(batch: int, rows: Sequence[PriceRow]) -> str:
+    lines = [f"  prices at batch {batch}: step, k run | fit ms per k | correction per k | acceptance per position"]
+    for row in rows:
+        lines.append(
+            f"    {row.step:>5} k{row.k} | {' '.join(f'{v:5.1f}' for v in row.model_ms)} | "
+            f"{' '.join(f'{f:5.3f}' for f in row.factors)} | {' '.join(f'{a:5.3f}' for a in row.alphas)}"
+        )
+    return "\n".join(lines)

@@ -7,7 +7,7 @@ import random
 import pytest
 from speculation_synthetic import make_record
 
-from specserve.experiments.policy_replay import replay_run, runs
+from specserve.experiments.policy_replay import replay_run, runs, trace_prices, warm_policy
 from specserve.speculation import EngineTraits, StepContext, make_policy, step_log
 
 TRAITS = EngineTraits(max_k=4, k0_runs_draft_pass=False, resume_s_per_token=1e-5, verifies_confident_prefix=True)
@@ -96,3 +96,34 @@ def test_loading_a_file_that_is_not_a_step_log_names_it(tmp_path) -> None:
     good = tmp_path / "good.jsonl"
     good.write_text("\n".join(engine_log([("fixed:k=2", 5)])) + "\n")
     assert [s.record.k for s in step_log.load(good)] == [2] * 5
+
+
+def test_a_price_trace_splits_what_adaptive_charged_each_k_at_one_batch_size() -> None:
+    steps = list(step_log.read(engine_log([("fixed:k=3", 150), ("adaptive", 400)])))
+    start, stop = runs(steps)[1]
+    rows = trace_prices(steps, start, stop, batch=12, every=20)
+    at_batch = [i for i, s in enumerate(steps[start:stop]) if s.ctx.num_running == 12]
+    assert [row.step for row in rows] == at_batch[::20]
+    # The parts multiply back to what the policy charged the decodes at that step, replayed to there.
+    policy = warm_policy(steps, start)
+    charged = {}
+    for index, logged in enumerate(steps[start:stop]):
+        if index in {row.step for row in rows}:
+            charged[index] = policy.decode_seconds_all(logged.ctx)
+        policy.choose(logged.ctx)
+        policy.observe(logged.record)
+    for row in rows:
+        assert len(row.model_ms) == len(row.factors) == TRAITS.max_k + 1
+        assert [m * f / 1e3 for m, f in zip(row.model_ms, row.factors, strict=True)] == pytest.approx(
+            list(charged[row.step])
+        )
+        assert len(row.alphas) == TRAITS.max_k and all(0.0 <= a <= 1.0 for a in row.alphas)
+    assert rows[-1].alphas != rows[0].alphas, "the acceptance estimate should learn over the run"
+
+
+def test_a_policy_without_a_step_cost_fit_has_no_price_trace() -> None:
+    steps = list(step_log.read(engine_log([("fixed:k=3", 50)])))
+    with pytest.raises(ValueError, match="no step-cost fit"):
+        trace_prices(steps, 0, 50, batch=1)
+    with pytest.raises(ValueError, match="every=0"):
+        trace_prices(steps, 0, 50, batch=1, every=0)

@@ -17,12 +17,14 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from specserve.experiments.policy_replay import runs
-from specserve.speculation import step_log
+from specserve.speculation import StepRecord, step_log
 from specserve.speculation.estimators.step_latency import HINGED, StepLatencyModel
 from specserve.speculation.step_log import LoggedStep
 
@@ -35,6 +37,17 @@ def decode_steps(steps: list[LoggedStep], batch: int) -> list[LoggedStep]:
         and s.ctx.num_prefill_tokens == 0
         and s.record.num_batched_tokens == batch * (s.record.k + 1)
     ]
+
+
+def fitted_row(runs: Iterable[list[StepRecord]], context: float, batch: int, ks: list[int]) -> list[float]:
+    """The median over ``runs`` of a fit trained on one run, asked each k's step time at ``batch``."""
+    per_run = []
+    for run in runs:
+        fit = StepLatencyModel(HINGED)
+        for record in run:
+            fit.observe(record)
+        per_run.append([fit.predict(context, batch * (j + 1), j, batch) for j in ks])
+    return np.median(np.array(per_run), axis=0).tolist()
 
 
 def main() -> int:
@@ -62,27 +75,28 @@ def main() -> int:
         k: float(np.median([np.mean([s.record.duration_s for s in r]) for r in rs if r])) for k, rs in at_batch.items()
     }
     ks = list(range(max(by_k) + 1))
+    timed = all(s.record.forward_s is not None and s.record.draft_s is not None for s in steps)
     predicted: dict[int, list[float]] = {}
+    predicted_whole: dict[int, list[float]] = {}
     for k, rs in sorted(by_k.items()):
-        per_run = []
-        for run in rs:
-            fit = StepLatencyModel(HINGED)
-            for s in run:
-                fit.observe(s.record)
-            per_run.append([fit.predict(context, args.batch * (j + 1), j, args.batch) for j in ks])
-        predicted[k] = np.median(np.array(per_run), axis=0).tolist()
+        predicted[k] = fitted_row(([s.record for s in run] for run in rs), context, args.batch, ks)
+        if timed:  # the same fit on whole steps, as an engine that does not time the parts teaches it
+            predicted_whole[k] = fitted_row(
+                ([replace(s.record, forward_s=None, draft_s=None) for s in run] for run in rs), context, args.batch, ks
+            )
     print(
         f"batch {args.batch}, median context {context:.0f} tokens; fixed runs per k: "
         + ", ".join(f"k={k}: {len(rs)}" for k, rs in sorted(by_k.items()))
     )
     print("measured ms: " + "  ".join(f"k={k} {1e3 * v:5.1f}" for k, v in sorted(measured.items())))
-    for k, row in predicted.items():
-        slope = (row[-1] - row[1]) / max(len(ks) - 2, 1)
-        print(
-            f"fit on k={k} runs, ms: "
-            + "  ".join(f"k={j} {1e3 * v:5.1f}" for j, v in enumerate(row))
-            + f"  | per further k {1e3 * slope:4.1f}"
-        )
+    for label, rows in (("timed parts" if timed else "whole steps", predicted), ("whole steps", predicted_whole)):
+        for k, row in rows.items():
+            slope = (row[-1] - row[1]) / max(len(ks) - 2, 1)
+            print(
+                f"fit on k={k} runs ({label}), ms: "
+                + "  ".join(f"k={j} {1e3 * v:5.1f}" for j, v in enumerate(row))
+                + f"  | per further k {1e3 * slope:4.1f}"
+            )
     lo, hi = min(measured), max(measured)
     print(f"measured per further k: {1e3 * (measured[hi] - measured[lo]) / max(hi - lo, 1):4.1f}")
     if args.json:
@@ -95,6 +109,8 @@ def main() -> int:
                     "runs_per_k": {k: len(rs) for k, rs in sorted(by_k.items())},
                     "measured_s": measured,
                     "predicted_s_by_fit_k": predicted,
+                    "parts_timed": timed,
+                    "predicted_whole_s_by_fit_k": predicted_whole,
                 },
                 indent=1,
             )

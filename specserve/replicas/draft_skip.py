@@ -62,7 +62,14 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 # sampler_guard, draft_signals, plain_step and shape_warmup install their wrappers on import.
-from specserve.replicas import draft_memory, draft_signals, plain_step, sampler_guard, shape_warmup  # noqa: F401
+from specserve.replicas import (  # noqa: F401
+    draft_memory,
+    draft_signals,
+    plain_step,
+    sampler_guard,
+    shape_warmup,
+    step_timing,
+)
 from specserve.replicas.k0_skip import catch_up_room, runner_catch_up_cap, runner_skips, step_skips_draft_pass
 from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan, is_partial
 
@@ -90,9 +97,11 @@ def _propose_or_skip(
         if enabled:
             _install_catch_up(self, scheduler_output)
         draft_signals.begin(self)
+        started = time.perf_counter()
         try:
             return _original_propose(self, scheduler_output, *args, **kwargs)
         finally:
+            step_timing.add_draft_seconds(time.perf_counter() - started)
             draft_signals.end(self)
     _counts["skipped"] += 1
     draft_signals.clear(self)

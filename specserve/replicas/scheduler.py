@@ -56,7 +56,7 @@ from specserve.replicas.k0_skip import (
     skipping_enabled,
     step_skips_draft_pass,
 )
-from specserve.replicas.signalled_drafts import SignalledDraftTokenIds
+from specserve.replicas.signalled_drafts import SignalledDraftTokenIds, step_timings
 from specserve.replicas.telemetry import StepCounters
 from specserve.speculation import (
     Decision,
@@ -371,6 +371,7 @@ class AdaptiveKScheduler(Scheduler):
             confidences, entropies = [], []
         emitted = sum(len(tokens) for tokens in sampled) if sampled else 0
         k = out.num_spec_tokens_to_schedule
+        forward_s, draft_s = step_timings(result) or (None, None)
         return StepRecord(
             now_s=ctx.now_s,
             k=k,
@@ -385,6 +386,8 @@ class AdaptiveKScheduler(Scheduler):
             request_ids=tuple(request_ids),
             draft_confidence_per_request=tuple(confidences),
             draft_entropy_per_request=tuple(entropies),
+            forward_s=forward_s,
+            draft_s=draft_s,
         )
 
     # -- run-time control (EngineCore utility methods below) --------------------------------------

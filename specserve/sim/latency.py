@@ -158,10 +158,22 @@ class StepTimer:
         unless ``target_context_tokens`` says otherwise (a batch-expansion scorer). Empty: no draft pass.
         ``verifies``: the step verifies drafted tokens (and pays ``speculation_overhead_s``).
         """
+        return sum(
+            self.step_parts(num_context_tokens, num_batched_tokens, draft_pass_tokens, target_context_tokens, verifies)
+        )
+
+    def step_parts(
+        self,
+        num_context_tokens: float,
+        num_batched_tokens: float,
+        draft_pass_tokens: Sequence[float],
+        target_context_tokens: float | None = None,
+        verifies: bool = False,
+    ) -> tuple[float, float, float]:
+        """``step_s`` in its parts, as an engine times them (``StepRecord.forward_s`` and ``draft_s``): the target's
+        pass, the draft's passes, and the rest of the step (its overheads)."""
         target_context = num_context_tokens if target_context_tokens is None else target_context_tokens
-        total_s = self.step_overhead_s + self.target.forward_s(target_context, num_batched_tokens)
-        if verifies:
-            total_s += self.speculation_overhead_s
-        for num_tokens in draft_pass_tokens:
-            total_s += self.draft.forward_s(num_context_tokens, num_tokens)
-        return total_s
+        forward_s = self.target.forward_s(target_context, num_batched_tokens)
+        draft_s = sum(self.draft.forward_s(num_context_tokens, n) for n in draft_pass_tokens)
+        rest_s = self.step_overhead_s + (self.speculation_overhead_s if verifies else 0.0)
+        return forward_s, float(draft_s), rest_s

@@ -349,8 +349,9 @@ class Replica:
         num_context = int(b.num_computed[scheduled].sum())
         num_batched = int(grant.tokens.sum())
         target_context = self._expanded_context(num_context, rows, drafts)
-        duration_s = self.timer.step_s(num_context, num_batched, draft_pass_tokens, target_context, speculates)
-        duration_s *= self.timer.jitter(self.jitter_rng)
+        parts = self.timer.step_parts(num_context, num_batched, draft_pass_tokens, target_context, speculates)
+        jitter = self.timer.jitter(self.jitter_rng)
+        forward_s, draft_s, duration_s = parts[0] * jitter, parts[1] * jitter, sum(parts) * jitter
         sampled = scheduled & (b.num_computed + new_tokens == b.prompt + b.num_output)
         request_ids = tuple(self.table.request_ids[b.ids[rows]]) if drafts is not None else ()
         record = step_record(
@@ -364,6 +365,7 @@ class Replica:
             int(sampled.sum() + accepted.sum()),
             request_ids,
             drafts,
+            (forward_s, draft_s),
         )
         self.num_drafted += record.num_drafted
         self.num_accepted += record.num_accepted

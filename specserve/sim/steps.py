@@ -54,8 +54,10 @@ def step_record(
     num_emitted: int,
     request_ids: tuple[str, ...],
     drafts: Drafts | None,
+    parts: tuple[float, float] | None = None,
 ) -> StepRecord:
-    """The record the policy observes; ``request_ids`` and ``drafts`` are aligned with the drafting rows."""
+    """The record the policy observes; ``request_ids`` and ``drafts`` are aligned with the drafting rows; ``parts``:
+    the step's (target pass, draft passes) seconds, as the engine times them."""
     drafted: tuple[int, ...] = ()
     accepted: tuple[int, ...] = ()
     confidence: tuple[tuple[float, ...], ...] = ()
@@ -84,4 +86,6 @@ def step_record(
         draft_confidence_per_request=confidence,
         draft_entropy_per_request=entropy,
         kl_per_request=kl,
+        forward_s=parts[0] if parts is not None else None,
+        draft_s=parts[1] if parts is not None else None,
     )

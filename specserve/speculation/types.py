@@ -132,6 +132,12 @@ class StepRecord:
     draft_confidence_per_request: tuple[tuple[float, ...], ...] = field(default=())
     draft_entropy_per_request: tuple[tuple[float, ...], ...] = field(default=())
     kl_per_request: tuple[tuple[float, ...], ...] = field(default=())
+    # The step's parts, timed where they run: seconds in the target's pass (inputs, forward, logits) and in the
+    # draft's passes (0.0 when none ran). None where not measured; the rest of ``duration_s`` is the loop's own
+    # work (scheduling, sampling, output processing). The vLLM engine times them in the worker, the simulator
+    # reports its step model's terms.
+    forward_s: float | None = None
+    draft_s: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.num_drafted_per_request) != len(self.num_accepted_per_request):

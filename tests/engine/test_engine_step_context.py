@@ -45,6 +45,12 @@ def test_the_step_log_replays_every_k_the_engine_chose(trained_pair, tmp_path):
     replay = replay_run(steps, start, stop)
     assert replay.num_steps > 30
     assert replay.num_agreeing == replay.num_steps
+    # Each step's parts, timed in the worker: a step that skipped the draft spent nothing in it.
+    records = [s.record for s in steps]
+    assert all(r.forward_s is not None and r.draft_s is not None for r in records)
+    assert all(0 < r.forward_s and r.forward_s + r.draft_s < r.duration_s for r in records)
+    assert {r.draft_s > 0 for r in records if r.num_draft_passes == 0} == {False}
+    assert {r.draft_s > 0 for r in records if r.num_draft_passes > 0} == {True}
 
 
 def test_a_busy_step_is_timed_from_the_previous_steps_end_and_an_idle_gap_is_no_steps_cost(trained_pair, tmp_path):
@@ -105,6 +111,9 @@ def test_a_step_verifies_what_the_step_before_drafted_cut_to_its_own_k(trained_p
     assert deepest[(3, 1)] == 1, "a fall cuts the drafts made for it"
     decodes = [r for r in records if r.num_batched_tokens == r.num_running + r.num_drafted]
     assert {r.num_draft_passes for r in decodes if r.k == 3} == {3}
+    # The worker timed the draft's passes: three take longer than one.
+    draft_s = {k: sorted(r.draft_s for r in decodes if r.k == k and r.draft_s is not None) for k in (1, 3)}
+    assert draft_s[1] and draft_s[3] and draft_s[3][len(draft_s[3]) // 2] > draft_s[1][len(draft_s[1]) // 2]
 
 
 def test_on_a_nearly_full_pool_the_context_counts_the_blocks_vllm_then_allocates(trained_pair, tmp_path):

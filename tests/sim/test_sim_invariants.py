@@ -53,6 +53,20 @@ def test_emitted_is_accepted_plus_one_per_sampled_request(policy: str) -> None:
         assert record.duration_s > 0
 
 
+def test_records_time_their_parts_as_the_engine_does() -> None:
+    _, steps = run_logged(small_scenario(engine={"k0_runs_draft_pass": False}), "cycle:ks=0-3-1")
+    for record, _ in steps:
+        assert record.forward_s is not None and record.draft_s is not None
+        assert 0 < record.forward_s <= record.duration_s
+        # The draft's time is there exactly when its passes ran; what is left is the step's own overhead (none in
+        # this profile, whose forward fit holds it).
+        assert (record.draft_s > 0) == (record.num_draft_passes > 0)
+        assert record.duration_s - record.forward_s - record.draft_s == pytest.approx(0.0, abs=1e-12)
+    three = [r.draft_s for r, _ in steps if r.num_draft_passes == 3 and r.num_batched_tokens == 4 * r.num_running]
+    one = [r.draft_s for r, _ in steps if r.num_draft_passes == 1 and r.num_batched_tokens == 2 * r.num_running]
+    assert three and one and min(three) > max(one)
+
+
 def test_draft_passes_follow_k_and_the_k0_trait() -> None:
     _, synced = run_logged(small_scenario(), "cycle:ks=0-3")
     assert {(r.k, r.num_draft_passes) for r, _ in synced} <= {(0, 1), (3, 3), (3, 1)}

@@ -29,7 +29,10 @@ def test_predicts_the_prior_before_data() -> None:
     # 5 ms + 1000 * 1 us + 40 * 20 us + 2 * 1 ms + 2 * 8 * 10 us
     assert model.predict(1000, 40, 2, 8) == pytest.approx(8.96e-3)
     hinged = StepLatencyModel(HINGED)
-    assert hinged.predict(1000, 4000, 2, 300) == pytest.approx(5e-3 + 1e-3 + 4000 * 20e-6 + 2 * (1e-3 + 300 * 10e-6))
+    # HINGED's rest of the step: its fixed part comes out of the intercept's 5 ms, its 20 us per request adds.
+    assert hinged.predict(1000, 4000, 2, 300) == pytest.approx(
+        5e-3 + 1e-3 + 4000 * 20e-6 + 2 * (1e-3 + 300 * 10e-6) + 300 * 20e-6
+    )
 
 
 def explicit_least_squares(records: list[StepRecord], half_life_steps: float, prior_weight: float) -> list[float]:
@@ -188,3 +191,63 @@ def test_steps_folded_in_at_refit_give_the_fit_of_steps_added_one_by_one() -> No
             assert list(current.values()) == pytest.approx(list(every.coefficients().values()), rel=1e-9, abs=1e-15)
         last = current
     assert 66 < refits < 90  # the first ~66 steps (until 64 forgotten samples) refit each time, then every 8th
+
+
+def parted_steps(k: int, num_steps: int, seed: int) -> list[StepRecord]:
+    """Decode steps at one k, batch 1-8, whose parts are timed: a target pass of 4 ms + 1.5 ms per token, a draft
+    pass of 1 ms + 0.1 ms per request, and 2 ms + 1 ms per request of the loop's own work, each with 2 % noise;
+    the cached context (32-600 tokens a request) costs nothing."""
+    rng = random.Random(seed)
+    out = []
+    for step in range(num_steps):
+        batch = rng.randint(1, 8)
+        tokens = batch * (k + 1)
+        forward_s = (4e-3 + 1.5e-3 * tokens) * rng.gauss(1.0, 0.02)
+        draft_s = k * (1e-3 + 0.1e-3 * batch) * rng.gauss(1.0, 0.02)
+        rest_s = (2e-3 + 1e-3 * batch) * rng.gauss(1.0, 0.02)
+        context = sum(rng.randint(32, 600) for _ in range(batch))
+        out.append(
+            StepRecord(
+                now_s=step * 0.05,
+                k=k,
+                duration_s=forward_s + draft_s + rest_s,
+                num_running=batch,
+                num_context_tokens=context,
+                num_batched_tokens=tokens,
+                num_draft_passes=k,
+                num_emitted_tokens=2 * batch,
+                forward_s=forward_s,
+                draft_s=draft_s,
+            )
+        )
+    return out
+
+
+def draft_pass_s(model: StepLatencyModel, batch: int) -> float:
+    """What the model charges one draft pass at ``batch`` requests."""
+    c = model.coefficients()
+    return c["s_per_draft_pass"] + batch * c["s_per_draft_pass_request"]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_timed_parts_tell_the_draft_pass_cost_at_one_k(k: int) -> None:
+    # Held at one k, a whole step's draft passes move with the batch as its per-request work and verified tokens
+    # do, and the fixed share of the passes with the intercept: the whole-step fit cannot tell what a pass costs,
+    # which is what a further k adds. The draft's time, taken on its own, tells it.
+    records = parted_steps(k, 600, seed=5)
+    parted, whole = StepLatencyModel(HINGED), StepLatencyModel(HINGED)
+    for record in records:
+        parted.observe(record)
+        whole.observe(replace(record, forward_s=None, draft_s=None))
+    truth_s = 1e-3 + 4 * 0.1e-3
+    assert draft_pass_s(parted, 4) == pytest.approx(truth_s, rel=0.05)
+    assert abs(draft_pass_s(whole, 4) / truth_s - 1.0) > 0.5
+
+
+def test_features_without_parts_learn_a_timed_step_whole() -> None:
+    records = parted_steps(2, 200, seed=6)
+    timed, untimed = StepLatencyModel(LINEAR), StepLatencyModel(LINEAR)
+    for record in records:
+        timed.observe(record)
+        untimed.observe(replace(record, forward_s=None, draft_s=None))
+    assert timed.coefficients() == untimed.coefficients()

@@ -7,6 +7,14 @@ offline per model and GPU. We fit it online, from the engine's own step records,
     T_step = c0 + c1 * N_context + s(N_batched) + passes * (d0 + r(B))
 
 ``s`` and ``r`` are linear splines: a slope, plus an increment past each knot (hinge features max(0, x - knot)).
+With ``parts`` (``HINGED`` has them) the step's own work outside both models' passes gets its terms,
+``+ e0 + e1 * B`` (scheduling, sampling, output processing per request), and a step whose parts were timed where
+they ran (``StepRecord.forward_s`` and ``draft_s``) teaches each part on its own: the target's pass
+``c0 + c1 * N_context + s(N_batched)``, the draft's passes ``passes * (d0 + r(B))``, the rest ``e0 + e1 * B``. A
+whole step cannot tell them apart while it runs one k: the draft's passes, the target's verified tokens and the
+per-request work then all move with B alone, and the ridge splits them by its prior. Held at one k on a served CPU
+engine, the whole-step fit priced each further k 1.2-3 x what it cost; a part timed on its own is identified at
+any k.
 ``StepFeatures`` says where the knots are. ``LINEAR`` has none: TurboSpec's straight line, used by ``goodput``,
 ``slo`` and ``mlp``. ``HINGED`` (used by ``adaptive``) bends, because a GPU step does: below the ridge point
 (about peak FLOPs / (2 x bandwidth) tokens: ~300 on an H100, ~200 on an A100, ~165 on an RTX 4090, whatever the
@@ -48,6 +56,12 @@ DRAFT_PRIOR = (1e-3, 10e-6)
 # same thing for every coefficient whatever its unit. A hinge's typical value is its knot.
 BASE_SCALES = (1.0, 8192.0, 64.0)
 DRAFT_SCALES = (4.0, 64.0)
+# The step's work outside both models' passes: a fixed part and one per running request, as measured where the
+# parts are timed (about 2 ms of a 60 ms step at 4 requests on a 2-core CPU). The intercept's prior gives up the
+# fixed part's.
+REST_NAMES = ("rest_intercept_s", "rest_s_per_request")
+REST_PRIOR = (1e-3, 20e-6)
+REST_SCALES = (1.0, 64.0)
 # Batched-token knots: prefill chunks reach the budget (2048-8192), decodes B * (k + 1).
 TOKEN_KNOTS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 # Batch-size knots for the per-request cost of each draft pass (the draft's ridge point in requests).
@@ -56,10 +70,13 @@ REQUEST_KNOTS = (16, 64, 128, 256, 512)
 
 @dataclass(frozen=True, slots=True)
 class StepFeatures:
-    """The regressors [1, ctx, N, N hinges..., passes, passes * B, passes * B hinges...] for given knots."""
+    """The regressors [1, ctx, N, N hinges..., passes, passes * B, passes * B hinges...] for given knots, then
+    [1, B] for the rest of the step where ``parts``."""
 
     token_knots: tuple[int, ...] = ()
     request_knots: tuple[int, ...] = ()
+    # Whether the fit has the rest's terms and learns each timed part on its own (module docstring).
+    parts: bool = False
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -69,11 +86,15 @@ class StepFeatures:
             *(f"s_per_batched_token_past_{k}" for k in self.token_knots),
             *DRAFT_NAMES,
             *(f"s_per_draft_pass_request_past_{k}" for k in self.request_knots),
+            *(REST_NAMES if self.parts else ()),
         )
 
     def default_prior(self) -> tuple[float, ...]:
-        """The straight line of ``BASE_PRIOR`` and ``DRAFT_PRIOR``: every increment starts at zero."""
-        return (*BASE_PRIOR, *[0.0] * len(self.token_knots), *DRAFT_PRIOR, *[0.0] * len(self.request_knots))
+        """The straight line of ``BASE_PRIOR`` and ``DRAFT_PRIOR`` (and ``REST_PRIOR``, out of the intercept's):
+        every increment starts at zero."""
+        base = (BASE_PRIOR[0] - REST_PRIOR[0], *BASE_PRIOR[1:]) if self.parts else BASE_PRIOR
+        rest = REST_PRIOR if self.parts else ()
+        return (*base, *[0.0] * len(self.token_knots), *DRAFT_PRIOR, *[0.0] * len(self.request_knots), *rest)
 
     def scales(self) -> tuple[float, ...]:
         return (
@@ -81,6 +102,7 @@ class StepFeatures:
             *map(float, self.token_knots),
             *DRAFT_SCALES,
             *(DRAFT_SCALES[0] * k for k in self.request_knots),
+            *(REST_SCALES if self.parts else ()),
         )
 
     def row(
@@ -95,13 +117,22 @@ class StepFeatures:
             passes,
             passes * b,
             *(passes * max(0.0, b - knot) for knot in self.request_knots),
+            *((1.0, b) if self.parts else ()),
         ]
+
+    def part_rows(self, row: Sequence[float]) -> list[list[float]]:
+        """A whole step's row split into its target, draft and rest rows (each zero outside its own terms), whose
+        sum is the row; their targets are the step's timed parts."""
+        draft = 3 + len(self.token_knots)
+        rest = draft + 2 + len(self.request_knots)
+        blocks = ((0, draft), (draft, rest), (rest, len(row)))
+        return [[v if lo <= i < hi else 0.0 for i, v in enumerate(row)] for lo, hi in blocks]
 
 
 #: TurboSpec's straight line (Eq. 3 plus draft passes).
 LINEAR = StepFeatures()
-#: Splines in batched tokens and in the draft pass's batch size.
-HINGED = StepFeatures(TOKEN_KNOTS, REQUEST_KNOTS)
+#: Splines in batched tokens and in the draft pass's batch size, and the step's parts.
+HINGED = StepFeatures(TOKEN_KNOTS, REQUEST_KNOTS, parts=True)
 
 
 class StepLatencyModel:
@@ -141,7 +172,8 @@ class StepLatencyModel:
         # the last solve wait in _pending and join the sums in one product when the next solve needs them.
         self._refit_every = refit_every
         self._stale = 0
-        self._pending: list[tuple[np.ndarray, float]] = []
+        # Per step: its rows (the whole step, or its parts) and their seconds.
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
         n = len(prior)
         self._gram = np.zeros((n, n))  # forgotten sum of z z^T, z the scaled features
         self._moment = np.zeros(n)  # forgotten sum of z * duration_s
@@ -150,12 +182,16 @@ class StepLatencyModel:
 
     def observe(self, record: StepRecord) -> float:
         """Learn from one step. Returns the seconds the model predicted for it before learning from it."""
+        parts = None
+        if self.features.parts and record.forward_s is not None and record.draft_s is not None:
+            parts = (record.forward_s, record.draft_s)
         return self.observe_shape(
             record.num_context_tokens,
             record.num_batched_tokens,
             record.num_draft_passes,
             record.num_running,
             record.duration_s,
+            parts,
         )
 
     def observe_shape(
@@ -165,11 +201,21 @@ class StepLatencyModel:
         num_draft_passes: float,
         num_running: float,
         duration_s: float,
+        parts: tuple[float, float] | None = None,
     ) -> float:
-        """``observe`` for a step given by its shape, for a caller that measures a feature its own way."""
-        raw = np.array(self.features.row(num_context_tokens, num_batched_tokens, num_draft_passes, num_running))
+        """``observe`` for a step given by its shape, for a caller that measures a feature its own way.
+
+        ``parts``: the step's (target pass, draft passes) seconds, learned each on its own where the features have
+        ``parts``; the rest of ``duration_s`` is the step's own work. Otherwise the whole step is one sample."""
+        row = self.features.row(num_context_tokens, num_batched_tokens, num_draft_passes, num_running)
+        raw = np.array(row)
         predicted_s = float(raw @ self._current())
-        self._pending.append((raw, duration_s))
+        if parts is not None and self.features.parts:
+            forward_s, draft_s = parts
+            ys = np.array([forward_s, draft_s, duration_s - forward_s - draft_s])
+            self._pending.append((np.array(self.features.part_rows(row)), ys))
+        else:
+            self._pending.append((raw[None, :], np.array([duration_s])))
         self._num_samples = self._decay * self._num_samples + 1.0
         self._stale += 1
         if self._stale >= self._refit_every or self._num_samples < 8 * self._refit_every:
@@ -206,7 +252,9 @@ class StepLatencyModel:
         )
         token_spline = phi[self._token_spline]
         tokens_s = token_spline[0] * n + np.maximum(n[:, None] - self._token_knots, 0.0) @ token_spline[1:]
-        return phi[0] + phi[1] * float(num_context_tokens) + tokens_s + per_pass_s * np.asarray(num_draft_passes)
+        rest_s = phi[-2] + phi[-1] * b if self.features.parts else 0.0
+        fixed_s = phi[0] + phi[1] * float(num_context_tokens) + rest_s
+        return fixed_s + tokens_s + per_pass_s * np.asarray(num_draft_passes)
 
     def batched_token_seconds(self, num_batched_tokens: float) -> float:
         """What ``num_batched_tokens`` add to a step on their own: the token spline, without the fixed cost."""
@@ -230,13 +278,15 @@ class StepLatencyModel:
         return self._coefficients
 
     def _fold_pending(self) -> None:
-        """Decay the sums once per pending step and add the steps, the oldest decayed most."""
+        """Decay the sums once per pending step and add the steps, the oldest decayed most; a step's rows share
+        its weight."""
         m = len(self._pending)
         if not m:
             return
-        x = np.array([raw for raw, _ in self._pending]) / self._scales
-        y = np.array([duration for _, duration in self._pending])
-        weighted = x * (self._decay ** np.arange(m - 1, -1, -1))[:, None]
+        x = np.concatenate([rows for rows, _ in self._pending]) / self._scales
+        y = np.concatenate([seconds for _, seconds in self._pending])
+        ages = np.repeat(np.arange(m - 1, -1, -1), [len(seconds) for _, seconds in self._pending])
+        weighted = x * (self._decay**ages)[:, None]
         keep = self._decay**m
         self._gram = keep * self._gram + weighted.T @ x
         self._moment = keep * self._moment + weighted.T @ y
@@ -252,6 +302,8 @@ class StepLatencyModel:
         phi[self._pass] = max(phi[self._pass], 0.0)
         phi[self._token_spline] = _monotone_spline(phi[self._token_spline])
         phi[self._request_spline] = _monotone_spline(phi[self._request_spline])
+        if self.features.parts:
+            phi[-2:] = np.maximum(phi[-2:], 0.0)
         return phi
 
 

@@ -3,7 +3,8 @@
 1. **A step cost that bends** (``StepLatencyModel`` with ``HINGED`` features). The batched-token cost is a
    linear spline, so the policy sees that drafts are nearly free below the GPU's ridge point and cost their
    FLOPs above it. TurboSpec's straight line (goodput.py) overprices k at small batches and underprices it at
-   large ones.
+   large ones. Where the engine times a step's parts (the target's pass, the draft's passes), the fit learns each
+   on its own (``StepFeatures.parts``): held at one k, a whole step cannot say which of its costs grow with k.
 2. **Prefill priced at the margin.** A chunked-prefill step carries P prompt tokens whatever k is. Charging
    the whole step to the decodes makes speculation look like it amortises a fixed cost (goodput.py's
    docstring: a runaway to k_max under overload); ignoring P (goodput) misses that P pushes the step past the
@@ -65,7 +66,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -127,6 +128,9 @@ class AdaptiveParams:
     resume_payback_s: float = 1.0
     # Never pick a k whose KV slots would make the step preempt (module docstring, 7; ``parts.kv_fit``).
     kv_fit: bool = True
+    # Learn each timed part of a step on its own, where the engine times them (module docstring, 1): off, the fit
+    # learns whole steps only, as before the parts were timed.
+    timed_parts: bool = True
 
     def __post_init__(self) -> None:
         checks = {
@@ -175,7 +179,8 @@ class AdaptivePolicy(Policy):
             explore_zero_every=params.explore_zero_every,
         )
         # Refitted every 8 steps: a 17-coefficient solve per step would cost more than the rest of the policy.
-        self.latency = StepLatencyModel(HINGED, half_life_steps=params.latency_half_life_steps, refit_every=8)
+        features = HINGED if params.timed_parts else replace(HINGED, parts=False)
+        self.latency = StepLatencyModel(features, half_life_steps=params.latency_half_life_steps, refit_every=8)
         self.correction = BucketCorrection(params.correction_memory, level_memory=params.level_memory)
         self.calibration = ConfidenceCalibration() if params.calibrate_confidence else None
         # The k the policy itself chose last (exploration and probe steps aside).

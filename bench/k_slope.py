@@ -19,6 +19,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -99,6 +100,21 @@ def main() -> int:
             )
     lo, hi = min(measured), max(measured)
     print(f"measured per further k: {1e3 * (measured[hi] - measured[lo]) / max(hi - lo, 1):4.1f}")
+    ordered = sorted(measured)
+    print(
+        "measured from one k to the next, ms: "
+        + "  ".join(f"k={a}->{b} {1e3 * (measured[b] - measured[a]) / (b - a):4.1f}" for a, b in pairwise(ordered))
+    )
+    parts: dict[int, list[float]] = {}
+    if timed:
+        for k, rs in sorted(at_batch.items()):
+            split = np.array([[s.record.forward_s, s.record.draft_s, s.record.duration_s] for r in rs for s in r])
+            forward_s, draft_s, whole_s = np.mean(split, axis=0)
+            parts[k] = [float(forward_s), float(draft_s), float(whole_s - forward_s - draft_s)]
+        print(
+            "measured parts (target pass / draft passes / rest), ms: "
+            + "  ".join(f"k={k} {'/'.join(f'{1e3 * v:.1f}' for v in p)}" for k, p in parts.items())
+        )
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -110,6 +126,7 @@ def main() -> int:
                     "measured_s": measured,
                     "predicted_s_by_fit_k": predicted,
                     "parts_timed": timed,
+                    "measured_parts_s": parts,
                     "predicted_whole_s_by_fit_k": predicted_whole,
                 },
                 indent=1,

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from speculation_synthetic import make_record
 
 from specserve.speculation import EngineTraits, StepContext, step_log
@@ -19,8 +20,9 @@ TRAITS = EngineTraits(max_k=4)
 CPU_STEP = (5e-3, 1e-6, 5e-4, 1e-3, 1e-5)
 
 
-def fixed_log(path: Path, ks: list[int], steps_per_run: int = 240) -> dict[int, list[list[float]]]:
-    """Fixed-k runs in turn, batches of 1-4; returns the durations of each run's batch-4 steps, per k."""
+def fixed_log(path: Path, ks: list[int], steps_per_run: int = 240, timed: bool = False) -> dict[int, list[list[float]]]:
+    """Fixed-k runs in turn, batches of 1-4; returns the durations of each run's batch-4 steps, per k. ``timed``:
+    each step's parts timed, its draft a tenth of it and its target pass two thirds."""
     rng = random.Random(0)
     lines, now, at_four = [], 0.0, {}
     for k in ks:
@@ -32,6 +34,10 @@ def fixed_log(path: Path, ks: list[int], steps_per_run: int = 240) -> dict[int, 
                 rng, CPU_STEP, now_s=now, k=k, num_running=batch, alpha=0.6, num_context_tokens=100 + step
             )
             record = dataclasses.replace(record, duration_s=record.duration_s * rng.uniform(0.9, 1.1))
+            if timed:
+                record = dataclasses.replace(
+                    record, forward_s=record.duration_s * 2 / 3, draft_s=record.duration_s / 10
+                )
             lines.append(step_log.encode("1", f"fixed:k={k}", TRAITS, ctx, record))
             if batch == 4:
                 durations.append(record.duration_s)
@@ -71,3 +77,17 @@ def test_a_log_with_one_fixed_k_is_refused_by_name(tmp_path: Path) -> None:
     assert "fixed runs of 1 k" in out.stderr
     out = run(str(tmp_path / "steps.jsonl"), "--batch", "0")
     assert out.returncode == 2 and "--batch 0" in out.stderr
+
+
+def test_a_log_with_timed_parts_reports_them_and_both_fits(tmp_path: Path) -> None:
+    at_four = fixed_log(tmp_path / "steps.jsonl", [2, 3, 2, 3], timed=True)
+    out = run(str(tmp_path / "steps.jsonl"), "--batch", "4", "--json", str(tmp_path / "k.json"))
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "k.json").read_text())
+    assert result["parts_timed"] is True
+    assert set(result["predicted_whole_s_by_fit_k"]) == set(result["predicted_s_by_fit_k"]) == {"2", "3"}
+    for k in at_four:
+        forward_s, draft_s, rest_s = result["measured_parts_s"][str(k)]
+        whole_s = forward_s + draft_s + rest_s
+        assert forward_s == pytest.approx(whole_s * 2 / 3) and draft_s == pytest.approx(whole_s / 10)
+    assert "timed parts" in out.stdout and "whole steps" in out.stdout

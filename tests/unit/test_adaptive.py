@@ -350,3 +350,51 @@ def test_exploring_down_to_zero_measures_what_a_step_without_drafts_costs() -> N
     for seed in range(6):
         mean_k, priced = run("adaptive:confidence_stop=false,explore_zero_every=1", seed)
         assert mean_k < 0.2 and priced == pytest.approx(k0_s, rel=0.1), (seed, mean_k, priced)
+
+
+def expanded_steps(k: int, num_steps: int) -> list[StepRecord]:
+    """Decode steps at one k on a batch-expansion engine, parts timed: the target's pass reads each request's context
+    once per scored position (5 ms + 0.5 us per token read + 20 us per batched token), the draft's passes cost 1 ms
+    each, the rest 1 ms."""
+    rng = random.Random(4)
+    out = []
+    for step in range(num_steps):
+        batch = rng.randint(2, 16)
+        context = sum(rng.randint(200, 4000) for _ in range(batch))
+        reads = (k + 1) * context + batch * k * (k + 1) / 2
+        forward_s = 5e-3 + 0.5e-6 * reads + 20e-6 * batch * (k + 1)
+        draft_s = k * 1e-3
+        out.append(
+            StepRecord(
+                now_s=step * 0.05,
+                k=k,
+                duration_s=forward_s + draft_s + 1e-3,
+                num_running=batch,
+                num_context_tokens=context,
+                num_batched_tokens=batch * (k + 1),
+                num_draft_passes=k,
+                num_emitted_tokens=2 * batch,
+                num_drafted_per_request=(k,) * batch,
+                num_accepted_per_request=(1,) * batch,
+                forward_s=forward_s,
+                draft_s=draft_s,
+            )
+        )
+    return out
+
+
+def test_on_a_batch_expansion_engine_each_further_k_pays_another_read_of_the_context() -> None:
+    # Learned at k = 2 alone: a further k reads the 8 requests' 16,000 context tokens once more (8 ms), plus its
+    # pass and its tokens. Fitted on the plain context, the target's part would price that read as k = 2's share.
+    truth_s = 0.5e-6 * (16_000 + 8 * 3) + 20e-6 * 8 + 1e-3
+    priced = {}
+    for expansion in (True, False):
+        policy = make_policy("adaptive", EngineTraits(max_k=4, batch_expansion=expansion))
+        assert isinstance(policy, AdaptivePolicy)
+        for record in expanded_steps(2, 1500):
+            policy.observe(record)
+        step = StepContext(now_s=0.0, num_running=8, num_waiting=0, num_context_tokens=16_000)
+        seconds = policy.decode_seconds_all(step)
+        priced[expansion] = seconds[3] - seconds[2]
+    assert priced[True] == pytest.approx(truth_s, rel=0.1)
+    assert priced[False] < 0.7 * truth_s

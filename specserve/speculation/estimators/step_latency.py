@@ -231,12 +231,13 @@ class StepLatencyModel:
 
     def predict_many(
         self,
-        num_context_tokens: float,
+        num_context_tokens: float | Sequence[float] | np.ndarray,
         num_batched_tokens: Sequence[float] | np.ndarray,
         num_draft_passes: Sequence[float] | np.ndarray,
         num_running: float,
     ) -> np.ndarray:
-        """``predict`` for several shapes at once that share the context and the batch (one row per k).
+        """``predict`` for several shapes at once that share the batch (one row per k), and the context unless it is
+        given per row.
 
         The same linear form, grouped: fixed cost and context once, the token spline per row, and one draft pass
         at this batch size times each row's passes.
@@ -253,7 +254,7 @@ class StepLatencyModel:
         token_spline = phi[self._token_spline]
         tokens_s = token_spline[0] * n + np.maximum(n[:, None] - self._token_knots, 0.0) @ token_spline[1:]
         rest_s = phi[-2] + phi[-1] * b if self.features.parts else 0.0
-        fixed_s = phi[0] + phi[1] * float(num_context_tokens) + rest_s
+        fixed_s = phi[0] + phi[1] * np.asarray(num_context_tokens, dtype=np.float64) + rest_s
         return fixed_s + tokens_s + per_pass_s * np.asarray(num_draft_passes)
 
     def batched_token_seconds(self, num_batched_tokens: float) -> float:

@@ -120,13 +120,13 @@ class StepFeatures:
             *((1.0, b) if self.parts else ()),
         ]
 
-    def part_rows(self, row: Sequence[float]) -> list[list[float]]:
-        """A whole step's row split into its target, draft and rest rows (each zero outside its own terms), whose
-        sum is the row; their targets are the step's timed parts."""
+    def part_masks(self) -> np.ndarray:
+        """Rows of 0/1 over the regressors, one per part (target, draft, rest): a whole step's row times them gives
+        the part's row, and the three sum to the row; their targets are the step's timed parts."""
         draft = 3 + len(self.token_knots)
         rest = draft + 2 + len(self.request_knots)
-        blocks = ((0, draft), (draft, rest), (rest, len(row)))
-        return [[v if lo <= i < hi else 0.0 for i, v in enumerate(row)] for lo, hi in blocks]
+        columns = np.arange(len(self.names))
+        return np.array([(lo <= columns) & (columns < hi) for lo, hi in ((0, draft), (draft, rest), (rest, rest + 2))])
 
 
 #: TurboSpec's straight line (Eq. 3 plus draft passes).
@@ -164,6 +164,7 @@ class StepLatencyModel:
         self._token_spline = slice(2, 3 + num_tokens)  # slope, then increments
         self._request_spline = slice(4 + num_tokens, 5 + num_tokens + num_requests)
         self._scales = np.array(features.scales())
+        self._part_masks = features.part_masks() if features.parts else None
         self._prior_scaled = np.array(prior) * self._scales
         self._prior_weight = prior_weight
         self._decay = math.pow(0.5, 1.0 / half_life_steps)
@@ -207,13 +208,12 @@ class StepLatencyModel:
 
         ``parts``: the step's (target pass, draft passes) seconds, learned each on its own where the features have
         ``parts``; the rest of ``duration_s`` is the step's own work. Otherwise the whole step is one sample."""
-        row = self.features.row(num_context_tokens, num_batched_tokens, num_draft_passes, num_running)
-        raw = np.array(row)
+        raw = np.array(self.features.row(num_context_tokens, num_batched_tokens, num_draft_passes, num_running))
         predicted_s = float(raw @ self._current())
-        if parts is not None and self.features.parts:
+        if parts is not None and self._part_masks is not None:
             forward_s, draft_s = parts
             ys = np.array([forward_s, draft_s, duration_s - forward_s - draft_s])
-            self._pending.append((np.array(self.features.part_rows(row)), ys))
+            self._pending.append((raw * self._part_masks, ys))
         else:
             self._pending.append((raw[None, :], np.array([duration_s])))
         self._num_samples = self._decay * self._num_samples + 1.0

@@ -309,7 +309,7 @@ class AdaptivePolicy(Policy):
             draft_passes = np.full_like(ks, passes)
         context: float | np.ndarray = ctx.num_context_tokens
         if self.traits.batch_expansion:
-            context = np.array([batch_expansion_context(ctx.num_context_tokens, batch, k) for k in range(len(ks))])
+            context = np.array([batch_expansion_context(ctx.num_context_tokens, batch, k) for k in ks.tolist()])
         step_s = self.latency.predict_many(context, prefill + batch * (ks + 1), draft_passes, batch)
         prefill_s = self.latency.batched_token_seconds(prefill) if prefill else 0.0
         factors = np.array(self.correction.factors(batch, self.max_k + 1))

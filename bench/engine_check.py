@@ -148,8 +148,8 @@ def report(
     sim_seeds: int = engine_check.SIM_SEEDS,
 ) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    checks, timer, fit_error = engine_check.compare(runs, trace, MAX_K, setup, sim_seeds)
-    for path in engine_check_report.write(checks, timer, fit_error, seed, out, setup, dtype, refit):
+    checks, fit = engine_check.compare(runs, trace, MAX_K, setup, sim_seeds)
+    for path in engine_check_report.write(checks, fit, seed, out, setup, dtype, refit):
         print(path)
     return 0
 

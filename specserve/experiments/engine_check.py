@@ -37,7 +37,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -220,43 +220,78 @@ def busy_step_times(log: Sequence[dict]) -> list[dict]:
     return out
 
 
-def fit_cpu_timer(log: Sequence[dict]) -> tuple[StepTimer, float]:
+class CpuFit(NamedTuple):
+    """``fit_cpu_timer``'s answer: the timer, its median relative error over the log's whole steps, and whether it
+    was fitted part by part (every step timed its target pass and draft passes) or on whole steps."""
+
+    timer: StepTimer
+    error: float
+    on_parts: bool
+
+
+def _draft_columns(e: dict) -> list[float]:
+    """A step's draft regressors: its passes, their context reads, and the tokens they process. The draft's first
+    pass reads the step's batched tokens, each further pass one token per request."""
+    passes = e["num_draft_passes"]
+    draft_tokens = (e["num_batched_tokens"] if passes else 0) + max(passes - 1, 0) * e["num_running"]
+    return [passes, passes * e["num_context_tokens"], draft_tokens]
+
+
+def _timer(target: Sequence[float], draft: Sequence[float], overhead: float, speculation: float) -> StepTimer:
+    """A fitted timer; each forward's coefficients as (per context token, per batched token, per pass)."""
+    return StepTimer(
+        target=LinearForward(*(float(v) for v in target)),
+        draft=LinearForward(*(float(v) for v in draft)),
+        step_overhead_s=float(overhead),
+        speculation_overhead_s=float(speculation),
+    )
+
+
+def _step_shape(e: dict) -> tuple[float, float, list[float]]:
+    """A logged step as ``StepTimer.step_s`` takes it: context, batched tokens, and each draft pass's tokens."""
+    passes = e["num_draft_passes"]
+    first = [float(e["num_batched_tokens"])] if passes else []
+    return e["num_context_tokens"], e["num_batched_tokens"], first + [float(e["num_running"])] * max(passes - 1, 0)
+
+
+def fit_cpu_timer(log: Sequence[dict]) -> CpuFit:
     """Step time = overhead + target(context, batched) + per draft pass (fixed + context) + draft tokens
     + a fixed cost for a step that speculates (k > 0 and the draft ran).
 
-    The draft's first pass reads the step's batched tokens, each further pass one token per request. Without
-    the speculating step's fixed cost the fit spreads it over the passes and prices k = 4 above k = 2 where
-    the engine measured the opposite. Returns the timer and the fit's median relative error over the log."""
-    rows, y = [], []
-    for e in log:
-        passes = e["num_draft_passes"]
-        draft_tokens = (e["num_batched_tokens"] if passes else 0) + max(passes - 1, 0) * e["num_running"]
-        rows.append(
-            [
-                1.0,
-                e["num_context_tokens"],
-                e["num_batched_tokens"],
-                passes,
-                passes * e["num_context_tokens"],
-                draft_tokens,
-                float(e["k"] > 0 and passes > 0),
-            ]
+    Where every step timed its parts (``forward_s``, ``draft_s``: the engine's worker times them), each part is
+    fitted on its own: the target's pass on its context and batched tokens, the draft's passes on theirs, and the
+    rest of the step (the start-to-start time less both) on a fixed cost and the speculating step's. Whole steps
+    cannot separate a cost that grows with k from one that grows with the batch while k holds still; the parts
+    can, at any k. A log without parts (an older one) is fitted whole, as before: without the speculating step's
+    fixed cost that fit spreads it over the passes and prices k = 4 above k = 2 where the engine measured the
+    opposite. Both fits are non-negative least squares on relative error."""
+    wall = np.array([e["duration_s"] for e in log], dtype=float)
+    weights = 1.0 / wall
+    speculates = [float(e["k"] > 0 and e["num_draft_passes"] > 0) for e in log]
+    on_parts = bool(log) and all(e.get("forward_s") is not None and e.get("draft_s") is not None for e in log)
+    if on_parts:
+        forward = np.array([e["forward_s"] for e in log], dtype=float)
+        draft = np.array([e["draft_s"] for e in log], dtype=float)
+        t = nonneg_lstsq(
+            np.array([[e["num_context_tokens"], e["num_batched_tokens"], 1.0] for e in log]), forward, weights
         )
-        y.append(e["duration_s"])
-    x, target = np.array(rows, dtype=float), np.array(y, dtype=float)
-    c = nonneg_lstsq(x, target, 1.0 / target)
-    predicted = x @ c
-    timer = StepTimer(
-        target=LinearForward(float(c[1]), float(c[2]), 0.0),
-        draft=LinearForward(float(c[4]), float(c[5]), float(c[3])),
-        step_overhead_s=float(c[0]),
-        speculation_overhead_s=float(c[6]),
-        # What the linear model leaves unexplained, as the simulator's per-step noise: same-shaped steps on this
-        # machine spread widely, and a policy that learns step costs online sees that spread.
-        jitter_sigma=float(np.std(np.log(target / np.maximum(predicted, 1e-9)))),
+        d = nonneg_lstsq(np.array([_draft_columns(e) for e in log], dtype=float), draft, weights)
+        r = nonneg_lstsq(np.array([[1.0, s] for s in speculates]), wall - forward - draft, weights)
+        timer = _timer(target=(t[0], t[1], t[2]), draft=(d[1], d[2], d[0]), overhead=r[0], speculation=r[1])
+    else:
+        x = [
+            [1.0, e["num_context_tokens"], e["num_batched_tokens"], *_draft_columns(e), s]
+            for e, s in zip(log, speculates, strict=True)
+        ]
+        c = nonneg_lstsq(np.array(x, dtype=float), wall, weights)
+        timer = _timer(target=(c[1], c[2], 0.0), draft=(c[4], c[5], c[3]), overhead=c[0], speculation=c[6])
+    predicted = np.array(
+        [timer.step_s(*_step_shape(e), verifies=bool(s)) for e, s in zip(log, speculates, strict=True)]
     )
-    error = float(np.median(np.abs(predicted / target - 1.0)))
-    return timer, error
+    # What the linear model leaves unexplained, as the simulator's per-step noise: same-shaped steps on this
+    # machine spread widely, and a policy that learns step costs online sees that spread.
+    timer = dataclasses.replace(timer, jitter_sigma=float(np.std(np.log(wall / np.maximum(predicted, 1e-9)))))
+    return CpuFit(timer, float(np.median(np.abs(predicted / wall - 1.0))), on_parts)
 
 
 # Beta concentrations acceptance_from tries: 0.5 (alphas spread widely) to about 2000 (nearly alike).
@@ -508,13 +543,14 @@ class EngineRun:
 
 def compare(
     runs: Sequence[EngineRun], trace: Path | None, max_k: int, setup: CheckSetup, sim_seeds: int = SIM_SEEDS
-) -> tuple[list[PolicyCheck], StepTimer, float]:
+) -> tuple[list[PolicyCheck], CpuFit]:
     """One timer fitted to all the runs' busy steps, then the simulator's replay of each policy (of ``trace``, or
     of the setup's closed loop where it is ``None``), over ``sim_seeds`` seeds (acceptance verdicts and step-time
     jitter), against the mean of the engine's runs of it (policies in the order of their first run). Returns the
-    checks, the timer and the fit's median relative error."""
+    checks and the fit."""
     horizon, closed = setup.horizon_s, setup.closed
-    timer, fit_error = fit_cpu_timer([e for run in runs for e in busy_step_times(run.steps)])
+    fit = fit_cpu_timer([e for run in runs for e in busy_step_times(run.steps)])
+    timer = fit.timer
     reached = [sum(col) for col in zip(*(r.reached_per_pos for r in runs), strict=True)]
     accepted = [sum(col) for col in zip(*(r.accepted_per_pos for r in runs), strict=True)]
     acceptance = acceptance_from(reached, accepted)
@@ -533,4 +569,4 @@ def compare(
         each = tuple(summarize_run(r.steps, r.makespan_s, horizon, r.e2e_s, closed) for r in mine)
         engine = mean_summary(each, [e for r in mine for e in r.e2e_s])
         checks.append(PolicyCheck(policy, engine, sim, acceptance, each, sim_seeds))
-    return checks, timer, fit_error
+    return checks, fit

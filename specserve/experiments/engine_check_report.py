@@ -16,18 +16,19 @@ from specserve.experiments.engine_check import (
     SIM_SEEDS,
     WINDOW_S,
     CheckSetup,
+    CpuFit,
     PolicyCheck,
     worth_ratios,
 )
-from specserve.sim.latency import StepTimer
 
 BAR = 0.10
+# The fit's source where the engine timed each step's target pass and draft passes (``engine_check.fit_cpu_timer``).
+PARTS_NOTE = ", each part fitted on the engine's own timing of it (the target's pass, the draft's passes, the rest)"
 
 
 def write(
     checks: Sequence[PolicyCheck],
-    timer: StepTimer,
-    fit_error: float,
+    fit: CpuFit,
     seed: int,
     out: Path,
     setup: CheckSetup,
@@ -37,15 +38,14 @@ def write(
     """``refit``: the engine's step log came from an earlier run (``--steps``), only the fit and the simulator
     ran again."""
     md, png, raw = (out / f"{setup.prefix}{suffix}" for suffix in (".md", ".png", ".json"))
-    raw.write_text(json.dumps(as_json(checks, timer, fit_error, seed, setup, dtype), indent=2) + "\n")
-    md.write_text(render_markdown(checks, timer, fit_error, seed, setup, dtype, refit, out))
+    raw.write_text(json.dumps(as_json(checks, fit, seed, setup, dtype), indent=2) + "\n")
+    md.write_text(render_markdown(checks, fit, seed, setup, dtype, refit, out))
     _plot(png, checks)
     return [md, png, raw]
 
 
-def as_json(
-    checks: Sequence[PolicyCheck], timer: StepTimer, fit_error: float, seed: int, setup: CheckSetup, dtype: str
-) -> dict:
+def as_json(checks: Sequence[PolicyCheck], fit: CpuFit, seed: int, setup: CheckSetup, dtype: str) -> dict:
+    timer = fit.timer
     return {
         "pair": setup.name,
         "dtype": dtype,
@@ -53,7 +53,8 @@ def as_json(
         "segments": setup.segments,
         "phases": setup.phases,
         "seed": seed,
-        "fit_median_relative_error": fit_error,
+        "fit_median_relative_error": fit.error,
+        "fit_on_parts": fit.on_parts,
         "sim_seeds": _sim_seeds(checks),
         "timer": dataclasses.asdict(timer),
         "window_s": WINDOW_S,
@@ -99,8 +100,7 @@ def _mean(values: Sequence[float]) -> float:
 
 def render_markdown(
     checks: Sequence[PolicyCheck],
-    timer: StepTimer,
-    fit_error: float,
+    fit: CpuFit,
     seed: int,
     setup: CheckSetup,
     dtype: str = "bfloat16",
@@ -113,8 +113,11 @@ def render_markdown(
     else:
         segments = ", ".join(f"{d:g} s at {r:g} QPS" for d, r in setup.segments)
         load = f"Poisson arrivals, {segments}"
-    fitted = dataclasses.asdict(timer)
+    timer = fit.timer
+    fitted = dataclasses.asdict(timer)  # the fit's forwards are LinearForward
     per_pass, per_token = _ms(fitted["draft"]["intercept_s"]), _ms(fitted["target"]["s_per_batched_token"])
+    fixed = _ms(timer.step_overhead_s + fitted["target"]["intercept_s"])
+    source = PARTS_NOTE if fit.on_parts else ""
     acc = checks[0].acceptance if checks else None
     rounds = max((len(c.engine_runs) for c in checks), default=1)
     command = (
@@ -147,10 +150,10 @@ def render_markdown(
         "load is replayed in real time, in this process, each run from the policy's priors and an empty prefix",
         f"cache, {'every policy' if setup.closed else 'a policy that chooses k'} {rounds} times (interleaved with "
         f"the others){'' if setup.closed else ', a fixed k once'}. Simulator: the same load and policy, with step",
-        f"times fitted to the engine's own step log (median |error| of the fit over all steps: {fit_error:.1%}) and",
+        f"times fitted to the engine's own step log (median |error| of the fit over all steps: {fit.error:.1%}) and",
         f"the engine's measured acceptance (alpha {acc.mean:.3f} at position 0, decay {acc.decay:.3f})." if acc else "",
         "",
-        f"Fitted step: {_ms(timer.step_overhead_s)} fixed, {_ms(timer.speculation_overhead_s)} more when it",
+        f"Fitted step{source}: {fixed} fixed, {_ms(timer.speculation_overhead_s)} more when it",
         f"speculates, {per_pass} per draft pass, {per_token} per target token; the rest of each step's time",
         f"drawn around that (lognormal, log-sigma {timer.jitter_sigma:.3f}, the fit's residual spread). The",
         f"simulator's columns pool {_sim_seeds(checks)} seeds (acceptance verdicts and step-time draws).",

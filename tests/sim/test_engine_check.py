@@ -49,8 +49,10 @@ def _step(
 
 def test_the_fit_recovers_the_step_time_model_that_made_the_log() -> None:
     log = [_step(k, b, c) for k in range(5) for b in (1, 2, 4, 8) for c in (50, 300, 1000)]
-    timer, error = fit_cpu_timer(log)
-    assert error < 1e-6
+    fit = fit_cpu_timer(log)
+    timer = fit.timer
+    assert fit.error < 1e-6
+    assert not fit.on_parts, "a log without timed parts is fitted on whole steps"
     assert timer.step_overhead_s == pytest.approx(2e-3, rel=1e-4)
     assert timer.target.s_per_batched_token == pytest.approx(8e-5, rel=1e-4)
     assert timer.draft.intercept_s == pytest.approx(1e-3, rel=1e-4)
@@ -63,12 +65,61 @@ def test_the_fit_recovers_the_step_time_model_that_made_the_log() -> None:
         assert step_s == pytest.approx(e["duration_s"])
 
 
+def _timed(
+    e: dict, forward_intercept=1e-3, per_context=2e-6, per_token=8e-5, per_pass=1e-3, per_draft_token=5e-5
+) -> dict:
+    """A step of ``_step``'s shape whose parts the engine timed: the target's pass (with a fixed cost of its own,
+    which ``_step``'s whole-step overhead holds) and the draft's passes; the rest is the step less both."""
+    passes = e["num_draft_passes"]
+    draft_tokens = (e["num_batched_tokens"] if passes else 0) + max(passes - 1, 0) * e["num_running"]
+    forward = forward_intercept + per_context * e["num_context_tokens"] + per_token * e["num_batched_tokens"]
+    draft = passes * per_pass + per_draft_token * draft_tokens
+    rest = 1e-3 + 1.5e-3 * (e["k"] > 0)
+    return {**e, "forward_s": forward, "draft_s": draft, "duration_s": forward + draft + rest}
+
+
+def _shape(e: dict) -> tuple[float, float, list[float]]:
+    passes = e["num_draft_passes"]
+    return (
+        e["num_context_tokens"],
+        e["num_batched_tokens"],
+        [e["num_batched_tokens"]] + [e["num_running"]] * (passes - 1),
+    )
+
+
+def test_timed_parts_identify_what_a_further_k_costs_from_steps_at_one_k() -> None:
+    """Held at one k, a draft pass's cost moves with the step's fixed cost: whole steps cannot tell them apart,
+    the draft's own timing can. Trained on k = 2 alone, the parts fit prices a k = 4 step as the engine runs it."""
+    at_k2 = [_timed(_step(2, b, c)) for b in (1, 2, 4, 8) for c in (50, 300, 1000)]
+    at_k4 = [_timed(_step(4, b, c)) for b in (1, 2, 4, 8) for c in (50, 300, 1000)]
+    parts = fit_cpu_timer(at_k2)
+    assert parts.on_parts
+    assert parts.timer.draft.intercept_s == pytest.approx(1e-3, rel=1e-4)
+    assert parts.timer.target.intercept_s == pytest.approx(1e-3, rel=1e-4)
+    assert parts.timer.target.s_per_context_token == pytest.approx(2e-6, rel=1e-4)
+    whole = fit_cpu_timer([{**e, "forward_s": None, "draft_s": None} for e in at_k2])
+    assert not whole.on_parts
+
+    def miss(timer: StepTimer) -> float:
+        """The largest relative error over the k = 4 steps."""
+        return max(abs(timer.step_s(*_shape(e), verifies=True) / e["duration_s"] - 1) for e in at_k4)
+
+    assert miss(parts.timer) < 1e-6
+    assert miss(whole.timer) > 0.02, "the whole-step fit cannot know a pass's cost from one k"
+
+
+def test_a_log_with_some_steps_untimed_is_fitted_whole() -> None:
+    log = [_timed(_step(k, b, 300)) for k in range(5) for b in (1, 4)]
+    log[3] = {**log[3], "forward_s": None}
+    assert not fit_cpu_timer(log).on_parts
+
+
 def test_the_fit_takes_the_spread_of_the_steps_around_it_as_the_simulators_jitter() -> None:
     rng = np.random.default_rng(0)
     sigma = 0.2
     log = [_step(k, b, c) for k in range(5) for b in (1, 2, 4, 8) for c in (50, 300, 1000) for _ in range(40)]
     noisy = [{**e, "duration_s": e["duration_s"] * rng.lognormal(-(sigma**2) / 2, sigma)} for e in log]
-    timer, _ = fit_cpu_timer(noisy)
+    timer = fit_cpu_timer(noisy).timer
     # 2,400 draws: the sample log-sigma is within a few percent of the one that made them.
     assert timer.jitter_sigma == pytest.approx(sigma, rel=0.1)
     assert timer.step_overhead_s == pytest.approx(2e-3, rel=0.2)

@@ -10,7 +10,8 @@
 2. A CPU step-time model is fitted to that log (``fit_cpu_timer``): TurboSpec Eq. 3 for the target and for
    one draft pass plus a fixed per-step cost and a fixed cost per speculating step, by non-negative least
    squares on relative error, on each busy step's start-to-start wall time (``busy_step_times``), which
-   includes the loop's work between steps.
+   includes the loop's work between steps. Where the engine timed each step's target pass and draft passes,
+   each part is fitted on its own time.
 3. The simulator replays the same trace with that timer, the engine's measured acceptance (position 0's rate,
    and the deeper rates as a spread of requests' alphas or a decay: ``acceptance_from``) and the same policy,
    its draft re-reading every scheduled token in its first pass as vLLM's draft-model proposer does.

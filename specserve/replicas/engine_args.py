@@ -42,6 +42,8 @@ STEP_LOG_FIELDS = (
     "num_batched_tokens",
     "num_draft_passes",
     "num_emitted_tokens",
+    "forward_s",
+    "draft_s",
 )
 
 

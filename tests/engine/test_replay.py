@@ -31,6 +31,10 @@ def test_a_closed_loop_keeps_each_client_busy_and_sends_nothing_after_its_phases
     assert OUTPUT_TOKENS * len(e2e) <= emitted <= (OUTPUT_TOKENS + 2) * len(e2e)
     assert len(e2e) > 3 and all(t > 0 for t in e2e)
     assert horizon <= makespan < horizon + max(e2e) + 1.0
+    # Each step's parts, as engine_check fits them: the target's pass inside the step, the draft's two passes
+    # timed on every step that ran them.
+    assert all(0 < e["forward_s"] < e["duration_s"] for e in log)
+    assert all(e["draft_s"] > 0 for e in log if e["num_draft_passes"] > 0)
 
 
 def test_a_trace_adds_each_request_at_its_arrival(trained_pair):

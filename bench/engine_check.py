@@ -55,11 +55,16 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--steps", type=Path, help="an earlier run's *-steps.json: refit and re-simulate, no engine")
+    parser.add_argument(
+        "--whole-steps",
+        action="store_true",
+        help="fit the step times on whole steps even where the engine timed their parts (an A/B of the two fits)",
+    )
     args = parser.parse_args()
     if args.sim_seeds < 1:
         parser.error(f"--sim-seeds: {args.sim_seeds}: must be at least 1")
     if args.steps is not None:
-        return refit(parser, args.steps, args.seed, args.out, args.sim_seeds)
+        return refit(parser, args.steps, args.seed, args.out, args.sim_seeds, not args.whole_steps)
     try:
         setup = engine_check.SETUPS[args.pair].slowed(args.slowdown)
     except ValueError as exc:
@@ -121,10 +126,14 @@ def main() -> int:
             )
     steps = {"pair": setup.name, "slowdown": setup.slowdown, "dtype": dtype, "runs": [vars_of(r) for r in runs]}
     (args.out / f"{setup.prefix}-steps.json").write_text(json.dumps(steps) + "\n")
-    return report(runs, trace, args.seed, args.out, setup, dtype, sim_seeds=args.sim_seeds)
+    return report(
+        runs, trace, args.seed, args.out, setup, dtype, sim_seeds=args.sim_seeds, use_parts=not args.whole_steps
+    )
 
 
-def refit(parser: argparse.ArgumentParser, steps: Path, seed: int, out: Path, sim_seeds: int) -> int:
+def refit(
+    parser: argparse.ArgumentParser, steps: Path, seed: int, out: Path, sim_seeds: int, use_parts: bool = True
+) -> int:
     if not steps.is_file():
         parser.error(f"--steps: {steps}: no such file")
     document = json.loads(steps.read_text())
@@ -134,7 +143,8 @@ def refit(parser: argparse.ArgumentParser, steps: Path, seed: int, out: Path, si
     runs = [engine_check.EngineRun(**run) for run in document["runs"]]
     # The logs from before --dtype ran in bf16 on a CPU with AMX.
     dtype = document.get("dtype", "bfloat16")
-    return report(runs, setup.trace_file(steps.parent), seed, out, setup, dtype, refit=True, sim_seeds=sim_seeds)
+    trace = setup.trace_file(steps.parent)
+    return report(runs, trace, seed, out, setup, dtype, refit=steps, sim_seeds=sim_seeds, use_parts=use_parts)
 
 
 def report(
@@ -144,11 +154,12 @@ def report(
     out: Path,
     setup: engine_check.CheckSetup,
     dtype: str,
-    refit: bool = False,
+    refit: Path | None = None,
     sim_seeds: int = engine_check.SIM_SEEDS,
+    use_parts: bool = True,
 ) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    checks, fit = engine_check.compare(runs, trace, MAX_K, setup, sim_seeds)
+    checks, fit = engine_check.compare(runs, trace, MAX_K, setup, sim_seeds, use_parts)
     for path in engine_check_report.write(checks, fit, seed, out, setup, dtype, refit):
         print(path)
     return 0

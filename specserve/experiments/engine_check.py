@@ -222,12 +222,14 @@ def busy_step_times(log: Sequence[dict]) -> list[dict]:
 
 
 class CpuFit(NamedTuple):
-    """``fit_cpu_timer``'s answer: the timer, its median relative error over the log's whole steps, and whether it
-    was fitted part by part (every step timed its target pass and draft passes) or on whole steps."""
+    """``fit_cpu_timer``'s answer: the timer, its median relative error over the log's whole steps, whether it
+    was fitted part by part or on whole steps, and whether every step had timed its target pass and draft passes
+    (the parts could have been fitted)."""
 
     timer: StepTimer
     error: float
     on_parts: bool
+    parts_timed: bool
 
 
 def _draft_columns(e: dict) -> list[float]:
@@ -255,7 +257,7 @@ def _step_shape(e: dict) -> tuple[float, float, list[float]]:
     return e["num_context_tokens"], e["num_batched_tokens"], first + [float(e["num_running"])] * max(passes - 1, 0)
 
 
-def fit_cpu_timer(log: Sequence[dict]) -> CpuFit:
+def fit_cpu_timer(log: Sequence[dict], use_parts: bool = True) -> CpuFit:
     """Step time = overhead + target(context, batched) + per draft pass (fixed + context) + draft tokens
     + a fixed cost for a step that speculates (k > 0 and the draft ran).
 
@@ -265,11 +267,13 @@ def fit_cpu_timer(log: Sequence[dict]) -> CpuFit:
     cannot separate a cost that grows with k from one that grows with the batch while k holds still; the parts
     can, at any k. A log without parts (an older one) is fitted whole, as before: without the speculating step's
     fixed cost that fit spreads it over the passes and prices k = 4 above k = 2 where the engine measured the
-    opposite. Both fits are non-negative least squares on relative error."""
+    opposite. Both fits are non-negative least squares on relative error. ``use_parts=False`` fits whole steps
+    even where the parts were timed (an A/B of the two fits on one log)."""
     wall = np.array([e["duration_s"] for e in log], dtype=float)
     weights = 1.0 / wall
     speculates = [float(e["k"] > 0 and e["num_draft_passes"] > 0) for e in log]
-    on_parts = bool(log) and all(e.get("forward_s") is not None and e.get("draft_s") is not None for e in log)
+    parts_timed = bool(log) and all(e.get("forward_s") is not None and e.get("draft_s") is not None for e in log)
+    on_parts = use_parts and parts_timed
     if on_parts:
         forward = np.array([e["forward_s"] for e in log], dtype=float)
         draft = np.array([e["draft_s"] for e in log], dtype=float)
@@ -292,7 +296,7 @@ def fit_cpu_timer(log: Sequence[dict]) -> CpuFit:
     # What the linear model leaves unexplained, as the simulator's per-step noise: same-shaped steps on this
     # machine spread widely, and a policy that learns step costs online sees that spread.
     timer = dataclasses.replace(timer, jitter_sigma=float(np.std(np.log(wall / np.maximum(predicted, 1e-9)))))
-    return CpuFit(timer, float(np.median(np.abs(predicted / wall - 1.0))), on_parts)
+    return CpuFit(timer, float(np.median(np.abs(predicted / wall - 1.0))), on_parts, parts_timed)
 
 
 # Beta concentrations acceptance_from tries: 0.5 (alphas spread widely) to about 2000 (nearly alike).
@@ -543,14 +547,19 @@ class EngineRun:
 
 
 def compare(
-    runs: Sequence[EngineRun], trace: Path | None, max_k: int, setup: CheckSetup, sim_seeds: int = SIM_SEEDS
+    runs: Sequence[EngineRun],
+    trace: Path | None,
+    max_k: int,
+    setup: CheckSetup,
+    sim_seeds: int = SIM_SEEDS,
+    use_parts: bool = True,
 ) -> tuple[list[PolicyCheck], CpuFit]:
     """One timer fitted to all the runs' busy steps, then the simulator's replay of each policy (of ``trace``, or
     of the setup's closed loop where it is ``None``), over ``sim_seeds`` seeds (acceptance verdicts and step-time
     jitter), against the mean of the engine's runs of it (policies in the order of their first run). Returns the
     checks and the fit."""
     horizon, closed = setup.horizon_s, setup.closed
-    fit = fit_cpu_timer([e for run in runs for e in busy_step_times(run.steps)])
+    fit = fit_cpu_timer([e for run in runs for e in busy_step_times(run.steps)], use_parts)
     timer = fit.timer
     reached = [sum(col) for col in zip(*(r.reached_per_pos for r in runs), strict=True)]
     accepted = [sum(col) for col in zip(*(r.accepted_per_pos for r in runs), strict=True)]

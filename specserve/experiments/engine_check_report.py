@@ -33,10 +33,10 @@ def write(
     out: Path,
     setup: CheckSetup,
     dtype: str = "bfloat16",
-    refit: bool = False,
+    refit: Path | None = None,
 ) -> list[Path]:
-    """``refit``: the engine's step log came from an earlier run (``--steps``), only the fit and the simulator
-    ran again."""
+    """``refit``: the earlier run's step log (``--steps``) this page fitted and simulated again, without the
+    engine."""
     md, png, raw = (out / f"{setup.prefix}{suffix}" for suffix in (".md", ".png", ".json"))
     raw.write_text(json.dumps(as_json(checks, fit, seed, setup, dtype), indent=2) + "\n")
     md.write_text(render_markdown(checks, fit, seed, setup, dtype, refit, out))
@@ -104,7 +104,7 @@ def render_markdown(
     seed: int,
     setup: CheckSetup,
     dtype: str = "bfloat16",
-    refit: bool = False,
+    refit: Path | None = None,
     out: Path = Path("bench/results"),
 ) -> str:
     if setup.closed:
@@ -125,14 +125,18 @@ def render_markdown(
         f"--pair {setup.name} --policies {','.join(c.policy for c in checks)} --rounds {rounds} --dtype {dtype} "
         + (f"--slowdown {setup.slowdown:g} " if setup.slowdown != 1.0 else "")
         + (f"--sim-seeds {_sim_seeds(checks)} " if _sim_seeds(checks) != SIM_SEEDS else "")
-        + f"--seed {seed} --out {out}"
+        + f"--seed {seed} --out "
     )
+    whole = "" if fit.on_parts or not fit.parts_timed else " --whole-steps"
     lines = [
         f"# Simulator against the engine on one replayed load: {setup.description}",
         "",
         "```",
-        command,
-        *([f"{command} --steps {out / setup.prefix}-steps.json  # refit"] if refit else []),
+        *(
+            [f"{command}{refit.parent}", f"{command}{out} --steps {refit}{whole}  # refit"]
+            if refit
+            else [f"{command}{out}{whole}"]
+        ),
         "```",
         "",
         *(

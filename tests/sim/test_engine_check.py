@@ -97,8 +97,8 @@ def test_timed_parts_identify_what_a_further_k_costs_from_steps_at_one_k() -> No
     assert parts.timer.draft.intercept_s == pytest.approx(1e-3, rel=1e-4)
     assert parts.timer.target.intercept_s == pytest.approx(1e-3, rel=1e-4)
     assert parts.timer.target.s_per_context_token == pytest.approx(2e-6, rel=1e-4)
-    whole = fit_cpu_timer([{**e, "forward_s": None, "draft_s": None} for e in at_k2])
-    assert not whole.on_parts
+    whole = fit_cpu_timer(at_k2, use_parts=False)
+    assert not whole.on_parts and whole.parts_timed
 
     def miss(timer: StepTimer) -> float:
         """The largest relative error over the k = 4 steps."""

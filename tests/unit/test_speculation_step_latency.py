@@ -251,3 +251,61 @@ def test_features_without_parts_learn_a_timed_step_whole() -> None:
         timed.observe(record)
         untimed.observe(replace(record, forward_s=None, draft_s=None))
     assert timed.coefficients() == untimed.coefficients()
+
+
+def one_request_steps(num_steps: int, seed: int) -> list[StepRecord]:
+    """One request on a compute-bound engine (a CPU without native bf16): a target pass of 30 ms + 27 ms per scored
+    token, a draft pass of 7 ms, 3 ms of the loop's own work, 2 % noise. Held at k = 4 as a policy that chose it
+    would be, with an exploration to k = 0, 1, 2 or 3 every 20th step."""
+    rng = random.Random(seed)
+    out = []
+    for step in range(num_steps):
+        k = (step // 20) % 4 if step % 20 == 19 else 4
+        forward_s = (30e-3 + 27e-3 * (k + 1)) * rng.gauss(1.0, 0.02)
+        draft_s = k * 7e-3 * rng.gauss(1.0, 0.02)
+        rest_s = 3e-3 * rng.gauss(1.0, 0.02)
+        out.append(
+            StepRecord(
+                now_s=step * 0.2,
+                k=k,
+                duration_s=forward_s + draft_s + rest_s,
+                num_running=1,
+                num_context_tokens=32 + 2 * step,
+                num_batched_tokens=k + 1,
+                num_draft_passes=k,
+                num_emitted_tokens=2,
+                forward_s=forward_s,
+                draft_s=draft_s,
+            )
+        )
+    return out
+
+
+def test_data_scales_learn_a_steep_token_cost_from_a_few_explorations() -> None:
+    # The default ridge weighs the target's per-token slope by a GPU-typical 64 tokens: a 27 ms slope reads as
+    # 1.7 s added to a step, and the 5 explorations that vary the tokens do not outweigh the prior. Scaled by the
+    # steps this engine runs (1-5 tokens), the same explorations set the slope well enough to choose k.
+    records = one_request_steps(100, seed=7)
+    gpu_scaled, data_scaled = StepLatencyModel(HINGED), StepLatencyModel(HINGED, data_scales=True)
+    for record in records:
+        gpu_scaled.observe(record)
+        data_scaled.observe(record)
+    ks = np.arange(5)
+    step_s = 30e-3 + 27e-3 * (ks + 1) + 7e-3 * ks + 3e-3
+    tokens = (1 - 0.6 ** (ks + 1)) / (1 - 0.6)  # per step at acceptance 0.6
+    true_rate = tokens / step_s
+
+    def chosen_k(model: StepLatencyModel) -> int:
+        return int(np.argmax(tokens / model.predict_many(records[-1].num_context_tokens, ks + 1, ks, 1)))
+
+    assert chosen_k(data_scaled) == int(np.argmax(true_rate))
+    assert chosen_k(gpu_scaled) == 4
+    assert true_rate[4] / true_rate.max() < 0.75, "k = 4 is a poor choice here, not a near-tie"
+
+
+def test_data_scales_leave_a_feature_never_seen_at_its_prior() -> None:
+    # No step has reached the first token knot (32): its increment stays at the prior's zero in either scaling.
+    model = StepLatencyModel(HINGED, data_scales=True)
+    for record in one_request_steps(60, seed=8):
+        model.observe(record)
+    assert model.coefficients()["s_per_batched_token_past_32"] == 0.0

@@ -146,7 +146,13 @@ class StepLatencyModel:
         half_life_steps: float = 1000.0,
         prior_weight: float = 1.0,
         refit_every: int = 1,
+        data_scales: bool = False,
     ) -> None:
+        """``data_scales``: weigh each coefficient's distance from the prior by the seconds it would move the steps
+        this engine has run (each feature's forgotten root mean square), instead of a GPU-typical step's
+        (``StepFeatures.scales``: 64 batched tokens, 16-64 requests). At one request on a compute-bound CPU a
+        scored token costs tens of ms; scaled for 64 tokens that slope reads as seconds added to a step, and the
+        few steps that vary the tokens never outweigh the prior."""
         prior = features.default_prior() if prior is None else tuple(prior)
         if len(prior) != len(features.names):
             raise ValueError(f"prior needs {len(features.names)} values, one per coefficient")
@@ -164,6 +170,10 @@ class StepLatencyModel:
         self._token_spline = slice(2, 3 + num_tokens)  # slope, then increments
         self._request_spline = slice(4 + num_tokens, 5 + num_tokens + num_requests)
         self._scales = np.array(features.scales())
+        # With data scales the sums are kept in raw units and scaled at each solve by the scales of the moment.
+        self._data_scales = data_scales
+        self._fold_scales = np.ones(len(prior)) if data_scales else self._scales
+        self._squares = np.zeros(len(prior))  # forgotten sum of each whole-step feature squared
         self._part_masks = features.part_masks() if features.parts else None
         self._prior_scaled = np.array(prior) * self._scales
         self._prior_weight = prior_weight
@@ -210,6 +220,8 @@ class StepLatencyModel:
         ``parts``; the rest of ``duration_s`` is the step's own work. Otherwise the whole step is one sample."""
         raw = np.array(self.features.row(num_context_tokens, num_batched_tokens, num_draft_passes, num_running))
         predicted_s = float(raw @ self._current())
+        if self._data_scales:
+            self._squares = self._decay * self._squares + raw * raw
         if parts is not None and self._part_masks is not None:
             forward_s, draft_s = parts
             ys = np.array([forward_s, draft_s, duration_s - forward_s - draft_s])
@@ -284,7 +296,7 @@ class StepLatencyModel:
         m = len(self._pending)
         if not m:
             return
-        x = np.concatenate([rows for rows, _ in self._pending]) / self._scales
+        x = np.concatenate([rows for rows, _ in self._pending]) / self._fold_scales
         y = np.concatenate([seconds for _, seconds in self._pending])
         ages = np.repeat(np.arange(m - 1, -1, -1), [len(seconds) for _, seconds in self._pending])
         weighted = x * (self._decay**ages)[:, None]
@@ -297,8 +309,14 @@ class StepLatencyModel:
         """Ridge solution (G + w I) phi = m + w phi_prior in scaled units, unscaled, slopes made non-negative."""
         self._fold_pending()
         w = self._prior_weight
-        phi = np.linalg.solve(self._gram + w * np.eye(len(self._scales)), self._moment + w * self._prior_scaled)
-        phi /= self._scales
+        if self._data_scales:
+            scales = self._seen_scales()
+            gram, moment = self._gram / np.outer(scales, scales), self._moment / scales
+            prior_scaled = self._prior_scaled / self._scales * scales
+        else:
+            scales, gram, moment, prior_scaled = self._scales, self._gram, self._moment, self._prior_scaled
+        phi = np.linalg.solve(gram + w * np.eye(len(scales)), moment + w * prior_scaled)
+        phi /= scales
         phi[:2] = np.maximum(phi[:2], 0.0)
         phi[self._pass] = max(phi[self._pass], 0.0)
         phi[self._token_spline] = _monotone_spline(phi[self._token_spline])
@@ -306,6 +324,12 @@ class StepLatencyModel:
         if self.features.parts:
             phi[-2:] = np.maximum(phi[-2:], 0.0)
         return phi
+
+    def _seen_scales(self) -> np.ndarray:
+        """Each feature's root mean square over the steps seen (forgotten as the fit forgets them); the prior's
+        scale where a feature has been zero, where any positive scale leaves its coefficient at the prior."""
+        rms = np.sqrt(self._squares / max(self._num_samples, 1e-12))
+        return np.where(rms > 0.0, rms, self._scales)
 
 
 def _monotone_spline(coefficients: np.ndarray) -> np.ndarray:

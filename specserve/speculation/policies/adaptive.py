@@ -136,6 +136,10 @@ class AdaptiveParams:
     # Learn each timed part of a step on its own, where the engine times them (module docstring, 1): off, the fit
     # learns whole steps only, as before the parts were timed.
     timed_parts: bool = True
+    # Weigh the step-cost fit's pull toward its prior by the steps this engine runs rather than a GPU-typical step
+    # (``StepLatencyModel``'s ``data_scales``): on a compute-bound engine at a few requests the fixed scales keep the
+    # target's per-token cost near the prior's. Off until the simulator's leaderboard has been re-run with it.
+    latency_data_scales: bool = False
 
     def __post_init__(self) -> None:
         checks = {
@@ -185,7 +189,12 @@ class AdaptivePolicy(Policy):
         )
         # Refitted every 8 steps: a 17-coefficient solve per step would cost more than the rest of the policy.
         features = HINGED if params.timed_parts else replace(HINGED, parts=False)
-        self.latency = StepLatencyModel(features, half_life_steps=params.latency_half_life_steps, refit_every=8)
+        self.latency = StepLatencyModel(
+            features,
+            half_life_steps=params.latency_half_life_steps,
+            refit_every=8,
+            data_scales=params.latency_data_scales,
+        )
         self.correction = BucketCorrection(params.correction_memory, level_memory=params.level_memory)
         self.calibration = ConfidenceCalibration() if params.calibrate_confidence else None
         # The k the policy itself chose last (exploration and probe steps aside).

@@ -198,7 +198,7 @@ def test_a_reload_under_load_migrates_live_blocks_and_rebuilds_the_draft_while_s
             # late requests' blocks come from the grown region, the second ones while the early still run.
             seen["offloaded"] = offline.offload_draft(engine.llm)
             add(late, MAX_TOKENS)
-        elif "offloaded" in seen and "reloading" not in seen and early_done and memory["kv_blocks_live_extra"] >= 2:
+        elif "offloaded" in seen and "reloading" not in seen and early_done and memory["kv_blocks_live_extra"] >= 1:
             seen["before"] = memory
             seen["reloading"] = offline.reload_draft(engine.llm)
             seen["away"] = engine.telemetry()  # nothing catches up or drafts before the draft is back
@@ -213,7 +213,10 @@ def test_a_reload_under_load_migrates_live_blocks_and_rebuilds_the_draft_while_s
     before, reloading = seen["before"], seen["reloading"]
     # The live blocks moved below the region in the reload call itself (a step may have run between the two
     # reads; the late requests hold their grown blocks to the end); the pool was cut there and then.
-    assert reloading["blocks_migrated"] - before["blocks_migrated"] >= before["kv_blocks_live_extra"] >= 2
+    # One block at least: how many of the late requests' blocks land in the region depends on how far the engine
+    # core, stepping in its own process, ran ahead of this loop when the offload was asked (two on the AMX and
+    # AVX-512 machines, one on an AVX2-only one).
+    assert reloading["blocks_migrated"] - before["blocks_migrated"] >= before["kv_blocks_live_extra"] >= 1
     assert reloading["state"] == "reloading" and reloading["kv_blocks_total"] == BASELINE_BLOCKS
     # The draft was rebuilt while the engine went on stepping, every step at k = 0 without a draft pass.
     resident, away = seen["resident"], seen["away"]

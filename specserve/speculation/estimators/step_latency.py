@@ -175,7 +175,7 @@ class StepLatencyModel:
         self._fold_scales = np.ones(len(prior)) if data_scales else self._scales
         self._squares = np.zeros(len(prior))  # forgotten sum of each whole-step feature squared
         self._part_masks = features.part_masks() if features.parts else None
-        self._prior_scaled = np.array(prior) * self._scales
+        self._prior = np.array(prior)
         self._prior_weight = prior_weight
         self._decay = math.pow(0.5, 1.0 / half_life_steps)
         # The solve is most of the model's cost per step. With a half-life of hundreds of steps, coefficients a few
@@ -312,10 +312,9 @@ class StepLatencyModel:
         if self._data_scales:
             scales = self._seen_scales()
             gram, moment = self._gram / np.outer(scales, scales), self._moment / scales
-            prior_scaled = self._prior_scaled / self._scales * scales
         else:
-            scales, gram, moment, prior_scaled = self._scales, self._gram, self._moment, self._prior_scaled
-        phi = np.linalg.solve(gram + w * np.eye(len(scales)), moment + w * prior_scaled)
+            scales, gram, moment = self._scales, self._gram, self._moment
+        phi = np.linalg.solve(gram + w * np.eye(len(scales)), moment + w * self._prior * scales)
         phi /= scales
         phi[:2] = np.maximum(phi[:2], 0.0)
         phi[self._pass] = max(phi[self._pass], 0.0)

@@ -8,7 +8,7 @@ from itertools import pairwise
 
 import numpy as np
 import pytest
-from speculation_synthetic import kinked_steps, make_record, roofline_record, roofline_s, varied_records
+from speculation_synthetic import kinked_steps, make_record, roofline_record, roofline_s, true_step_s, varied_records
 
 from specserve.speculation import StepRecord
 from specserve.speculation.estimators.step_latency import HINGED, LINEAR, StepFeatures, StepLatencyModel
@@ -309,3 +309,29 @@ def test_data_scales_leave_a_feature_never_seen_at_its_prior() -> None:
     for record in one_request_steps(60, seed=8):
         model.observe(record)
     assert model.coefficients()["s_per_batched_token_past_32"] == 0.0
+
+
+def test_data_scales_change_nothing_on_steps_bigger_than_the_typical_one() -> None:
+    # Data scales only ever weaken the prior's pull: where every feature of this engine's steps is at least its
+    # typical value (64 batched tokens, 8192 context tokens, 4 draft passes, ...) the fit is the default one.
+    rng = random.Random(3)
+    truth = (4e-3, 2e-7, 30e-6, 1.5e-3, 20e-6)
+    default, data_scaled = StepLatencyModel(LINEAR), StepLatencyModel(LINEAR, data_scales=True)
+    for _ in range(200):
+        batch, k = rng.randint(64, 128), rng.randint(4, 6)
+        record = StepRecord(
+            now_s=0.0,
+            k=k,
+            duration_s=0.0,
+            num_running=batch,
+            num_context_tokens=rng.randint(8192, 40000),
+            num_batched_tokens=batch * (k + 1),
+            num_draft_passes=k,
+            num_emitted_tokens=batch,
+        )
+        record = replace(
+            record, duration_s=true_step_s(truth, record.num_context_tokens, record.num_batched_tokens, k, batch)
+        )
+        default.observe(record)
+        data_scaled.observe(record)
+    assert data_scaled.coefficients() == pytest.approx(default.coefficients(), rel=1e-9)

@@ -149,10 +149,11 @@ class StepLatencyModel:
         data_scales: bool = False,
     ) -> None:
         """``data_scales``: weigh each coefficient's distance from the prior by the seconds it would move the steps
-        this engine has run (each feature's forgotten root mean square), instead of a GPU-typical step's
-        (``StepFeatures.scales``: 64 batched tokens, 16-64 requests). At one request on a compute-bound CPU a
-        scored token costs tens of ms; scaled for 64 tokens that slope reads as seconds added to a step, and the
-        few steps that vary the tokens never outweigh the prior."""
+        this engine has run (each feature's forgotten root mean square) where those are smaller than a GPU-typical
+        step's (``StepFeatures.scales``: 64 batched tokens, 16-64 requests). At one request on a compute-bound CPU
+        a scored token costs tens of ms; scaled for 64 tokens that slope reads as seconds added to a step, and the
+        few steps that vary the tokens never outweigh the prior. The scales only shrink: on steps as big as the
+        typical one the fit is the default's, so a GPU engine at high load keeps the pull it was tuned with."""
         prior = features.default_prior() if prior is None else tuple(prior)
         if len(prior) != len(features.names):
             raise ValueError(f"prior needs {len(features.names)} values, one per coefficient")
@@ -325,10 +326,11 @@ class StepLatencyModel:
         return phi
 
     def _seen_scales(self) -> np.ndarray:
-        """Each feature's root mean square over the steps seen (forgotten as the fit forgets them); the prior's
-        scale where a feature has been zero, where any positive scale leaves its coefficient at the prior."""
+        """Each feature's root mean square over the steps seen (forgotten as the fit forgets them), capped at the
+        typical step's scale; that scale where a feature has been zero, where any positive scale leaves its
+        coefficient at the prior."""
         rms = np.sqrt(self._squares / max(self._num_samples, 1e-12))
-        return np.where(rms > 0.0, rms, self._scales)
+        return np.where(rms > 0.0, np.minimum(rms, self._scales), self._scales)
 
 
 def _monotone_spline(coefficients: np.ndarray) -> np.ndarray:

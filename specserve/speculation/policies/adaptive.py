@@ -138,8 +138,8 @@ class AdaptiveParams:
     timed_parts: bool = True
     # Weigh the step-cost fit's pull toward its prior by the steps this engine runs rather than a GPU-typical step
     # (``StepLatencyModel``'s ``data_scales``): on a compute-bound engine at a few requests the fixed scales keep the
-    # target's per-token cost near the prior's. Off until the simulator's leaderboard has been re-run with it.
-    latency_data_scales: bool = False
+    # target's per-token cost near the prior's, and k stays where the prior puts it. Off: the GPU-typical scales.
+    latency_data_scales: bool = True
 
     def __post_init__(self) -> None:
         checks = {

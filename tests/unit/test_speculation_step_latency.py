@@ -8,7 +8,7 @@ from itertools import pairwise
 
 import numpy as np
 import pytest
-from speculation_synthetic import kinked_steps, make_record, roofline_record, roofline_s, true_step_s, varied_records
+from speculation_synthetic import kinked_steps, make_record, roofline_record, roofline_s, varied_records
 
 from specserve.speculation import StepRecord
 from specserve.speculation.estimators.step_latency import HINGED, LINEAR, StepFeatures, StepLatencyModel
@@ -319,18 +319,8 @@ def test_data_scales_change_nothing_on_steps_bigger_than_the_typical_one() -> No
     default, data_scaled = StepLatencyModel(LINEAR), StepLatencyModel(LINEAR, data_scales=True)
     for _ in range(200):
         batch, k = rng.randint(64, 128), rng.randint(4, 6)
-        record = StepRecord(
-            now_s=0.0,
-            k=k,
-            duration_s=0.0,
-            num_running=batch,
-            num_context_tokens=rng.randint(8192, 40000),
-            num_batched_tokens=batch * (k + 1),
-            num_draft_passes=k,
-            num_emitted_tokens=batch,
-        )
-        record = replace(
-            record, duration_s=true_step_s(truth, record.num_context_tokens, record.num_batched_tokens, k, batch)
+        record = make_record(
+            rng, truth, now_s=0.0, k=k, num_running=batch, alpha=0.7, num_context_tokens=rng.randint(8192, 40000)
         )
         default.observe(record)
         data_scaled.observe(record)

@@ -8,9 +8,13 @@ offline per model and GPU. We fit it online, from the engine's own step records,
 
 ``s`` and ``r`` are linear splines: a slope, plus an increment past each knot (hinge features max(0, x - knot)).
 With ``parts`` (``HINGED`` has them) the step's own work outside both models' passes gets its terms,
-``+ e0 + e1 * B`` (scheduling, sampling, output processing per request), and a step whose parts were timed where
-they ran (``StepRecord.forward_s`` and ``draft_s``) teaches each part on its own: the target's pass
-``c0 + c1 * N_context + s(N_batched)``, the draft's passes ``passes * (d0 + r(B))``, the rest ``e0 + e1 * B``. A
+``+ e0 + e1 * B + e2 * [passes > 0]`` (scheduling, sampling, output processing per request, and verifying drafts
+where the draft ran), and a step whose parts were timed where they ran (``StepRecord.forward_s`` and ``draft_s``)
+teaches each part on its own: the target's pass ``c0 + c1 * N_context + s(N_batched)``, the draft's passes
+``passes * (d0 + r(B))``, the rest ``e0 + e1 * B + e2 * [passes > 0]``. Without ``e2`` a policy that speculates
+prices a step that skips the draft with the rest of a speculating one: on a served CPU engine at one request, 2-4
+ms of a 45-60 ms step. ``e2`` is identified only once the fit has seen steps both with and without the draft;
+until then the ridge splits the rest's excess over its prior between ``e0`` and ``e2``. A
 whole step cannot tell them apart while it runs one k: the draft's passes, the target's verified tokens and the
 per-request work then all move with B alone, and the ridge splits them by its prior. Held at one k on a served CPU
 engine, the whole-step fit priced each further k 1.2-3 x what it cost; a part timed on its own is identified at
@@ -56,12 +60,13 @@ DRAFT_PRIOR = (1e-3, 10e-6)
 # same thing for every coefficient whatever its unit. A hinge's typical value is its knot.
 BASE_SCALES = (1.0, 8192.0, 64.0)
 DRAFT_SCALES = (4.0, 64.0)
-# The step's work outside both models' passes: a fixed part and one per running request, as measured where the
-# parts are timed (about 2 ms of a 60 ms step at 4 requests on a 2-core CPU). The intercept's prior gives up the
-# fixed part's.
-REST_NAMES = ("rest_intercept_s", "rest_s_per_request")
-REST_PRIOR = (1e-3, 20e-6)
-REST_SCALES = (1.0, 64.0)
+# The step's work outside both models' passes: a fixed part, one per running request, and one more where the draft
+# ran (verifying drafts, the proposer's bookkeeping), as measured where the parts are timed (about 2 ms of a 60 ms
+# step at 4 requests on a 2-core CPU, and 2-4 ms more for a speculating step than for one that skipped the draft).
+# The intercept's prior gives up the fixed part's; the drafting part's prior is none, as on a GPU profile.
+REST_NAMES = ("rest_intercept_s", "rest_s_per_request", "rest_s_when_drafting")
+REST_PRIOR = (1e-3, 20e-6, 0.0)
+REST_SCALES = (1.0, 64.0, 1.0)
 # Batched-token knots: prefill chunks reach the budget (2048-8192), decodes B * (k + 1).
 TOKEN_KNOTS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 # Batch-size knots for the per-request cost of each draft pass (the draft's ridge point in requests).
@@ -71,7 +76,7 @@ REQUEST_KNOTS = (16, 64, 128, 256, 512)
 @dataclass(frozen=True, slots=True)
 class StepFeatures:
     """The regressors [1, ctx, N, N hinges..., passes, passes * B, passes * B hinges...] for given knots, then
-    [1, B] for the rest of the step where ``parts``."""
+    [1, B, passes > 0] for the rest of the step where ``parts``."""
 
     token_knots: tuple[int, ...] = ()
     request_knots: tuple[int, ...] = ()
@@ -117,7 +122,7 @@ class StepFeatures:
             passes,
             passes * b,
             *(passes * max(0.0, b - knot) for knot in self.request_knots),
-            *((1.0, b) if self.parts else ()),
+            *((1.0, b, float(passes > 0)) if self.parts else ()),
         ]
 
     def part_masks(self) -> np.ndarray:
@@ -126,7 +131,8 @@ class StepFeatures:
         draft = 3 + len(self.token_knots)
         rest = draft + 2 + len(self.request_knots)
         columns = np.arange(len(self.names))
-        return np.array([(lo <= columns) & (columns < hi) for lo, hi in ((0, draft), (draft, rest), (rest, rest + 2))])
+        bounds = ((0, draft), (draft, rest), (rest, rest + len(REST_NAMES)))
+        return np.array([(lo <= columns) & (columns < hi) for lo, hi in bounds])
 
 
 #: TurboSpec's straight line (Eq. 3 plus draft passes).
@@ -266,9 +272,10 @@ class StepLatencyModel:
         )
         token_spline = phi[self._token_spline]
         tokens_s = token_spline[0] * n + np.maximum(n[:, None] - self._token_knots, 0.0) @ token_spline[1:]
-        rest_s = phi[-2] + phi[-1] * b if self.features.parts else 0.0
+        passes = np.asarray(num_draft_passes, dtype=np.float64)
+        rest_s = phi[-3] + phi[-2] * b + phi[-1] * (passes > 0) if self.features.parts else 0.0
         fixed_s = phi[0] + phi[1] * np.asarray(num_context_tokens, dtype=np.float64) + rest_s
-        return fixed_s + tokens_s + per_pass_s * np.asarray(num_draft_passes)
+        return fixed_s + tokens_s + per_pass_s * passes
 
     def batched_token_seconds(self, num_batched_tokens: float) -> float:
         """What ``num_batched_tokens`` add to a step on their own: the token spline, without the fixed cost."""
@@ -322,7 +329,7 @@ class StepLatencyModel:
         phi[self._token_spline] = _monotone_spline(phi[self._token_spline])
         phi[self._request_spline] = _monotone_spline(phi[self._request_spline])
         if self.features.parts:
-            phi[-2:] = np.maximum(phi[-2:], 0.0)
+            phi[-len(REST_NAMES) :] = np.maximum(phi[-len(REST_NAMES) :], 0.0)
         return phi
 
     def _seen_scales(self) -> np.ndarray:

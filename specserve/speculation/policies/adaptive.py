@@ -187,7 +187,7 @@ class AdaptivePolicy(Policy):
             explore_up_steps=params.explore_up_steps or up_steps_for(traits.drafts_ahead),
             explore_zero_every=params.explore_zero_every,
         )
-        # Refitted every 8 steps: a 17-coefficient solve per step would cost more than the rest of the policy.
+        # Refitted every 8 steps: a 21-coefficient solve per step would cost more than the rest of the policy.
         features = HINGED if params.timed_parts else replace(HINGED, parts=False)
         self.latency = StepLatencyModel(
             features,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import replace
 from itertools import pairwise
 
@@ -253,17 +254,24 @@ def test_features_without_parts_learn_a_timed_step_whole() -> None:
     assert timed.coefficients() == untimed.coefficients()
 
 
-def one_request_steps(num_steps: int, seed: int) -> list[StepRecord]:
+def explore_every_20th(step: int) -> int:
+    """Held at k = 4 as a policy that chose it would be, with an exploration to k = 0, 1, 2 or 3 every 20th step."""
+    return (step // 20) % 4 if step % 20 == 19 else 4
+
+
+def one_request_steps(
+    num_steps: int, seed: int, k_at: Callable[[int], int] = explore_every_20th, drafting_rest_s: float = 0.0
+) -> list[StepRecord]:
     """One request on a compute-bound engine (a CPU without native bf16): a target pass of 30 ms + 27 ms per scored
-    token, a draft pass of 7 ms, 3 ms of the loop's own work, 2 % noise. Held at k = 4 as a policy that chose it
-    would be, with an exploration to k = 0, 1, 2 or 3 every 20th step."""
+    token, a draft pass of 7 ms, 3 ms of the loop's own work (``drafting_rest_s`` more where the draft ran), 2 %
+    noise; step i runs k = ``k_at(i)``."""
     rng = random.Random(seed)
     out = []
     for step in range(num_steps):
-        k = (step // 20) % 4 if step % 20 == 19 else 4
+        k = k_at(step)
         forward_s = (30e-3 + 27e-3 * (k + 1)) * rng.gauss(1.0, 0.02)
         draft_s = k * 7e-3 * rng.gauss(1.0, 0.02)
-        rest_s = 3e-3 * rng.gauss(1.0, 0.02)
+        rest_s = (3e-3 + (drafting_rest_s if k else 0.0)) * rng.gauss(1.0, 0.02)
         out.append(
             StepRecord(
                 now_s=step * 0.2,
@@ -331,25 +339,8 @@ def test_a_step_that_skips_the_draft_is_priced_with_its_own_rest() -> None:
     # Where k = 0 skips the draft, a step without draft passes also skips verifying drafts: its loop work is 4 ms
     # less than a speculating step's. Held at k = 2 with an exploration to k = 0 every 10th step, a fit whose rest
     # is one fixed cost charges k = 0 the speculating steps' 6.6 ms on average; with the drafting term, its own.
-    rng = random.Random(9)
     model = StepLatencyModel(HINGED, data_scales=True)
-    for step in range(300):
-        k = 0 if step % 10 == 9 else 2
-        forward_s = (30e-3 + 27e-3 * (k + 1)) * rng.gauss(1.0, 0.02)
-        draft_s = k * 7e-3 * rng.gauss(1.0, 0.02)
-        rest_s = (3e-3 + (4e-3 if k else 0.0)) * rng.gauss(1.0, 0.02)
-        record = StepRecord(
-            now_s=step * 0.1,
-            k=k,
-            duration_s=forward_s + draft_s + rest_s,
-            num_running=1,
-            num_context_tokens=64,
-            num_batched_tokens=k + 1,
-            num_draft_passes=k,
-            num_emitted_tokens=2,
-            forward_s=forward_s,
-            draft_s=draft_s,
-        )
+    for record in one_request_steps(300, seed=9, k_at=lambda step: 0 if step % 10 == 9 else 2, drafting_rest_s=4e-3):
         model.observe(record)
     c = model.coefficients()
     assert c["rest_intercept_s"] + c["rest_s_per_request"] == pytest.approx(3e-3, rel=0.1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -100,6 +101,27 @@ def test_a_phase_while_one_k_runs_scales_every_k_alike() -> None:
         stale.observe(8, 1, 0.130, 0.100)
     stale_after = predicted(stale, 8, 2, 0.100) / predicted(stale, 8, 1, 0.100)
     assert abs(after - before) < 0.25 * abs(stale_after - before)
+
+
+def test_a_cold_fits_first_miss_does_not_price_a_k_that_never_runs_again() -> None:
+    """A served engine's first step is a prefill at k = 0 that the cold fit prices at a few ms; then one request
+    decodes at k = 2 and k = 0 never runs again at that batch. That first miss is the prior's: were it learned as
+    k = 0's offset at batch 1 (1.3 against 0.9 for k = 2), nothing would bring it down."""
+    truth = (34e-3, 0.0, 30e-3, 8e-3, 2e-3)  # at one request: 64 ms at k = 0, 144 ms at k = 2
+    policy = make_policy("adaptive", EngineTraits(max_k=4, k0_runs_draft_pass=False))
+    assert isinstance(policy, AdaptivePolicy)
+    rng = random.Random(0)
+    prefill = make_record(
+        rng, truth, now_s=0.0, k=0, num_running=1, alpha=0.6, num_context_tokens=0, num_prefill_tokens=32
+    )
+    policy.observe(dataclasses.replace(prefill, duration_s=1.33))
+    for step in range(100):
+        record = make_record(
+            rng, truth, now_s=1.33 + 0.144 * step, k=2, num_running=1, alpha=0.6, num_context_tokens=33 + 3 * step
+        )
+        policy.observe(record)
+    k0, _, k2 = policy.correction.factors(1, 3)
+    assert k0 == pytest.approx(k2, rel=0.1)
 
 
 def trained_policy(
@@ -301,8 +323,6 @@ def test_resuming_waits_until_the_gain_repays_the_catch_up(
 
 
 def test_a_nearly_full_kv_pool_cuts_the_k_that_runs_and_the_policy_returns_once_it_has_room() -> None:
-    import dataclasses
-
     policy = trained_policy()
     assert policy.choose(ctx(4)).k == 4
     tight = dataclasses.replace(ctx(4), num_kv_blocks_free=2, kv_blocks_needed=(0, 1, 2, 4, 4))
@@ -316,9 +336,11 @@ def test_a_nearly_full_kv_pool_cuts_the_k_that_runs_and_the_policy_returns_once_
 def test_exploring_down_to_zero_measures_what_a_step_without_drafts_costs() -> None:
     """An engine whose draft passes dominate the step (11 ms each, 5.2 ms for a step without one, as the tiny
     pair on a 2-core CPU): k = 0 serves the most at any acceptance below about 0.9. Settled at k >= 2, the policy
-    explores only k +- 1, so the fit prices k = 0 by extrapolation. With the GPU-typical ridge scales that says
-    about 20 ms on most seeds and k stays above 0 for good. Exploring down to 0 now and then measures it instead;
-    the data-scaled fit (the default) extrapolates it well enough from the k +- 1 explorations to get there too."""
+    explores only k +- 1, so the fit prices k = 0 by extrapolation from the cold start's steps and those
+    explorations. Each variant gets there and prices a step without drafts as it costs: with the GPU-typical ridge
+    scales, with them and an exploration down to 0 now and then, and with the data-scaled fit (the default). (The
+    GPU-typical scales stayed above k = 0 on most seeds while the cold fit's first misses went into the per-k
+    correction.)"""
     truth = (4e-3, 0.0, 0.3e-3, 11e-3, 0.1e-3)
     traits = EngineTraits(max_k=4, k0_runs_draft_pass=False, drafts_ahead=False)
 
@@ -346,9 +368,8 @@ def test_exploring_down_to_zero_measures_what_a_step_without_drafts_costs() -> N
         return sum(late) / len(late), float(policy.decode_seconds_all(ctx)[0])
 
     k0_s = 4e-3 + 4 * 0.3e-3
-    gpu_scaled = [run("adaptive:confidence_stop=false,latency_data_scales=0", seed) for seed in range(6)]
-    assert any(mean_k >= 2 and priced > 3 * k0_s for mean_k, priced in gpu_scaled), gpu_scaled
     for spec in (
+        "adaptive:confidence_stop=false,latency_data_scales=0",
         "adaptive:confidence_stop=false,latency_data_scales=0,explore_zero_every=1",
         "adaptive:confidence_stop=false",
     ):

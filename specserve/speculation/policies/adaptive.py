@@ -21,7 +21,12 @@
    into a level common to every k, which follows the machine's phases, and per k an offset from it, so a
    k measured in a slow minute is not priced by that minute afterwards. Outliers are
    bounded and thinly measured cells shrunk toward their bucket: on a served CPU engine, stalls otherwise
-   priced a rarely run k far off. (Projecting the corrected costs onto a sequence non-decreasing in k was tried
+   priced a rarely run k far off. The fit's first ``CORRECTION_AFTER_STEPS`` steps teach it nothing: their
+   miss is the cold prior's. On a served CPU engine the first step (a 32-token prefill at k = 0, 1.33 s where
+   the prior said a few ms) put k = 0's factor at batch 1 at 1.33-1.42 against k = 2's 0.93-0.97. k = 0 never
+   ran again at one request, so nothing brought it down: k = 0 was priced at about 125 ms where it measured
+   68, and half the one-request steps ran k = 2 (8.8 tok/s, against 14.1 at k = 1).
+   (Projecting the corrected costs onto a sequence non-decreasing in k was tried
    and dropped: pooling a violating pair prices both alike, which hands the tie to the deeper k; on DSDE's
    offline batches it raised mean k from 5.2 to 6.0 and mean E2E by 4-6 %.)
 4. **Hysteresis.** A new k must beat the current one by ``switch_margin``, and so must k = 0 when the policy
@@ -88,6 +93,8 @@ from specserve.speculation.types import Decision, EngineTraits, StepContext, Ste
 
 # Steps at each of two draft-pass counts or more that a warm-start history needs to teach step costs.
 WARM_MIN_STEPS_PER_K = 16
+# Steps the step-cost fit has seen before its misses teach the per-k correction (module docstring, 3).
+CORRECTION_AFTER_STEPS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,10 +301,14 @@ class AdaptivePolicy(Policy):
             drafting = len(record.num_drafted_per_request)
             reads = batch_expansion_context(record.num_context_tokens, drafting, record.num_drafted / drafting)
             fitted = replace(record, num_context_tokens=round(reads))
+        # A cold fit's miss is the prior's, not a bias the fit keeps: left in, it stays in the offset of a k that
+        # does not run again in that bucket (module docstring, 3).
+        warm = self.latency.num_samples >= CORRECTION_AFTER_STEPS
         predicted_s = self.latency.observe(fitted)
-        # Keyed by the drafts the step ran, which an early stop makes fewer than its k.
-        k_run = max(record.num_drafted_per_request, default=0) or record.k
-        self.correction.observe(record.num_running, k_run, record.duration_s, predicted_s)
+        if warm:
+            # Keyed by the drafts the step ran, which an early stop makes fewer than its k.
+            k_run = max(record.num_drafted_per_request, default=0) or record.k
+            self.correction.observe(record.num_running, k_run, record.duration_s, predicted_s)
         self._observe_acceptance(record)
 
     def _observe_acceptance(self, record: StepRecord) -> None:

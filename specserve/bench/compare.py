@@ -234,6 +234,9 @@ def round_matrix(records: list[dict[str, Any]], point: str, policies: Sequence[s
 
 #: The share of a run's engine steps ``k_mix_tok_s`` may leave unpriced (at a k no fixed policy ran that round).
 K_MIX_UNPRICED_SHARE = 0.05
+# A closed loop's clients all start together: until their first tokens the window counts prompts being admitted,
+# not decoding. Past this share of the window (median over a point's runs) the page says the ratios measure that.
+RAMP_SHARE_WARN = 0.25
 
 
 def mean_k(steps_by_k: Sequence[int] | None) -> float | None:
@@ -318,6 +321,7 @@ def aggregate(document: dict[str, Any]) -> list[dict[str, Any]]:
                     "ratio_high": ratios[row].high,
                 }
         at_point = [r for r in document["runs"] if r["point"] == label]
+        entry["ramp_share"] = ramp_share(at_point)
         best_single = entry["best_fixed"].get("tok_s")
         entry["phases"] = phases.summarize(at_point, policies, fixed_rows(policies), best_single, resamples, seed)
         for policy in policies:
@@ -330,6 +334,17 @@ def aggregate(document: dict[str, Any]) -> list[dict[str, Any]]:
             entry["policies"][policy]["k_mix_ratio"] = mixed
         out.append(entry)
     return out
+
+
+def ramp_share(runs: list[dict[str, Any]]) -> float | None:
+    """Median over runs of the mean time to first token over the run's window: how much of the window the
+    clients spent waiting for their first tokens (None where no run has a window and a TTFT)."""
+    shares = [
+        r["report"]["ttft_ms"]["mean"] / 1000.0 / r["report"]["window"]["s"]
+        for r in runs
+        if (r["report"].get("window") or {}).get("s") and (r["report"].get("ttft_ms") or {}).get("mean") is not None
+    ]
+    return float(np.median(shares)) if shares else None
 
 
 def _cell(x: float | None, digits: int = 1) -> str:
@@ -404,6 +419,13 @@ def markdown(document: dict[str, Any], summary: list[dict[str, Any]], headline_m
             f"`{e['best_fixed'][m]}` by {METRICS[m].label}" for m in ("tok_s", "e2e") if m in e["best_fixed"]
         )
         lines += ["", f"## {e['label']} ({e['rounds']} rounds)", "", f"Best fixed: {best or '-'}.", ""]
+        if (share := e.get("ramp_share")) is not None and share > RAMP_SHARE_WARN:
+            lines += [
+                f"A request's first token took {share:.0%} of the window (median over runs): that much of it the "
+                "clients spent waiting for their prompts to be admitted, not decoding, so output tok/s here "
+                "measures the run's ramp as much as the policies. Run longer (`--duration`) to compare them.",
+                "",
+            ]
         lines.append(
             "| policy | output tok/s | × best fixed | mean E2E ms | × best fixed "
             "| mean TPOT ms | mean TTFT ms | mean k | k mix | failed |"

@@ -377,6 +377,33 @@ def test_throughput_is_ranked_on_the_window_where_a_run_has_one():
     assert entry["best_fixed"]["tok_s"] == "fixed:k=0"
 
 
+def test_a_window_spent_mostly_before_the_first_tokens_is_flagged_on_the_page():
+    # 16 clients on a slow engine: the first tokens came 26 s into a 30 s window, so the window measures the ramp.
+    def run(ttft_ms: float) -> dict:
+        return {
+            "requests": {"sent": 16, "completed": 16, "failed": 0},
+            "throughput": {"output_tokens_per_s": 10.0},
+            "window": {"s": 30.0, "output_tokens": 60.0, "output_tokens_per_s": 2.0},
+            "e2e_ms": {"mean": 60_000.0},
+            "tpot_ms": {"mean": 500.0},
+            "ttft_ms": {"mean": ttft_ms},
+        }
+
+    def page(ttft_ms: float) -> tuple[dict, str]:
+        records = [
+            {"point": "c", "round": r, "policy": p, "report": run(ttft_ms)} for r in range(5) for p in ("fixed:k=0",)
+        ]
+        document = document_of(records, ["fixed:k=0"], points=["c"])
+        summary = aggregate(document)
+        return summary[0], "\n".join(markdown(document, summary, "tok_s"))
+
+    entry, slow = page(26_000.0)
+    assert entry["ramp_share"] == pytest.approx(26 / 30)
+    assert "first token took 87% of the window" in slow
+    _, quick = page(2_000.0)
+    assert "first token took" not in quick
+
+
 def test_an_interrupted_round_is_left_out_of_the_statistics():
     cluster = FakeCluster()
     policies = ["fixed:k=0", "adaptive"]

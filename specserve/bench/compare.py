@@ -339,11 +339,11 @@ def aggregate(document: dict[str, Any]) -> list[dict[str, Any]]:
 def ramp_share(runs: list[dict[str, Any]]) -> float | None:
     """Median over runs of the mean time to first token over the run's window: how much of the window the
     clients spent waiting for their first tokens (None where no run has a window and a TTFT)."""
-    shares = [
-        r["report"]["ttft_ms"]["mean"] / 1000.0 / r["report"]["window"]["s"]
-        for r in runs
-        if (r["report"].get("window") or {}).get("s") and (r["report"].get("ttft_ms") or {}).get("mean") is not None
-    ]
+    shares = []
+    for run in runs:
+        window, ttft = run["report"].get("window") or {}, run["report"].get("ttft_ms") or {}
+        if window.get("s") and ttft.get("mean") is not None:
+            shares.append(ttft["mean"] / 1000.0 / window["s"])
     return float(np.median(shares)) if shares else None
 
 

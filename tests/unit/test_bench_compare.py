@@ -354,18 +354,26 @@ def test_the_k_mix_leaves_out_a_few_steps_at_a_k_no_fixed_policy_ran():
     assert k_mix_tok_s([2, 0, 0, 18], fixed) is None
 
 
+def run_report(whole: float, window: float | None, window_s: float = 10.0, ttft_ms: float = 1000.0) -> dict:
+    """A run's report as `bench run` writes it: its whole rate, its window's (None: no window), 1 s latencies."""
+    latency = {m: {"mean": 1000.0} for m in ("e2e_ms", "tpot_ms")}
+    window_part = (
+        None if window is None else {"s": window_s, "output_tokens": window_s * window, "output_tokens_per_s": window}
+    )
+    requests = {"sent": 4, "completed": 4, "failed": 0}
+    return {
+        "requests": requests,
+        "throughput": {"output_tokens_per_s": whole},
+        "window": window_part,
+        "ttft_ms": {"mean": ttft_ms},
+        **latency,
+    }
+
+
 def test_throughput_is_ranked_on_the_window_where_a_run_has_one():
     # A drain stretched k = 1's whole run (the one more request a client sent just before the window closed):
     # whole runs rank k = 0 first, the windows k = 1.
-    def run(whole: float, window: float | None) -> dict:
-        latency = {m: {"mean": 1000.0} for m in ("e2e_ms", "tpot_ms", "ttft_ms")}
-        window_part = (
-            None if window is None else {"s": 10.0, "output_tokens": 10 * window, "output_tokens_per_s": window}
-        )
-        requests = {"sent": 4, "completed": 4, "failed": 0}
-        return {"requests": requests, "throughput": {"output_tokens_per_s": whole}, "window": window_part, **latency}
-
-    runs = {"fixed:k=0": run(188.0, 186.0), "fixed:k=1": run(175.0, 192.0)}
+    runs = {"fixed:k=0": run_report(188.0, 186.0), "fixed:k=1": run_report(175.0, 192.0)}
     records = [{"point": "c", "round": r, "policy": p, "report": rep} for r in range(5) for p, rep in runs.items()]
     (entry,) = aggregate(document_of(records, list(runs), points=["c"]))
     assert entry["best_fixed"]["tok_s"] == "fixed:k=1"
@@ -379,20 +387,9 @@ def test_throughput_is_ranked_on_the_window_where_a_run_has_one():
 
 def test_a_window_spent_mostly_before_the_first_tokens_is_flagged_on_the_page():
     # 16 clients on a slow engine: the first tokens came 26 s into a 30 s window, so the window measures the ramp.
-    def run(ttft_ms: float) -> dict:
-        return {
-            "requests": {"sent": 16, "completed": 16, "failed": 0},
-            "throughput": {"output_tokens_per_s": 10.0},
-            "window": {"s": 30.0, "output_tokens": 60.0, "output_tokens_per_s": 2.0},
-            "e2e_ms": {"mean": 60_000.0},
-            "tpot_ms": {"mean": 500.0},
-            "ttft_ms": {"mean": ttft_ms},
-        }
-
     def page(ttft_ms: float) -> tuple[dict, str]:
-        records = [
-            {"point": "c", "round": r, "policy": p, "report": run(ttft_ms)} for r in range(5) for p in ("fixed:k=0",)
-        ]
+        report = run_report(10.0, 2.0, window_s=30.0, ttft_ms=ttft_ms)
+        records = [{"point": "c", "round": r, "policy": "fixed:k=0", "report": report} for r in range(5)]
         document = document_of(records, ["fixed:k=0"], points=["c"])
         summary = aggregate(document)
         return summary[0], "\n".join(markdown(document, summary, "tok_s"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from itertools import pairwise
 
 import pytest
 from speculation_synthetic import draw_accepted, kinked_steps, make_record, roofline_s
@@ -320,6 +321,28 @@ def test_resuming_waits_until_the_gain_repays_the_catch_up(
     small = StepContext(now_s=1.0, num_running=4, num_waiting=0, num_context_tokens=4 * context_per_request)
     assert (policy.choose(small).k == 4) == resumes
     assert policy.describe()["num_resumes_deferred"] == (0.0 if resumes else 1.0)
+
+
+def probe_starts(policy: AdaptivePolicy, batch: int, start_s: float, seconds: float) -> list[float]:
+    """The times at which a probe began over ``seconds`` of 0.1 s steps (no verdicts come back)."""
+    starts, previous = [], 0
+    for step in range(round(seconds / 0.1)):
+        now_s = start_s + 0.1 * step
+        k = policy.choose(ctx(batch, now_s=now_s)).k
+        if k > 0 and previous == 0:
+            starts.append(round(now_s, 1))
+        previous = k
+    return starts
+
+
+@pytest.mark.parametrize(("backoff_max", "gaps"), [(8.0, [2.0, 4.0, 8.0, 16.0, 16.0]), (1.0, [2.0] * 5)])
+def test_probes_that_leave_k_at_zero_come_less_often(backoff_max: float, gaps: list[float]) -> None:
+    policy = trained_policy(f"adaptive:explore_interval_s=inf,probe_interval_s=2,probe_backoff_max={backoff_max}")
+    starts = probe_starts(policy, batch=1024, start_s=0.0, seconds=sum(gaps) + 1.0)
+    assert [round(b - a, 1) for a, b in pairwise([0.0, *starts])] == gaps
+    # Speculating on its own choice resets the clock: the first probe after the next stop comes after the base.
+    assert policy.choose(ctx(4, now_s=100.0)).k > 0
+    assert probe_starts(policy, batch=1024, start_s=100.1, seconds=3.0) == [102.1]
 
 
 def test_a_nearly_full_kv_pool_cuts_the_k_that_runs_and_the_policy_returns_once_it_has_room() -> None:

@@ -125,6 +125,19 @@ def test_the_fit_takes_the_spread_of_the_steps_around_it_as_the_simulators_jitte
     assert timer.step_overhead_s == pytest.approx(2e-3, rel=0.2)
 
 
+def test_a_slow_tail_raises_the_fits_level_to_the_mean_step_and_leaves_its_shape() -> None:
+    """One step in ten stalled to three times its cost: relative-error least squares alone fits the typical step
+    (about 1.02 x the model here), a fifth under the mean one (1.2 x), and the simulator would run the trace
+    faster than the engine did."""
+    log = [_step(k, b, c) for k in range(5) for b in (1, 2, 4, 8) for c in (50, 300, 1000) for _ in range(10)]
+    stalled = [{**e, "duration_s": e["duration_s"] * (3.0 if i % 10 == 0 else 1.0)} for i, e in enumerate(log)]
+    timer = fit_cpu_timer(stalled).timer
+    assert timer.step_overhead_s == pytest.approx(1.2 * 2e-3, rel=1e-6)
+    assert timer.target.s_per_batched_token == pytest.approx(1.2 * 8e-5, rel=1e-6)
+    assert timer.draft.intercept_s == pytest.approx(1.2 * 1e-3, rel=1e-6)
+    assert timer.speculation_overhead_s == pytest.approx(1.2 * 1.5e-3, rel=1e-6)
+
+
 def test_jitter_has_mean_one_and_is_off_at_zero() -> None:
     timer = StepTimer(LinearForward(0.0, 1e-4, 0.0), LinearForward(0.0, 1e-5, 0.0), 1e-3)
     rng = np.random.default_rng(1)

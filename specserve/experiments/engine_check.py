@@ -298,7 +298,7 @@ def fit_cpu_timer(log: Sequence[dict], use_parts: bool = True) -> CpuFit:
 
     # Relative-error least squares fits the typical step. Where slow steps form a long tail (a CPU shared with the
     # serving path) the typical step is below the mean one, and the simulator's jitter has mean 1 around the fit:
-    # on one machine the fit priced one-request steps 13 % under their mean and the simulator served 1.06-1.16 x
+    # on one machine the fit priced one-request steps 12 % under their mean and the simulator served 1.06-1.16 x
     # the engine's tokens per second. So the fit is scaled until the log's steps take as long in it as on the
     # engine: its shape is the least-squares one, its level the engine's total time.
     fitted = _timer(*coefficients)

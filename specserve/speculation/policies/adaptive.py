@@ -101,6 +101,14 @@ WARM_MIN_STEPS_PER_K = 16
 CORRECTION_AFTER_STEPS = 8
 
 
+def backed_off(interval_s: float, base_s: float, max_factor: float, reset: bool, ran: bool) -> float:
+    """The next interval of an occasional step (exploration, probe): back to ``base_s`` on ``reset``, else doubled,
+    up to ``max_factor`` x ``base_s``, each time one ``ran`` and left the policy where it was."""
+    if reset:
+        return base_s
+    return min(2.0 * interval_s, base_s * max_factor) if ran else interval_s
+
+
 @dataclass(frozen=True, slots=True)
 class AdaptiveParams:
     # Largest k searched (capped by the engine's max_k). Deep positions are learned from exploration steps.
@@ -280,19 +288,17 @@ class AdaptivePolicy(Policy):
         return gain_tokens_per_s * self.params.resume_payback_s >= cost_s * k0_tokens_per_s
 
     def _back_off_exploration(self, k: int) -> None:
-        explorer, base = self.core.explorer, self.params.explore_interval_s
-        if k != self._k:
-            explorer.interval_s = base
-        elif explorer.num_explorations > self._explorations_seen:
-            explorer.interval_s = min(2.0 * explorer.interval_s, base * self.params.explore_backoff_max)
+        explorer, params = self.core.explorer, self.params
+        grew = explorer.num_explorations > self._explorations_seen
+        explorer.interval_s = backed_off(
+            explorer.interval_s, params.explore_interval_s, params.explore_backoff_max, k != self._k, grew
+        )
         self._explorations_seen = explorer.num_explorations
 
     def _back_off_probe(self, k: int) -> None:
-        probe, base = self.core.probe, self.params.probe_interval_s
-        if k > 0:
-            probe.interval_s = base
-        elif probe.num_probes > self._probes_seen:
-            probe.interval_s = min(2.0 * probe.interval_s, base * self.params.probe_backoff_max)
+        probe, params = self.core.probe, self.params
+        grew = probe.num_probes > self._probes_seen
+        probe.interval_s = backed_off(probe.interval_s, params.probe_interval_s, params.probe_backoff_max, k > 0, grew)
         self._probes_seen = probe.num_probes
 
     def warm_start(self, history: Sequence[StepRecord]) -> None:

@@ -20,8 +20,17 @@ PERF_TINY = perf.PerfSize(
 
 
 class Engine:
-    def __init__(self, llm) -> None:
+    def __init__(self, llm, step_log: str | None = None) -> None:
         self.llm = llm
+        self.step_log = step_log
+
+    def logged_steps(self) -> list:
+        """Every step of the engine's ``step_log`` file so far, one line a step (written as each step ends)."""
+        from specserve.speculation import step_log
+
+        assert self.step_log, "the engine was started without a step log"
+        with open(self.step_log) as f:
+            return list(step_log.read(f))
 
     def set_policy(self, spec: str, warm_start: bool = True) -> str:
         return offline.set_policy(self.llm, spec, warm_start)
@@ -129,4 +138,4 @@ def running_engine(
     )
     kwargs.update(engine_kwargs)
     with offline.offline_llm(**kwargs) as llm:
-        yield Engine(llm)
+        yield Engine(llm, step_log)

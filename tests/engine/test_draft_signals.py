@@ -8,13 +8,12 @@ from engine_helpers import running_engine
 
 
 @pytest.fixture(scope="module")
-def engine(trained_pair):
-    with running_engine(trained_pair, policy="fixed:k=0", policy_modules=("signal_policies",)) as engine:
-        yield engine
+def engine(shared_engine):  # its policy modules include signal_policies
+    return shared_engine
 
 
 def test_the_policy_sees_a_confidence_per_verified_draft_and_it_tells_accepted_from_rejected(engine):
-    engine.set_policy("test-signal-recorder:k=4")
+    engine.set_policy("test-signal-recorder:k=4", warm_start=False)  # its own steps only
     engine.generate(max_tokens=64)
     seen = engine.telemetry().policy_info
     assert seen["misaligned"] == 0

@@ -8,18 +8,26 @@ from itertools import pairwise
 from engine_helpers import PROMPTS, running_engine
 
 
-def test_an_offline_batch_at_max_num_seqs_announces_each_prompt_once(trained_pair):
+def test_an_offline_batch_at_max_num_seqs_announces_each_prompt_once(trained_pair, capfd):
     # Eight requests for two seats, all submitted at once. While both seats decode, the queue's prompts
     # cannot join a step, so the contexts announce them only on the steps that admit them: over the run the
     # announced prefill adds up to the prompts. Counting the whole queue announced it on every step.
     from vllm import SamplingParams
 
     prompts = [PROMPTS[i % len(PROMPTS)] + f"x{i} = " for i in range(8)]
-    with running_engine(trained_pair, policy="fixed:k=0", max_num_seqs=2) as engine:
+    with running_engine(trained_pair, policy="fixed:k=2", max_num_seqs=2) as engine:
+        engine.set_policy("fixed:k=0")
         before = engine.telemetry()
         params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
         outputs = engine.llm.generate(prompts, params, use_tqdm=False)
         after = engine.telemetry()
+    # On an engine started for this test (the shared one's start is over before any test): vLLM configures a
+    # handler for its own logger only, and specserve's engine-side lines go through it.
+    out, err = capfd.readouterr()
+    log = out + err
+    assert "specserve: policy fixed:k=2, k_max 4, k=0 draft pass skipped" in log
+    assert "specserve: warmed decode row counts 1-10" in log  # 2 seats x (k_max + 1)
+    assert "specserve: policy set to fixed:k=0" in log
     prompt_tokens = sum(len(output.prompt_token_ids) for output in outputs)
     announced = after.num_prefill_tokens_announced - before.num_prefill_tokens_announced
     steps = after.num_steps - before.num_steps
@@ -27,79 +35,65 @@ def test_an_offline_batch_at_max_num_seqs_announces_each_prompt_once(trained_pai
     assert announced == prompt_tokens
 
 
-def test_the_step_log_replays_every_k_the_engine_chose(trained_pair, tmp_path):
+def test_the_step_log_replays_every_k_the_engine_chose(shared_engine):
     from specserve.experiments.policy_replay import replay_run, runs
-    from specserve.speculation import step_log
 
-    path = tmp_path / "steps.jsonl"
-    with running_engine(trained_pair, policy="fixed:k=0", step_log=str(path)) as engine:
-        engine.generate(max_tokens=16)
-        engine.set_policy("adaptive")
-        engine.generate(max_tokens=192)
-        num_steps = engine.telemetry().num_steps
-    with path.open() as f:
-        steps = list(step_log.read(f))
+    engine = shared_engine
+    first = engine.telemetry().num_steps
+    engine.set_policy("fixed:k=1")
+    engine.generate(max_tokens=16)
+    engine.set_policy("adaptive")  # warm-started on every step the engine ran, other tests' included
+    engine.generate(max_tokens=192)
+    num_steps = engine.telemetry().num_steps
+    steps = engine.logged_steps()
     assert len(steps) == num_steps, "one line per step, none torn"
-    assert [steps[a].policy.split(":")[0] for a, _ in runs(steps)] == ["fixed", "adaptive"]
-    start, stop = runs(steps)[1]
+    ours = [(start, stop) for start, stop in runs(steps) if stop > first]
+    assert [steps[a].policy for a, _ in ours] == ["fixed:k=1", "adaptive"]
+    start, stop = ours[1]
     replay = replay_run(steps, start, stop)
     assert replay.num_steps > 30
     assert replay.num_agreeing == replay.num_steps
     # Each step's parts, timed in the worker: a step that skipped the draft spent nothing in it.
-    records = [s.record for s in steps]
+    records = [s.record for s in steps[first:]]
     assert all(r.forward_s is not None and r.draft_s is not None for r in records)
     assert all(0 < r.forward_s and r.forward_s + r.draft_s < r.duration_s for r in records)
     assert {r.draft_s > 0 for r in records if r.num_draft_passes == 0} == {False}
     assert {r.draft_s > 0 for r in records if r.num_draft_passes > 0} == {True}
 
 
-def test_a_busy_step_is_timed_from_the_previous_steps_end_and_an_idle_gap_is_no_steps_cost(trained_pair, tmp_path):
+def test_a_busy_step_is_timed_from_the_previous_steps_end_and_an_idle_gap_is_no_steps_cost(shared_engine):
     # Back to back, a step runs from the previous step's end, so the loop's own work between steps counts (the
     # simulator's fitted step times include it): a batch's durations add up to its wall time. A step after an
     # idle engine starts at its own schedule, so the idle time is nobody's cost.
     import time
 
-    from specserve.speculation import step_log
-
-    path = tmp_path / "steps.jsonl"
+    engine = shared_engine
     idle_s = 1.0
-    with running_engine(trained_pair, policy="fixed:k=2", step_log=str(path)) as engine:
-        engine.generate(max_tokens=32)
-        num_first = engine.telemetry().num_steps
-        time.sleep(idle_s)
-        engine.generate(max_tokens=32)
-    with path.open() as f:
-        records = [step.record for step in step_log.read(f)]
+    engine.set_policy("fixed:k=2")
+    first = engine.telemetry().num_steps
+    time.sleep(idle_s)
+    engine.generate(max_tokens=32)
+    num_first = engine.telemetry().num_steps - first
+    time.sleep(idle_s)
+    engine.generate(max_tokens=32)
+    records = [step.record for step in engine.logged_steps()[first:]]
     for batch in (records[:num_first], records[num_first:]):
         assert len(batch) > 10
         span_s = batch[-1].now_s - batch[0].now_s  # first schedule to last schedule
         before_last_s = sum(r.duration_s for r in batch[:-1])
         assert before_last_s <= span_s <= before_last_s + batch[-1].duration_s
-    assert records[num_first].duration_s < idle_s / 2
+    assert records[0].duration_s < idle_s / 2 and records[num_first].duration_s < idle_s / 2
 
 
-def test_the_engines_specserve_lines_reach_its_log(trained_pair, capfd):
-    # vLLM configures a handler for its own logger only; specserve's engine-side lines go through it.
-    with running_engine(trained_pair, policy="fixed:k=2", max_num_seqs=4) as engine:
-        engine.set_policy("adaptive")
-    out, err = capfd.readouterr()
-    log = out + err
-    assert "specserve: policy fixed:k=2, k_max 4, k=0 draft pass skipped" in log
-    assert "specserve: warmed decode row counts 1-20" in log  # 4 seats x (k_max + 1)
-    assert "specserve: policy set to adaptive" in log
-
-
-def test_a_step_verifies_what_the_step_before_drafted_cut_to_its_own_k(trained_pair, tmp_path):
+def test_a_step_verifies_what_the_step_before_drafted_cut_to_its_own_k(shared_engine):
     # vLLM drafts at the end of a step for the next, and the scheduler cuts those drafts to the next step's k: the
     # simulator's ``drafts_ahead``, which policies read as ``EngineTraits.drafts_ahead``. Under k = 1, 3, 3, 1, ...
     # the first k = 3 step verifies the one draft made before it, the second verifies three, each runs three passes.
-    from specserve.speculation import step_log
-
-    path = tmp_path / "steps.jsonl"
-    with running_engine(trained_pair, policy="cycle:ks=1-3-3", step_log=str(path)) as engine:
-        engine.generate(max_tokens=96)
-    with path.open() as f:
-        steps = list(step_log.read(f))
+    engine = shared_engine
+    engine.set_policy("cycle:ks=1-3-3")
+    first = engine.telemetry().num_steps
+    engine.generate(max_tokens=96)
+    steps = engine.logged_steps()[first:]
     assert all(s.traits.drafts_ahead for s in steps)
     records = [s.record for s in steps]
     deepest: dict[tuple[int, int], int] = {}

@@ -15,9 +15,8 @@ LATER = list(OPENINGS[4:])
 
 
 @pytest.fixture(scope="module")
-def engine(trained_pair):
-    with running_engine(trained_pair, policy="fixed:k=0") as engine:
-        yield engine
+def engine(shared_engine):
+    return shared_engine
 
 
 @pytest.fixture(scope="module")

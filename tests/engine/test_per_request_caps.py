@@ -4,13 +4,11 @@ and a user policy module registers itself in the engine process."""
 from __future__ import annotations
 
 import pytest
-from engine_helpers import running_engine
 
 
 @pytest.fixture(scope="module")
-def engine(trained_pair):
-    with running_engine(trained_pair, policy="fixed:k=0", policy_modules=("capped_policy",)) as engine:
-        yield engine
+def engine(shared_engine):  # its policy modules include capped_policy
+    return shared_engine
 
 
 def test_capped_requests_verify_only_their_prefix_and_the_output_is_unchanged(engine):

@@ -2,29 +2,29 @@
 
 from __future__ import annotations
 
-import pytest
-from engine_helpers import running_engine
+
+def delta(after, before):
+    return [a - b for a, b in zip(after, before, strict=True)]
 
 
-@pytest.fixture(scope="module")
-def engine(trained_pair):
-    with running_engine(trained_pair, policy="test-broken:k=3", policy_modules=("broken_policy",)) as engine:
-        yield engine
-
-
-def test_a_broken_policy_serves_the_batch_of_plain_greedy_decoding_and_its_errors_are_counted(engine):
-    broken = engine.generate(max_tokens=40)
-    during = engine.telemetry()
+def test_a_broken_policy_serves_the_batch_of_plain_greedy_decoding_and_its_errors_are_counted(shared_engine):
+    engine = shared_engine  # its policy modules include broken_policy
     engine.set_policy("fixed:k=0")
-    assert broken == engine.generate(max_tokens=40)
-    errors = during.policy_errors
+    plain = engine.generate(max_tokens=40)
+    before = engine.telemetry()
+    engine.set_policy("test-broken:k=3")
+    assert engine.generate(max_tokens=40) == plain
+    during = engine.telemetry()
+    errors = {kind: n - before.policy_errors.get(kind, 0) for kind, n in during.policy_errors.items()}
     assert errors["choose"] > 0 and errors["bad_k"] > 0 and errors["observe"] > 0
     # The steps between the failures speculated at the policy's k; the failed ones ran at k = 0.
-    assert during.num_steps_by_k[3] > 0 and during.num_steps_by_k[0] >= errors["choose"] + errors["bad_k"]
+    steps = delta(during.num_steps_by_k, before.num_steps_by_k)
+    assert steps[3] > 0 and steps[0] >= errors["choose"] + errors["bad_k"]
     # Asked once a step that ran: never for vLLM's step after the last request finished, which runs nothing.
-    assert during.policy_info["num_chosen"] == sum(during.num_steps_by_k)
+    assert during.policy_info["num_chosen"] == sum(steps)
     # The NaN estimate is dropped (and counted); the finite one is reported.
     assert "estimate" not in during.policy_info and during.policy_info["num_chosen"] > 0
     assert errors["describe"] >= 1
     # Counts are cumulative across a policy change, as the errors metric needs.
-    assert engine.telemetry().policy_errors["choose"] >= errors["choose"]
+    engine.set_policy("fixed:k=0")
+    assert engine.telemetry().policy_errors["choose"] >= during.policy_errors["choose"]

@@ -3,8 +3,6 @@ engine in real time (``replicas.replay``), on the tiny trained pair."""
 
 from __future__ import annotations
 
-from engine_helpers import running_engine
-
 from specserve.replicas.replay import replay, replay_clients
 from specserve.sim.config import ClientPhase
 from specserve.sim.workload import clients_at
@@ -12,13 +10,14 @@ from specserve.sim.workload import clients_at
 OUTPUT_TOKENS = 24
 
 
-def test_a_closed_loop_keeps_each_client_busy_and_sends_nothing_after_its_phases(trained_pair):
+def vocab(llm) -> int:
+    return len(llm.get_tokenizer())
+
+
+def test_a_closed_loop_keeps_each_client_busy_and_sends_nothing_after_its_phases(shared_engine):
     phases = [ClientPhase(clients=1, duration_s=1.5), ClientPhase(clients=3, duration_s=1.5)]
-    with running_engine(trained_pair, policy="fixed:k=2") as engine:
-        vocab = len(engine.llm.get_tokenizer())
-        log, makespan, e2e = replay_clients(
-            engine.llm, lambda t: clients_at(phases, t), 8, OUTPUT_TOKENS, "fixed:k=2", vocab
-        )
+    llm = shared_engine.llm
+    log, makespan, e2e = replay_clients(llm, lambda t: clients_at(phases, t), 8, OUTPUT_TOKENS, "fixed:k=2", vocab(llm))
     horizon = sum(p.duration_s for p in phases)
     decodes = [e for e in log if e["num_running"] > 0]
     # One client alone never has two requests in flight; three never more than three, and all three at once.
@@ -37,11 +36,10 @@ def test_a_closed_loop_keeps_each_client_busy_and_sends_nothing_after_its_phases
     assert all(e["draft_s"] > 0 for e in log if e["num_draft_passes"] > 0)
 
 
-def test_a_trace_adds_each_request_at_its_arrival(trained_pair):
+def test_a_trace_adds_each_request_at_its_arrival(shared_engine):
     rows = [(0.0, 8, OUTPUT_TOKENS), (0.6, 8, OUTPUT_TOKENS), (0.6, 8, OUTPUT_TOKENS), (1.2, 8, OUTPUT_TOKENS)]
-    with running_engine(trained_pair, policy="fixed:k=0") as engine:
-        vocab = len(engine.llm.get_tokenizer())
-        log, makespan, e2e = replay(engine.llm, rows, "fixed:k=0", vocab)
+    llm = shared_engine.llm
+    log, makespan, e2e = replay(llm, rows, "fixed:k=0", vocab(llm))
     assert len(e2e) == len(rows)
     assert sum(e["num_emitted_tokens"] for e in log) == OUTPUT_TOKENS * len(rows)
     assert makespan >= rows[-1][0]

@@ -5,16 +5,31 @@ starts its own."""
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 import pytest
 from engine_helpers import running_engine
+
+# Held outside pytest's fixture cache so that it stops with the tier's last test rather than the session: its
+# EngineCore process would otherwise live on through the later tiers, whose tests count the test process's
+# children (the CPU tally, `engine_cpus`).
+_stack = ExitStack()
 
 
 @pytest.fixture(scope="session")
 def shared_engine(trained_pair, scratch):
-    with running_engine(
-        trained_pair,
-        policy="fixed:k=0",
-        policy_modules=("signal_policies", "capped_policy", "broken_policy"),
-        step_log=str(scratch / "shared-engine-steps.jsonl"),
-    ) as engine:
-        yield engine
+    engine = _stack.enter_context(
+        running_engine(
+            trained_pair,
+            policy="fixed:k=0",
+            policy_modules=("signal_policies", "capped_policy", "broken_policy"),
+            step_log=str(scratch / "shared-engine-steps.jsonl"),
+        )
+    )
+    yield engine
+    _stack.close()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if nextitem is None or nextitem.path.parent != item.path.parent:
+        _stack.close()

@@ -345,6 +345,26 @@ def test_probes_that_leave_k_at_zero_come_less_often(backoff_max: float, gaps: l
     assert probe_starts(policy, batch=1024, start_s=100.1, seconds=3.0) == [102.1]
 
 
+@pytest.mark.parametrize("on_turnover", [True, False])
+def test_at_k0_a_batch_of_requests_the_estimate_never_saw_is_probed_at_once_when_asked(on_turnover: bool) -> None:
+    # Acceptance belongs to the requests' text: an estimate that put k at 0 was learned from requests that may be
+    # gone. With probe_on_turnover the policy probes as soon as none of them runs; otherwise on the clock only.
+    flag = str(on_turnover).lower()
+    policy = trained_policy(f"adaptive:explore_interval_s=inf,probe_interval_s=2,probe_on_turnover={flag}")
+
+    def k_at(now_s: float, batch: int, prefix: str, kept: int = 0) -> int:
+        ids = tuple(f"a{i}" for i in range(kept)) + tuple(f"{prefix}{i}" for i in range(kept, batch))
+        return policy.choose(dataclasses.replace(ctx(batch, now_s=now_s), request_ids=ids)).k
+
+    assert k_at(0.0, 4, "a") > 0, "speculating: its verdicts are about a0-a3"
+    assert k_at(0.1, 1024, "a") == 0, "a0-a3 still run"
+    assert k_at(0.2, 1024, "b", kept=1) == 0, "a0 still runs"
+    assert (k_at(0.3, 1024, "b") > 0) == on_turnover
+    assert policy.describe()["num_turnover_probes"] == float(on_turnover)
+    if not on_turnover:
+        assert k_at(2.0, 1024, "b") == 0 and k_at(2.1, 1024, "b") > 0, "the clock's probe, 2 s into k = 0"
+
+
 def test_a_nearly_full_kv_pool_cuts_the_k_that_runs_and_the_policy_returns_once_it_has_room() -> None:
     policy = trained_policy()
     assert policy.choose(ctx(4)).k == 4

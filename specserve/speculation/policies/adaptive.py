@@ -72,7 +72,9 @@ periodic probe while k is 0. With ``probe_backoff_max`` > 1 the probe interval b
 (doubling while the probes leave k at 0, back to ``probe_interval_s`` once the policy speculates): where k = 0 is
 best for good, a probe every 2 s pays a draft pass and, where k = 0 skips the draft, a catch-up over every token
 it skipped. Off by default: on the simulator's overload tuning scenario the probes are how the policy learns
-that k = 1 pays again, and 8 x the interval cost 2 % of the mean E2E (4 x: nothing).
+that k = 1 pays again, and 8 x the interval cost 2 % of the mean E2E (4 x: nothing). With ``probe_on_turnover`` a
+probe also starts once every request the acceptance estimate last learned from has left the batch (at one
+request a time, one request with a poor draft otherwise holds its successors at k = 0 until the clock's probe).
 """
 
 from __future__ import annotations
@@ -120,6 +122,9 @@ class AdaptiveParams:
     # Each probe after which k stays 0 doubles the probe interval, up to this many times the base (module docstring,
     # last paragraph); the policy choosing k > 0 resets it. 1: a probe every ``probe_interval_s``, as in goodput.
     probe_backoff_max: float = 1.0
+    # At k = 0, probe as soon as none of the requests the acceptance estimate last learned from is running
+    # (``parts.probe.ZeroProbe``), not only on the clock.
+    probe_on_turnover: bool = False
     latency_half_life_steps: float = 1000.0
     # Relative gain over k = 0 needed to speculate at all (``GoodputCore.best_k``).
     min_gain: float = 0.02
@@ -209,6 +214,7 @@ class AdaptivePolicy(Policy):
             explore_interval_s=params.explore_interval_s,
             explore_up_steps=params.explore_up_steps or up_steps_for(traits.drafts_ahead),
             explore_zero_every=params.explore_zero_every,
+            probe_on_turnover=params.probe_on_turnover,
         )
         # Refitted every 8 steps: a 21-coefficient solve per step would cost more than the rest of the policy.
         features = HINGED if params.timed_parts else replace(HINGED, parts=False)
@@ -250,7 +256,7 @@ class AdaptivePolicy(Policy):
         self._back_off_exploration(k)
         self._back_off_probe(k)
         self._k = k
-        run_k = self.core.run(ctx.now_s, k, goodputs)
+        run_k = self.core.run(ctx.now_s, k, goodputs, ctx.request_ids)
         if self.params.kv_fit:
             # Only what runs is cut: the policy's own k stays, so it returns once the pool has room.
             fitting = largest_fitting_k(ctx, run_k)

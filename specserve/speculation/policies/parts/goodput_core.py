@@ -39,13 +39,14 @@ class GoodputCore:
         explore_interval_s: float,
         explore_up_steps: int = 1,
         explore_zero_every: int = 0,
+        probe_on_turnover: bool = False,
     ) -> None:
         # The largest k searched: the policy's k_max capped by the engine's max_k.
         self.max_k = max_k
         self.acceptance = PositionAcceptance(
             max_k=max(1, max_k), half_life_steps=ema_half_life_steps, prior_alpha=prior_alpha
         )
-        self.probe = ZeroProbe(probe_interval_s)
+        self.probe = ZeroProbe(probe_interval_s, on_turnover=probe_on_turnover)
         self.explorer = NeighbourExplorer(explore_interval_s, up_steps=explore_up_steps, zero_every=explore_zero_every)
         self.probe_k = probe_k
         self.min_gain = min_gain
@@ -68,15 +69,15 @@ class GoodputCore:
             return 0
         return k
 
-    def run(self, now_s: float, k: int, goodputs: Sequence[float]) -> int:
+    def run(self, now_s: float, k: int, goodputs: Sequence[float], request_ids: tuple[str, ...] = ()) -> int:
         """The k to run this step when the policy chose ``k``: now and then a neighbour of a k > 0, and now and
         then ``probe_k`` instead of 0, so neither the latency fit nor the acceptance estimate can freeze."""
         self.last_goodput_tokens_per_s = goodputs[k]
         if k > 0:
-            self.probe.speculating()
+            self.probe.speculating(request_ids)
             return self.explorer.neighbour(now_s, k, self.max_k)
         self.explorer.stopped()
-        if self.max_k > 0 and self.probe.should_probe(now_s):
+        if self.max_k > 0 and self.probe.should_probe(now_s, request_ids):
             return min(self.probe_k, self.max_k)
         return 0
 
@@ -94,5 +95,6 @@ class GoodputCore:
         out.update({f"latency_{name}": value for name, value in latency.coefficients().items()})
         out["predicted_goodput_tokens_per_s"] = self.last_goodput_tokens_per_s
         out["num_probes"] = float(self.probe.num_probes)
+        out["num_turnover_probes"] = float(self.probe.num_turnover_probes)
         out["num_explorations"] = float(self.explorer.num_explorations)
         return out

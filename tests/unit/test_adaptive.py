@@ -361,6 +361,8 @@ def test_at_k0_a_batch_of_requests_the_estimate_never_saw_is_probed_at_once_when
     assert k_at(0.2, 1024, "b", kept=1) == 0, "a0 still runs"
     assert (k_at(0.3, 1024, "b") > 0) == on_turnover
     assert policy.describe()["num_turnover_probes"] == float(on_turnover)
+    # The estimate that held k at 0 keeps its rate but weighs no more than the prior: the probe's verdicts decide.
+    assert (policy.core.acceptance.num_reached()[0] <= policy.core.acceptance.prior_weight) == on_turnover
     if not on_turnover:
         assert k_at(2.0, 1024, "b") == 0 and k_at(2.1, 1024, "b") > 0, "the clock's probe, 2 s into k = 0"
 

@@ -103,6 +103,23 @@ def test_step_weight_grows_with_its_samples() -> None:
     assert many.alphas()[0] < few.alphas()[0] < 0.5
 
 
+def test_forgetting_keeps_the_counts_ratio_and_lets_the_next_verdict_outweigh_them() -> None:
+    kept, forgot = PositionAcceptance(max_k=2), PositionAcceptance(max_k=2)
+    for estimator in (kept, forgot):
+        for _ in range(60):  # one request at a time whose first draft is accepted one step in five
+            estimator.observe(record_of([(2, 0)] * 4 + [(2, 2)], k=2))
+    before = forgot.alphas()
+    forgot.forget(2.0)
+    assert forgot.num_reached()[0] == pytest.approx(2.0)
+    # The counts keep their ratio; the prior (weight 2) now pulls on them as on two samples.
+    assert before[0] < forgot.alphas()[0] < 0.5
+    for estimator in (kept, forgot):
+        estimator.observe(record_of([(1, 1)], k=1))
+    assert forgot.alphas()[0] > 0.4 > kept.alphas()[0]
+    with pytest.raises(ValueError, match="max_samples"):
+        forgot.forget(-1.0)
+
+
 def test_steps_without_drafts_change_nothing() -> None:
     estimator = PositionAcceptance(max_k=2)
     estimator.observe(record_of([(1, 1)] * 10, k=1))

@@ -92,6 +92,18 @@ class PositionAcceptance:
             self._reached[pos] += r
         self._alphas = self._solve()
 
+    def forget(self, max_samples: float) -> None:
+        """Scale the evidence down to at most ``max_samples`` at position 0, keeping its ratios (the prior then pulls
+        on it as on that many samples): what comes next outweighs it (the requests it came from have left)."""
+        if not max_samples >= 0:
+            raise ValueError(f"max_samples={max_samples} must be non-negative")
+        if self._reached[0] <= max_samples:
+            return
+        factor = max_samples / self._reached[0]
+        self._accepted = [a * factor for a in self._accepted]
+        self._reached = [r * factor for r in self._reached]
+        self._alphas = self._solve()
+
     def accepted_counts(self) -> list[float]:
         """Decayed accepted count per position (with ``num_reached``, the evidence ``seed`` takes)."""
         return list(self._accepted)

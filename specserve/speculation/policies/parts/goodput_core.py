@@ -77,7 +77,13 @@ class GoodputCore:
             self.probe.speculating(request_ids)
             return self.explorer.neighbour(now_s, k, self.max_k)
         self.explorer.stopped()
+        turnovers = self.probe.num_turnover_probes
         if self.max_k > 0 and self.probe.should_probe(now_s, request_ids):
+            if self.probe.num_turnover_probes > turnovers:
+                # The estimate that stopped speculation came from requests that have left: the probe's verdicts,
+                # about the requests now running, must be able to outweigh it (one verdict at a 20-step half-life
+                # moves it by about 3 %).
+                self.acceptance.forget(self.acceptance.prior_weight)
             return min(self.probe_k, self.max_k)
         return 0
 

@@ -10,8 +10,11 @@ With ``on_turnover`` a probe also starts once every request whose verdicts the e
 the batch: acceptance is a property of the requests' text, so an estimate from requests that are gone says little
 about the ones that replaced them. At one request a time, on a served CPU engine, one request with a poor draft
 took the estimate at position 0 from 0.54 to 0.17 in 50 steps; k went to 0 and stayed there for 114 steps (4 s,
-three requests later), at 31 tok/s where the run's k = 3 steps served 47. Where many requests share the batch, a
-whole batch turns over more slowly than the clock's interval, and the rule adds nothing.
+three requests later), at 31 tok/s where the run's k = 3 steps served 47. Such a probe also has the estimate
+forget its evidence down to the prior's weight (``GoodputCore.run``): probing each new request without that, the
+engine's probes verified one draft each, which moved the estimate by about 3 %, and k stayed at 0 for 268 steps.
+Where many requests share the batch, a whole batch turns over more slowly than the clock's interval, and the
+rule adds nothing.
 
 A probe lasts until the first verdict, not one step: in vLLM the drafts proposed in step t are
 verified in step t+1, so a one-step probe would be cut back to k = 0 before anything is verified.

@@ -72,9 +72,10 @@ periodic probe while k is 0. With ``probe_backoff_max`` > 1 the probe interval b
 (doubling while the probes leave k at 0, back to ``probe_interval_s`` once the policy speculates): where k = 0 is
 best for good, a probe every 2 s pays a draft pass and, where k = 0 skips the draft, a catch-up over every token
 it skipped. Off by default: on the simulator's overload tuning scenario the probes are how the policy learns
-that k = 1 pays again, and 8 x the interval cost 2 % of the mean E2E (4 x: nothing). With ``probe_on_turnover`` a
-probe also starts once every request the acceptance estimate last learned from has left the batch (at one
-request a time, one request with a poor draft otherwise holds its successors at k = 0 until the clock's probe).
+that k = 1 pays again, and 8 x the interval cost 2 % of the mean E2E (4 x: nothing). With ``probe_on_turnover``
+(on by default) a probe also starts once every request the acceptance estimate last learned from has left the
+batch, and the estimate forgets their evidence down to the prior's weight: at one request a time, one request with
+a poor draft otherwise holds its successors at k = 0, each clock probe's single verdict moving the estimate by 3 %.
 """
 
 from __future__ import annotations
@@ -122,9 +123,10 @@ class AdaptiveParams:
     # Each probe after which k stays 0 doubles the probe interval, up to this many times the base (module docstring,
     # last paragraph); the policy choosing k > 0 resets it. 1: a probe every ``probe_interval_s``, as in goodput.
     probe_backoff_max: float = 1.0
-    # At k = 0, probe as soon as none of the requests the acceptance estimate last learned from is running
-    # (``parts.probe.ZeroProbe``), not only on the clock.
-    probe_on_turnover: bool = False
+    # At k = 0, probe as soon as none of the requests the acceptance estimate last learned from is running, and let
+    # the probe's verdicts outweigh their evidence (``parts.probe.ZeroProbe``), not only on the clock. On: served at
+    # one client it ended a 4 s lock-in at k = 0; the simulator's leaderboard and tuning scenarios never fire it.
+    probe_on_turnover: bool = True
     latency_half_life_steps: float = 1000.0
     # Relative gain over k = 0 needed to speculate at all (``GoodputCore.best_k``).
     min_gain: float = 0.02

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specserve.experiments.policy_replay import runs
-from specserve.speculation import StepRecord, step_log
+from specserve.experiments.policy_replay import load_log_arg, runs
+from specserve.speculation import StepRecord
 from specserve.speculation.estimators.step_latency import HINGED, StepLatencyModel
 from specserve.speculation.step_log import LoggedStep
 
@@ -60,10 +60,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.batch < 1:
         parser.error(f"--batch {args.batch}: must be at least 1")
-    try:
-        steps = step_log.load(args.log)
-    except ValueError as exc:
-        parser.error(f"log: {exc}")
+    steps = load_log_arg(parser, args.log)
     by_k: dict[int, list[list[LoggedStep]]] = defaultdict(list)
     for start, stop in runs(steps, "fixed"):
         if stop - start >= args.min_steps:

@@ -17,8 +17,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from specserve.experiments.policy_replay import format_prices, format_run, replay_run, runs, trace_prices
-from specserve.speculation import step_log
+from specserve.experiments.policy_replay import (
+    format_prices,
+    format_run,
+    load_log_arg,
+    replay_run,
+    runs,
+    trace_prices,
+)
 
 
 def main() -> int:
@@ -33,10 +39,7 @@ def main() -> int:
         parser.error(f"--trace-batch {args.trace_batch}: must be at least 1")
     if args.trace_every < 1:
         parser.error(f"--trace-every {args.trace_every}: must be at least 1")
-    try:
-        steps = step_log.load(args.log)
-    except ValueError as exc:
-        parser.error(f"log: {exc}")
+    steps = load_log_arg(parser, args.log)
     selected = runs(steps, args.policy)
     for start, stop in selected:
         print(format_run(replay_run(steps, start, stop, args.warm_steps)))

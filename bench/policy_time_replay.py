@@ -23,8 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from specserve.experiments.policy_replay import runs, warm_policy
-from specserve.speculation import step_log
+from specserve.experiments.policy_replay import load_log_arg, runs, warm_policy
 
 
 def timed_replay(steps, start: int, stop: int, profiler: cProfile.Profile | None = None) -> float:
@@ -53,10 +52,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats: {args.repeats} is not a positive count")
-    try:
-        steps = step_log.load(args.log)
-    except ValueError as exc:
-        parser.error(f"log: {exc}")
+    steps = load_log_arg(parser, args.log)
     selected = runs(steps, args.policy)
     for start, stop in selected:
         seconds = statistics.median(timed_replay(steps, start, stop) for _ in range(args.repeats))

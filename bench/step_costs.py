@@ -15,8 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from specserve.experiments.policy_replay import load_log_arg
 from specserve.experiments.step_costs import decode_cells, format_report, switch_excess
-from specserve.speculation import step_log
 
 
 def main() -> int:
@@ -27,10 +27,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.min_steps < 1:
         parser.error(f"--min-steps: {args.min_steps} must be at least 1")
-    try:
-        steps = step_log.load(args.log)
-    except ValueError as exc:
-        parser.error(f"log: {exc}")
+    steps = load_log_arg(parser, args.log)
     cells = decode_cells(steps, min_steps=args.min_steps)
     if not cells:
         print(f"no (batch, k) with {args.min_steps} pure decode steps in {args.log}", file=sys.stderr)

@@ -15,8 +15,7 @@ from collections import defaultdict
 from itertools import groupby, pairwise
 from pathlib import Path
 
-from specserve.experiments.policy_replay import runs
-from specserve.speculation import step_log
+from specserve.experiments.policy_replay import load_log_arg, runs
 
 
 def summary(steps, start: int, stop: int, batch: int) -> str:
@@ -60,10 +59,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.batch < 1:
         parser.error(f"--batch {args.batch}: must be at least 1")
-    try:
-        steps = step_log.load(args.log)
-    except ValueError as exc:
-        parser.error(f"log: {exc}")
+    steps = load_log_arg(parser, args.log)
     for start, stop in runs(steps, args.policy):
         print(summary(steps, start, stop, args.batch))
         if args.sequence:

@@ -10,13 +10,15 @@ its counters alone cannot.
 
 from __future__ import annotations
 
+import argparse
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-from specserve.speculation import make_policy
+from specserve.speculation import make_policy, step_log
 from specserve.speculation.policy import Policy
 from specserve.speculation.step_log import LoggedStep
 
@@ -43,6 +45,14 @@ class RunReplay:
     num_agreeing: int  # steps whose replayed k is the engine's
     by_batch: dict[int, BatchRow]
     description: dict[str, float]  # the replayed policy's ``describe()`` at the end of the run
+
+
+def load_log_arg(parser: argparse.ArgumentParser, path: Path) -> list[LoggedStep]:
+    """``step_log.load`` for a bench script's log argument: a missing or bad file is the parser's error."""
+    try:
+        return step_log.load(path)
+    except ValueError as exc:
+        parser.error(f"log: {exc}")
 
 
 def runs(steps: Sequence[LoggedStep], policy: str = "") -> list[tuple[int, int]]:

@@ -35,8 +35,9 @@ class ZeroProbe:
             raise ValueError(f"interval_s={interval_s} must be positive")
         self.interval_s = interval_s
         self.on_turnover = on_turnover
-        # The requests of the last step that drafted (speculating or probing): the estimate's latest evidence.
-        self._measured: frozenset[str] = frozenset()
+        # The requests of the last step that drafted (speculating or probing): the estimate's latest evidence. Kept as
+        # the step's own tuple, so that speculating steps build nothing; compared only at k = 0.
+        self._measured: tuple[str, ...] = ()
         # A probe whose drafts never get verified (its requests all finished) gives up after this.
         self.max_probe_steps = max_probe_steps
         self._probe_steps_left = 0
@@ -49,7 +50,7 @@ class ZeroProbe:
         """The policy chose k > 0 on its own: fresh samples are coming, the clock stops."""
         self._zero_since_s = None
         self._probe_steps_left = 0
-        self._measured = frozenset(request_ids)
+        self._measured = request_ids
 
     def verdict(self) -> None:
         """Acceptance verdicts arrived: the running probe, if any, has done its job."""
@@ -62,15 +63,16 @@ class ZeroProbe:
         if self._probe_steps_left > 0:
             self._probe_steps_left -= 1
             return True
-        turned_over = self.on_turnover and bool(request_ids) and self._measured.isdisjoint(request_ids)
-        if self._zero_since_s is None and not turned_over:
-            self._zero_since_s = now_s
-            return False
-        if not turned_over and now_s - self._zero_since_s < self.interval_s:  # type: ignore[operator]
-            return False
+        turned_over = self.on_turnover and bool(request_ids) and set(self._measured).isdisjoint(request_ids)
+        if not turned_over:
+            if self._zero_since_s is None:
+                self._zero_since_s = now_s
+                return False
+            if now_s - self._zero_since_s < self.interval_s:
+                return False
         self._zero_since_s = now_s
         self._probe_steps_left = self.max_probe_steps - 1
-        self._measured = frozenset(request_ids)
+        self._measured = request_ids
         self.num_probes += 1
         self.num_turnover_probes += int(turned_over)
         return True

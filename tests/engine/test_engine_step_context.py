@@ -40,6 +40,9 @@ def test_the_step_log_replays_every_k_the_engine_chose(shared_engine):
 
     engine = shared_engine
     first = engine.telemetry().num_steps
+    # A k = 0 stretch of its own: whether adaptive goes to k = 0 depends on what the shared engine ran before.
+    engine.set_policy("fixed:k=0")
+    engine.generate(max_tokens=8)
     engine.set_policy("fixed:k=1")
     engine.generate(max_tokens=16)
     engine.set_policy("adaptive")  # warm-started on every step the engine ran, other tests' included
@@ -48,8 +51,8 @@ def test_the_step_log_replays_every_k_the_engine_chose(shared_engine):
     steps = engine.logged_steps()
     assert len(steps) == num_steps, "one line per step, none torn"
     ours = [(start, stop) for start, stop in runs(steps) if stop > first]
-    assert [steps[a].policy for a, _ in ours] == ["fixed:k=1", "adaptive"]
-    start, stop = ours[1]
+    assert [steps[a].policy for a, _ in ours] == ["fixed:k=0", "fixed:k=1", "adaptive"]
+    start, stop = ours[2]
     replay = replay_run(steps, start, stop)
     assert replay.num_steps > 30
     assert replay.num_agreeing == replay.num_steps

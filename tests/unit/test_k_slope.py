@@ -6,16 +6,15 @@ import dataclasses
 import json
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from bench_scripts import run_bench
 from speculation_synthetic import make_record
 
 from specserve.speculation import EngineTraits, StepContext, step_log
 
-ROOT = Path(__file__).resolve().parents[2]
 TRAITS = EngineTraits(max_k=4)
 CPU_STEP = (5e-3, 1e-6, 5e-4, 1e-3, 1e-5)
 
@@ -48,13 +47,7 @@ def fixed_log(path: Path, ks: list[int], steps_per_run: int = 240, timed: bool =
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "k_slope.py"), *args],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT)},
-        check=False,
-    )
+    return run_bench("k_slope.py", *args)
 
 
 def test_it_reports_each_k_as_measured_and_as_each_fit_prices_it(tmp_path: Path) -> None:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import random
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+from bench_scripts import run_bench
 from speculation_synthetic import make_record
 
 from specserve.speculation import EngineTraits, StepContext, step_log
 
-ROOT = Path(__file__).resolve().parents[2]
 CPU_STEP = (5e-3, 1e-6, 5e-4, 1e-3, 1e-5)
 
 
@@ -36,13 +35,7 @@ def write_log(path: Path) -> list[list[int]]:
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "step_log_runs.py"), *args],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT)},
-        check=False,
-    )
+    return run_bench("step_log_runs.py", *args)
 
 
 def test_phases_split_each_runs_tokens_and_batch_by_time(tmp_path: Path) -> None:

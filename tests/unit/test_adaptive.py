@@ -132,6 +132,7 @@ def trained_policy(
     asks_stop_drafting: bool = False,
     resume_s_per_token: float | None = None,
     verifies_confident_prefix: bool = False,
+    drafts_ahead: bool = False,
 ) -> AdaptivePolicy:
     """A policy whose step-time fit has learned the kinked step cost (its correction has not: the steps go to the
     fit directly), then has observed steps with a steady acceptance of ``alpha``."""
@@ -141,6 +142,7 @@ def trained_policy(
         verifies_confident_prefix=verifies_confident_prefix,
         k0_runs_draft_pass=resume_s_per_token is None,
         resume_s_per_token=resume_s_per_token,
+        drafts_ahead=drafts_ahead,
     )
     policy = make_policy(spec, traits)
     assert isinstance(policy, AdaptivePolicy)
@@ -193,6 +195,21 @@ def test_a_prefill_chunk_past_the_ridge_point_makes_drafts_cost_their_flops() ->
     loaded = policy.decode_seconds(ctx(8, prefill=4000), 4) - policy.decode_seconds(ctx(8, prefill=4000), 0)
     assert loaded > flat + 0.002  # the 32 draft tokens' FLOPs: 3.2 ms
     assert loaded == pytest.approx(8 * 4 * 1e-4 + 4 * 5e-4, rel=0.3)
+
+
+def test_where_drafts_are_made_ahead_a_prompt_riding_on_one_step_does_not_move_k() -> None:
+    # At 96 requests k = 2; priced at the margin, a 4000-token chunk on one step favours k = 3 (no switch margin,
+    # so that the prices alone decide).
+    spec = "adaptive:explore_interval_s=inf,switch_margin=0"
+    free = trained_policy(spec)
+    assert [free.choose(ctx(96, prefill=p)).k for p in (0, 4000, 0)] == [2, 3, 2]
+    held = trained_policy(spec, drafts_ahead=True)
+    assert [held.choose(ctx(96, prefill=p)).k for p in (0, 4000, 0)] == [2, 2, 2]
+    unheld = trained_policy(f"{spec},hold_k_on_prefill=false", drafts_ahead=True)
+    assert [unheld.choose(ctx(96, prefill=p)).k for p in (0, 4000, 0)] == [2, 3, 2]
+    # Where the decodes alone would move too (from k = 2 to 256 requests: k = 0 alone), the prefill step's choice
+    # stands.
+    assert free.choose(ctx(256, prefill=4000)).k == held.choose(ctx(256, prefill=4000)).k == 1
 
 
 def test_hysteresis_keeps_k_unless_the_gain_clears_the_margin() -> None:

@@ -15,6 +15,13 @@
    ridge point, where every draft token costs compute. We charge the decodes the step's time minus what
    the prefill would take on its own, beyond the fixed per-step cost:
    ``D(k) = T(P + B(k + 1), passes(k)) - (T(P, 0) - T(0, 0))``, and maximise ``B * l(k) / D(k)``.
+   Where drafts are made a step ahead of their verification (vLLM), a step's prefill does not move k by itself
+   (``hold_k_on_prefill``): a change of k on a step that carries prompt tokens must also win on the decodes alone.
+   There a step at k = 0 throws away the drafts made for it and makes none for the next, which then verifies
+   nothing whatever its k, so a stop lasts two steps however briefly the prices favour it. Served at 48 clients on
+   a CPU, where the fit priced the decodes riding on a prompt at less than half their price alone, k went to 0 on
+   the steps that carried the replacing requests' prompts and back to 2 on the next, every 1-3 steps for 20 s: a
+   third of its k = 2 steps verified no drafts, and it served 0.79-0.85 x `fixed:k=1`.
 3. **A correction per batch bucket and k** (``estimators.bucket_correction``): the fit's out-of-sample miss,
    as a ratio per power-of-two batch bucket, as Nightjar keeps its statistics per batch size (§5.2), so a
    bias the global fit cannot shed (the ridge point moves with the context) does not decide k. It is split
@@ -132,6 +139,9 @@ class AdaptiveParams:
     min_gain: float = 0.02
     # Relative gain over the current k > 0 needed to move to another k, 0 included.
     switch_margin: float = 0.03
+    # Where drafts are made a step ahead (vLLM), move k on a step carrying prefill only if the decodes alone agree
+    # (module docstring, 2). Off: each step's prefill, priced at the margin, may move k on its own.
+    hold_k_on_prefill: bool = True
     explore_interval_s: float = 2.0
     # Each exploration after which k still holds doubles the interval, up to this many times the base: a k
     # that keeps winning needs less checking (Nightjar's exploration probability decays too, §5.2).
@@ -246,15 +256,14 @@ class AdaptivePolicy(Policy):
         if ctx.num_running == 0:
             # Nothing decodes, so k changes nothing this step; keeping it avoids two switches per idle gap.
             return Decision(k=self._k)
-        seconds = np.maximum(self.decode_seconds_all(ctx), MIN_STEP_S).tolist()
-        goodputs = self.core.goodputs(ctx.num_running, seconds)
-        k = self.core.best_k(goodputs)
+        seconds, goodputs = self._prices(ctx)
         current = min(self._k, self.max_k)
-        if k != current and current > 0 and goodputs[k] < goodputs[current] * (1.0 + self.params.switch_margin):
-            k = current
-        if k > 0 and current == 0 and not self._resume_pays(ctx, goodputs[k] - goodputs[0], goodputs[0]):
-            k = 0
-            self.num_resumes_deferred += 1
+        k, deferred = self._pick(ctx, goodputs, current)
+        if k != current and ctx.num_prefill_tokens and self.traits.drafts_ahead and self.params.hold_k_on_prefill:
+            alone = replace(ctx, num_prefill_tokens=0)
+            if self._pick(alone, self._prices(alone)[1], current)[0] == current:
+                k, deferred = current, False
+        self.num_resumes_deferred += int(deferred)
         self._back_off_exploration(k)
         self._back_off_probe(k)
         self._k = k
@@ -283,6 +292,20 @@ class AdaptivePolicy(Policy):
             )
             return Decision(k=run_k, draft_stop=stop)
         return Decision(k=run_k)
+
+    def _prices(self, ctx: StepContext) -> tuple[list[float], list[float]]:
+        """Per k = 0 .. max_k, the decodes' seconds and their predicted tokens per second."""
+        seconds = np.maximum(self.decode_seconds_all(ctx), MIN_STEP_S).tolist()
+        return seconds, self.core.goodputs(ctx.num_running, seconds)
+
+    def _pick(self, ctx: StepContext, goodputs: Sequence[float], current: int) -> tuple[int, bool]:
+        """The k these prices choose from ``current``, after the margins; and whether a resume was deferred."""
+        k = self.core.best_k(goodputs)
+        if k != current and current > 0 and goodputs[k] < goodputs[current] * (1.0 + self.params.switch_margin):
+            k = current
+        if k > 0 and current == 0 and not self._resume_pays(ctx, goodputs[k] - goodputs[0], goodputs[0]):
+            return 0, True
+        return k, False
 
     def _resume_pays(self, ctx: StepContext, gain_tokens_per_s: float, k0_tokens_per_s: float) -> bool:
         """Whether the gain over k = 0 repays, within ``resume_payback_s``, the tokens the catch-up step costs."""

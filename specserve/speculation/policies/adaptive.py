@@ -22,6 +22,9 @@
    a CPU, where the fit priced the decodes riding on a prompt at less than half their price alone, k went to 0 on
    the steps that carried the replacing requests' prompts and back to 2 on the next, every 1-3 steps for 20 s: a
    third of its k = 2 steps verified no drafts, and it served 0.79-0.85 x `fixed:k=1`.
+   The rule also holds moves up: served at 8 clients on perf pair S, where k = 3 was best, it kept k = 2 on steps
+   whose prompt-carrying prices pointed to k = 3-4 (replayed with it off, 249 against 187 steps at k = 3 in one
+   run). Holding only stops, which alone throw a step's drafts away, is the narrower rule not yet measured.
 3. **A correction per batch bucket and k** (``estimators.bucket_correction``): the fit's out-of-sample miss,
    as a ratio per power-of-two batch bucket, as Nightjar keeps its statistics per batch size (§5.2), so a
    bias the global fit cannot shed (the ridge point moves with the context) does not decide k. It is split

@@ -197,19 +197,26 @@ def test_a_prefill_chunk_past_the_ridge_point_makes_drafts_cost_their_flops() ->
     assert loaded == pytest.approx(8 * 4 * 1e-4 + 4 * 5e-4, rel=0.3)
 
 
-def test_where_drafts_are_made_ahead_a_prompt_riding_on_one_step_does_not_move_k() -> None:
-    # At 96 requests k = 2; priced at the margin, a 4000-token chunk on one step favours k = 3 (no switch margin,
-    # so that the prices alone decide).
+def test_where_drafts_are_made_ahead_a_prompt_riding_on_one_step_does_not_stop_speculation() -> None:
+    # At 150 requests and acceptance 0.5 k = 1; priced at the margin, a 110-token chunk on one step favours k = 0
+    # (no switch margin, so that the prices alone decide).
     spec = "adaptive:explore_interval_s=inf,switch_margin=0"
-    free = trained_policy(spec)
-    assert [free.choose(ctx(96, prefill=p)).k for p in (0, 4000, 0)] == [2, 3, 2]
+    free = trained_policy(spec, alpha=0.5)
+    assert [free.choose(ctx(150, prefill=p)).k for p in (0, 110, 0)] == [1, 0, 1]
+    held = trained_policy(spec, alpha=0.5, drafts_ahead=True)
+    assert [held.choose(ctx(150, prefill=p)).k for p in (0, 110, 0)] == [1, 1, 1]
+    unheld = trained_policy(f"{spec},hold_stops_on_prefill=false", alpha=0.5, drafts_ahead=True)
+    assert [unheld.choose(ctx(150, prefill=p)).k for p in (0, 110, 0)] == [1, 0, 1]
+    # Where the decodes alone would stop too (300 requests), the prefill step's stop stands.
+    assert held.choose(ctx(300, prefill=110)).k == 0
+
+
+def test_where_drafts_are_made_ahead_a_prompt_may_still_move_k_between_two_depths() -> None:
+    # At 96 requests k = 2; a 4000-token chunk on one step favours k = 3. No drafts are thrown away by the move,
+    # so it is not held.
+    spec = "adaptive:explore_interval_s=inf,switch_margin=0"
     held = trained_policy(spec, drafts_ahead=True)
-    assert [held.choose(ctx(96, prefill=p)).k for p in (0, 4000, 0)] == [2, 2, 2]
-    unheld = trained_policy(f"{spec},hold_k_on_prefill=false", drafts_ahead=True)
-    assert [unheld.choose(ctx(96, prefill=p)).k for p in (0, 4000, 0)] == [2, 3, 2]
-    # Where the decodes alone would move too (from k = 2 to 256 requests: k = 0 alone), the prefill step's choice
-    # stands.
-    assert free.choose(ctx(256, prefill=4000)).k == held.choose(ctx(256, prefill=4000)).k == 1
+    assert [held.choose(ctx(96, prefill=p)).k for p in (0, 4000, 0)] == [2, 3, 2]
 
 
 def test_hysteresis_keeps_k_unless_the_gain_clears_the_margin() -> None:

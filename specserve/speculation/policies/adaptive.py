@@ -15,16 +15,16 @@
    ridge point, where every draft token costs compute. We charge the decodes the step's time minus what
    the prefill would take on its own, beyond the fixed per-step cost:
    ``D(k) = T(P + B(k + 1), passes(k)) - (T(P, 0) - T(0, 0))``, and maximise ``B * l(k) / D(k)``.
-   Where drafts are made a step ahead of their verification (vLLM), a step's prefill does not move k by itself
-   (``hold_k_on_prefill``): a change of k on a step that carries prompt tokens must also win on the decodes alone.
+   Where drafts are made a step ahead of their verification (vLLM), a step's prefill does not stop speculation by
+   itself (``hold_stops_on_prefill``): a stop on a step that carries prompt tokens must also win on the decodes alone.
    There a step at k = 0 throws away the drafts made for it and makes none for the next, which then verifies
    nothing whatever its k, so a stop lasts two steps however briefly the prices favour it. Served at 48 clients on
    a CPU, where the fit priced the decodes riding on a prompt at less than half their price alone, k went to 0 on
    the steps that carried the replacing requests' prompts and back to 2 on the next, every 1-3 steps for 20 s: a
    third of its k = 2 steps verified no drafts, and it served 0.79-0.85 x `fixed:k=1`.
-   The rule also holds moves up: served at 8 clients on perf pair S, where k = 3 was best, it kept k = 2 on steps
-   whose prompt-carrying prices pointed to k = 3-4 (replayed with it off, 249 against 187 steps at k = 3 in one
-   run). Holding only stops, which alone throw a step's drafts away, is the narrower rule not yet measured.
+   Moves between two k > 0 throw nothing away, so they stand: holding every change of k (the rule's first form)
+   also kept k = 2 at 8 clients on perf pair S, where k = 3 was best and the prompt-carrying steps' prices said so
+   (replayed on one run's steps: 186 steps at k = 3 with stops held alone, 137 with every change held).
 3. **A correction per batch bucket and k** (``estimators.bucket_correction``): the fit's out-of-sample miss,
    as a ratio per power-of-two batch bucket, as Nightjar keeps its statistics per batch size (§5.2), so a
    bias the global fit cannot shed (the ridge point moves with the context) does not decide k. It is split
@@ -142,9 +142,9 @@ class AdaptiveParams:
     min_gain: float = 0.02
     # Relative gain over the current k > 0 needed to move to another k, 0 included.
     switch_margin: float = 0.03
-    # Where drafts are made a step ahead (vLLM), move k on a step carrying prefill only if the decodes alone agree
-    # (module docstring, 2). Off: each step's prefill, priced at the margin, may move k on its own.
-    hold_k_on_prefill: bool = True
+    # Where drafts are made a step ahead (vLLM), stop speculating on a step carrying prefill only if the decodes alone
+    # agree (module docstring, 2). Off: each step's prefill, priced at the margin, may stop it on its own.
+    hold_stops_on_prefill: bool = True
     explore_interval_s: float = 2.0
     # Each exploration after which k still holds doubles the interval, up to this many times the base: a k
     # that keeps winning needs less checking (Nightjar's exploration probability decays too, §5.2).
@@ -262,10 +262,12 @@ class AdaptivePolicy(Policy):
         seconds, goodputs = self._prices(ctx)
         current = min(self._k, self.max_k)
         k, deferred = self._pick(ctx, goodputs, current)
-        if k != current and ctx.num_prefill_tokens and self.traits.drafts_ahead and self.params.hold_k_on_prefill:
+        stopping_on_a_prompt = k == 0 < current and ctx.num_prefill_tokens > 0
+        if stopping_on_a_prompt and self.traits.drafts_ahead and self.params.hold_stops_on_prefill:
             alone = replace(ctx, num_prefill_tokens=0)
-            if self._pick(alone, self._prices(alone)[1], current)[0] == current:
-                k, deferred = current, False
+            held = self._pick(alone, self._prices(alone)[1], current)
+            if held[0] > 0:
+                k, deferred = held
         self.num_resumes_deferred += int(deferred)
         self._back_off_exploration(k)
         self._back_off_probe(k)

@@ -537,3 +537,43 @@ def test_a_client_schedule_is_compared_phase_by_phase_with_the_most_switching_co
         del r["report"]["window"]["phases"]
     (entry,) = aggregate(document_of(records, list(rates), points=[label]))
     assert entry["phases"] is None
+
+
+def test_a_phase_whose_clients_finish_less_than_a_request_each_is_flagged_on_the_page():
+    # 48 clients for 20 s asking for 256 tokens each: if they stream 3000 tokens in the phase, a client finished
+    # 3000 / 48 / 256 = 0.24 of a request there; the phase only admitted them, and their tokens came later.
+    def page(high_phase_tokens: float) -> str:
+        phases = [
+            {"clients": 1, "start_s": 0.0, "s": 80.0, "output_tokens": 1200.0, "output_tokens_per_s": 15.0},
+            {
+                "clients": 48,
+                "start_s": 80.0,
+                "s": 20.0,
+                "output_tokens": high_phase_tokens,
+                "output_tokens_per_s": high_phase_tokens / 20.0,
+            },
+        ]
+        tokens = 1200.0 + high_phase_tokens
+        window = {"s": 100.0, "output_tokens": tokens, "output_tokens_per_s": tokens / 100.0, "phases": phases}
+        latency = {m: {"mean": 1000.0} for m in ("e2e_ms", "tpot_ms", "ttft_ms")}
+        report = {
+            "requests": {"sent": 10, "completed": 10, "failed": 0},
+            "tokens": {"input": 320, "output": 2560},
+            "throughput": {"output_tokens_per_s": 1.0},
+            "window": window,
+            **latency,
+        }
+        label = "clients 1:80,48:20"
+        records = [
+            {"point": label, "round": r, "policy": p, "report": report}
+            for r in range(5)
+            for p in ("fixed:k=1", "fixed:k=3")
+        ]
+        document = document_of(records, ["fixed:k=1", "fixed:k=3"], points=[label])
+        (entry,) = aggregate(document)
+        assert entry["phases"]["per_client"][1] == pytest.approx(high_phase_tokens / 48 / 256)
+        return "\n".join(markdown(document, [entry], "tok_s"))
+
+    assert "The 48-client phase (20 s) is shorter than its requests: a client finished 0.24" in page(3000.0)
+    # Two requests a client within the phase: its tokens answer to the policy's speed, no note.
+    assert "shorter than its requests" not in page(2 * 48 * 256.0)

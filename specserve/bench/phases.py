@@ -114,7 +114,7 @@ def markdown(entry: dict[str, Any], policies: Sequence[str]) -> list[str]:
     ]
     short = [
         (p, n)
-        for p, n in zip(entry["phases"], entry.get("per_client") or (), strict=False)
+        for p, n in zip(entry["phases"], entry["per_client"], strict=True)
         if p["clients"] > 1 and n is not None and n < MIN_REQUESTS_PER_CLIENT
     ]
     for p, n in short:

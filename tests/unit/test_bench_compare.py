@@ -505,21 +505,42 @@ def test_a_trace_run_is_described_whatever_bounds_it(extra, per_run):
     assert per_run in _load_note(args)
 
 
+def schedule_report(phases: list[tuple[int, float, float]], output_tokens: float | None = None) -> dict:
+    """A `--clients` run's report: each phase as (clients, seconds, output tokens) back to back, 4 requests of
+    1 s latencies; ``output_tokens``, the run's whole output, where a test needs the mean output length."""
+    start, shaped = 0.0, []
+    for clients, seconds, tokens in phases:
+        shaped.append(
+            {
+                "clients": clients,
+                "start_s": start,
+                "s": seconds,
+                "output_tokens": tokens,
+                "output_tokens_per_s": tokens / seconds,
+            }
+        )
+        start += seconds
+    total = sum(p["output_tokens"] for p in shaped)
+    window = {"s": start, "output_tokens": total, "output_tokens_per_s": total / start, "phases": shaped}
+    latency = {m: {"mean": 1000.0} for m in ("e2e_ms", "tpot_ms", "ttft_ms")}
+    report = {
+        "requests": {"sent": 4, "completed": 4, "failed": 0},
+        "throughput": {"output_tokens_per_s": 1.0},
+        "window": window,
+        **latency,
+    }
+    if output_tokens is not None:
+        report["tokens"] = {"input": 128, "output": output_tokens}
+    return report
+
+
 def test_a_client_schedule_is_compared_phase_by_phase_with_the_most_switching_could_gain():
     # 10 s at 1 client, where k = 3 serves best, then 10 s at 16, where k = 1 does; k = 1 is the best single k
     # (1200 tokens against 1100), and k = 3 then k = 1 would have served 300 + 1000 = 1300 tokens: 1.083 x.
     rates = {"fixed:k=1": (20.0, 100.0), "fixed:k=3": (30.0, 80.0), "adaptive": (29.0, 98.0)}
 
     def report(first: float, second: float) -> dict:
-        phases = [
-            {"clients": 1, "start_s": 0.0, "s": 10.0, "output_tokens": 10 * first, "output_tokens_per_s": first},
-            {"clients": 16, "start_s": 10.0, "s": 10.0, "output_tokens": 10 * second, "output_tokens_per_s": second},
-        ]
-        tokens = 10 * (first + second)
-        window = {"s": 20.0, "output_tokens": tokens, "output_tokens_per_s": tokens / 20.0, "phases": phases}
-        latency = {m: {"mean": 1000.0} for m in ("e2e_ms", "tpot_ms", "ttft_ms")}
-        requests = {"sent": 4, "completed": 4, "failed": 0}
-        return {"requests": requests, "throughput": {"output_tokens_per_s": 1.0}, "window": window, **latency}
+        return schedule_report([(1, 10.0, 10 * first), (16, 10.0, 10 * second)])
 
     label = "clients 1:10,16:10"
     records = [{"point": label, "round": r, "policy": p, "report": report(*rates[p])} for r in range(5) for p in rates]
@@ -543,26 +564,8 @@ def test_a_phase_whose_clients_finish_less_than_a_request_each_is_flagged_on_the
     # 48 clients for 20 s asking for 256 tokens each: if they stream 3000 tokens in the phase, a client finished
     # 3000 / 48 / 256 = 0.24 of a request there; the phase only admitted them, and their tokens came later.
     def page(high_phase_tokens: float) -> str:
-        phases = [
-            {"clients": 1, "start_s": 0.0, "s": 80.0, "output_tokens": 1200.0, "output_tokens_per_s": 15.0},
-            {
-                "clients": 48,
-                "start_s": 80.0,
-                "s": 20.0,
-                "output_tokens": high_phase_tokens,
-                "output_tokens_per_s": high_phase_tokens / 20.0,
-            },
-        ]
-        tokens = 1200.0 + high_phase_tokens
-        window = {"s": 100.0, "output_tokens": tokens, "output_tokens_per_s": tokens / 100.0, "phases": phases}
-        latency = {m: {"mean": 1000.0} for m in ("e2e_ms", "tpot_ms", "ttft_ms")}
-        report = {
-            "requests": {"sent": 10, "completed": 10, "failed": 0},
-            "tokens": {"input": 320, "output": 2560},
-            "throughput": {"output_tokens_per_s": 1.0},
-            "window": window,
-            **latency,
-        }
+        # 4 requests of 256 tokens each: a mean output of 256.
+        report = schedule_report([(1, 80.0, 1200.0), (48, 20.0, high_phase_tokens)], output_tokens=4 * 256)
         label = "clients 1:80,48:20"
         records = [
             {"point": label, "round": r, "policy": p, "report": report}

@@ -79,10 +79,11 @@ def _events(metric: catalog.Metric, window: str, by: str, selector: str = "") ->
 
 
 def alerts() -> list[Alert]:
-    accepted, reached = catalog.ACCEPTED_TOKENS.exported, catalog.REACHED_DRAFT_TOKENS.exported
     first = f'{{{catalog.POSITION}="0"}}'
-    drafts = f"sum by ({BY_REPLICA}) (increase({reached}{first}[5m]))"
-    kept = f"sum by ({BY_REPLICA}) (increase({accepted}{first}[5m]))"
+    # Both as events, not increase(): a replica whose first drafts were all rejected exports its accepted counter
+    # a round after its reached counter, and increase() of a series with one flat sample is 0, not its value.
+    drafts = _events(catalog.REACHED_DRAFT_TOKENS, "5m", BY_REPLICA, first)
+    kept = _events(catalog.ACCEPTED_TOKENS, "5m", BY_REPLICA, first)
     policy_s = f"sum by ({BY_REPLICA}) (rate({catalog.POLICY_SECONDS.exported}[5m]))"
     step_s = f"sum by ({BY_REPLICA}) (rate({catalog.STEP_DURATION.series('_sum')}[5m]))"
     free, total = catalog.KV_BLOCKS_FREE.exported, catalog.KV_BLOCKS_TOTAL.exported

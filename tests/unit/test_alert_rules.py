@@ -96,7 +96,12 @@ HEALTHY = [
 ]
 # One minute a sample; Ray exports a counter only from its first event, which "_x5" (absent 5 minutes) shows.
 CASES: list[dict] = [
-    {"name": "a healthy replica raises nothing", "series": HEALTHY, "tests": [silent(n, "30m") for n in ALERTS]},
+    {
+        "name": "a healthy replica raises nothing",
+        "series": HEALTHY,
+        "tests": [silent(n, "30m") for n in ALERTS],
+        "quiet": [not_even_pending(n, t) for n in ALERTS for t in ("1m", "2m", "6m", "30m")],
+    },
     {
         "name": "acceptance collapsed: no draft ever accepted, so the accepted counter was never exported",
         "series": [series(REACHED, "0+100x20", position="0")],

@@ -4,7 +4,8 @@ One added line makes a model served with ``ray.serve.llm`` speculate under specs
 rest of the ``LLMConfig`` (model, accelerator, autoscaling, engine sizes) stays as it was::
 
     from ray import serve
-    from ray.serve.llm import LLMConfig, build_openai_app
+    from ray.serve.llm import LLMConfig
+    import specserve
     from specserve import speculative_llm_config
 
     llm_config = LLMConfig(
@@ -13,7 +14,12 @@ rest of the ``LLMConfig`` (model, accelerator, autoscaling, engine sizes) stays 
         engine_kwargs={"tensor_parallel_size": 2, "max_model_len": 8192},
     )
     llm_config = speculative_llm_config(llm_config, draft="meta-llama/Llama-3.2-1B-Instruct", policy="adaptive")
-    serve.run(build_openai_app({"llm_configs": [llm_config]}))
+    serve.run(specserve.build_openai_app([llm_config]))
+
+``build_openai_app`` is Ray Serve LLM's builder of the same name with specserve's ingress in front (OpenAI error
+objects for bad input, an API key, overload answers with Retry-After); Ray's own builder serves the same replicas
+without it. Each replica starts the cluster's controller, or joins it, so `specserve status` and `policy set` work
+either way.
 
 ``speculative_llm_config_kwargs`` returns the same fields as a dict, for code that assembles an ``LLMConfig``'s
 keyword arguments (or a Serve config file's ``llm_configs`` entry) itself.
@@ -25,123 +31,110 @@ Importing this module loads neither Ray nor vLLM nor torch: the replica class tr
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel
 
-from specserve.cluster.config import check_engine_cpus, check_speculation
+from specserve.cluster.sections import CpuEngine, Speculation, check_engine_cpus
+from specserve.messages import ON_HEAD_NODE
 from specserve.replicas.engine_args import (
+    CONTROLLER_KEY,
     CPU_EXECUTOR_KEY,
     ENGINE_CPUS_KEY,
+    GPU_ENGINE_ENV,
+    GPU_ENGINE_KWARGS,
     DraftOffload,
     EngineSpec,
     speculative_engine_kwargs,
 )
 from specserve.replicas.engine_env import engine_env
 
+__all__ = [
+    "CpuEngine",
+    "Speculation",
+    "build_openai_app",
+    "check_engine_kwargs",
+    "openai_app_args",
+    "speculative_llm_config",
+    "speculative_llm_config_kwargs",
+]
+
 #: Ray Serve LLM's ``LLMServer`` plus specserve's telemetry loop and run-time policy switching.
 SERVER_CLS = "specserve.replicas.server.SpecLLMServer"
 
-#: vLLM arguments that carry specserve's control into the engine. A user's own value would switch that control
-#: off without a word, or (prefix caching) share KV blocks whose draft half is stale after skipped draft passes.
-OWNED_ENGINE_KWARGS = (
-    "scheduler_cls",
-    "worker_extension_cls",
-    "additional_config",
-    "speculative_config",
-    "enable_prefix_caching",
-)
+#: The ingress in front of the replicas, as the import path a Serve config file names too.
+INGRESS_CLS = "specserve.cluster.ingress:SpecServeIngress"
+
+#: vLLM arguments that carry specserve's control into the engine, and what to set instead. A user's own value would
+#: switch that control off without a word. Prefix caching is not among them: a prefix hit's draft KV counts as draft
+#: lag and is caught up.
+OWNED_ENGINE_KWARGS = {
+    "scheduler_cls": "specserve runs its own scheduler (its k control); subclass "
+    "specserve.replicas.scheduler.AdaptiveKScheduler and register a policy instead",
+    "worker_extension_cls": "specserve's worker extension skips the draft pass at k = 0; it cannot be replaced",
+    "additional_config": "specserve carries its settings there; put yours in the speculation section",
+    "speculative_config": "set the speculation section instead (speculation.method, speculation.draft, "
+    "speculation.max_k)",
+}
+
+#: Flat options of earlier releases, now in ``cpu`` (read with a DeprecationWarning this release only).
+_LEGACY_CPU_OPTIONS = {
+    "cpu_executor": "executor",
+    "kv_cache_space_gib": "kv_cache_space_gib",
+    "cpu_threads": "threads",
+    "engine_cpus": "engine_cpus",
+}
 
 Config = TypeVar("Config")
 
 
-class Speculation(BaseModel):
-    """How every replica of one model speculates. The keys are those of ``specserve serve --config``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    draft: str = Field(description="Draft model: a Hugging Face id or folder with the target's tokenizer.")
-    policy: str = Field("adaptive", description="Speculation policy, NAME[:key=value,...], e.g. `fixed:k=3`.")
-    k_max: int = Field(4, ge=1, le=16, description="Largest speculation length k; sizes vLLM's buffers.")
-    policy_modules: tuple[str, ...] = Field(
-        (), description="Modules every engine imports before building the policy: where your own policies register."
-    )
-    skip_k0_draft_pass: bool = Field(
-        True, description="Skip the draft's forward pass at k = 0 and catch its KV up when k > 0 resumes."
-    )
-    catch_up_max_tokens: int | None = Field(
-        None,
-        ge=1,
-        description="Most tokens one step catches the draft's KV up over; null: 512 on CPU, the token budget on GPU.",
-    )
-    draft_offload: bool = Field(
-        False, description="Elastic draft memory: lend the draft's bytes to the KV cache while k stays 0 under load."
-    )
-    draft_signals: bool = Field(
-        True,
-        description="Compute the draft's confidence and entropy per drafted token for the policies that read them.",
-    )
-    offload_low_free_ratio: float = Field(
-        0.10, gt=0, lt=1, description="With draft_offload: offload when free KV blocks stay below this share."
-    )
-    offload_window_steps: int = Field(
-        3, ge=1, description="With draft_offload: steps a trigger must hold before the draft moves."
-    )
-    offload_min_resident_s: float = Field(
-        0.0,
-        ge=0,
-        allow_inf_nan=False,
-        description="With draft_offload: seconds a reloaded draft stays resident before it may be offloaded again.",
-    )
-    step_log: str | None = Field(
-        None, description="Append every engine step to this file as a JSON line, for `bench/policy_replay.py`."
-    )
-    cpu_executor: Literal["uni", "mp"] = Field(
-        "uni", description="CPU engines of one rank: `uni` runs vLLM's worker inside its EngineCore; `mp`: Ray's."
-    )
-    kv_cache_space_gib: int = Field(1, ge=1, description="CPU only: KV cache size per engine, GiB.")
-    cpu_threads: int | None = Field(
-        None, ge=1, description="CPU only: OpenMP threads per engine rank. Default: Ray's 1 in a Serve replica."
-    )
-    engine_cpus: str | None = Field(
-        None,
-        description="Cores of its own for each one-rank engine (`0`, `0-3`): the replica moves its engine's threads "
-        "there. Start the node's Ray on the other cores (taskset -c CORES ray start ...) to keep them apart.",
-    )
-
-    @model_validator(mode="after")
-    def _policy_parses(self) -> Speculation:
-        check_speculation(self.policy, self.policy_modules, self.k_max, self.draft_offload, self.skip_k0_draft_pass)
-        return self
+def check_engine_kwargs(engine_kwargs: Mapping[str, Any]) -> None:
+    """vLLM engine arguments pass through untouched, except those that carry specserve's control into the engine and
+    those that would put the engine on a path where that control does nothing. Raises ValueError naming the key."""
+    for key, instead in OWNED_ENGINE_KWARGS.items():
+        if key in engine_kwargs:
+            raise ValueError(f"engine_kwargs.{key}: set by specserve: {instead}")
+    if engine_kwargs.get("async_scheduling"):
+        raise ValueError(
+            "engine_kwargs.async_scheduling: true: specserve's per-step k control runs on vLLM's synchronous "
+            "scheduler (under async scheduling the scheduler gets no draft tokens and the k = 0 skip is off); "
+            "leave it unset"
+        )
 
 
 def speculative_llm_config_kwargs(
-    draft: str,
+    draft: str | None = None,
     *,
     device: Literal["gpu", "cpu"] = "gpu",
     engine_kwargs: Mapping[str, Any] | None = None,
+    cpu: CpuEngine | Mapping[str, Any] | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """``LLMConfig`` keyword arguments that make the replicas speculate with ``draft``.
 
-    Returns ``server_cls``, ``engine_kwargs`` (``engine_kwargs`` given here plus specserve's), ``experimental_configs``,
-    and on CPU the ``accelerator_config`` and the ``runtime_env`` with the variables vLLM's CPU backend needs. The
-    model itself stays in the caller's ``model_loading_config``. ``options``: the fields of ``Speculation``
-    (``policy``, ``k_max``, ...). Raises ``ValueError`` naming a bad option, or an engine argument specserve sets.
+    Returns ``server_cls``, ``engine_kwargs`` (``engine_kwargs`` given here, untouched, plus specserve's),
+    ``experimental_configs``, the ``runtime_env`` with the variables the engine path needs, and on CPU the
+    ``accelerator_config``. The model itself stays in the caller's ``model_loading_config``. ``options``: the fields of
+    ``Speculation`` (``policy``, ``max_k``, ...); ``cpu``: those of ``CpuEngine``. Raises ``ValueError`` naming a bad
+    option, or an engine argument specserve sets.
     """
+    options, cpu = _legacy_options(options, cpu)
     spec = Speculation(draft=draft, **options)
+    cpu_engine = cpu if isinstance(cpu, CpuEngine) else CpuEngine(**(cpu or {}))
     user = dict(engine_kwargs or {})
-    if taken := sorted(set(user) & set(OWNED_ENGINE_KWARGS)):
-        raise ValueError(f"engine_kwargs {taken}: specserve sets these to control speculation; leave them out")
+    check_engine_kwargs(user)
     on_gpu = device == "gpu"
-    check_engine_cpus(spec.engine_cpus, user.get("tensor_parallel_size", 1), spec.cpu_executor, on_gpu)
+    check_engine_cpus(cpu_engine.engine_cpus, user.get("tensor_parallel_size", 1), cpu_engine.executor, on_gpu)
+    if spec.draft is None:
+        raise ValueError("draft: required (a Hugging Face id or a folder)")
     ours = speculative_engine_kwargs(
         EngineSpec(
             target="",  # the model comes from model_loading_config; only the keys below are kept
             draft=spec.draft,
             policy=spec.policy,
-            max_k=spec.k_max,
+            max_k=spec.max_k,
             # Only the end of the one row of vLLM's batch-size table (which the scheduler overrides every step);
             # vLLM carries the last row's k on to larger batches, so vLLM's own default batch size needs no number.
             max_num_seqs=user.get("max_num_seqs", 1),
@@ -164,33 +157,60 @@ def speculative_llm_config_kwargs(
             # ~35 s torch.compile at start. Ray Serve LLM exports vLLM's metrics only with stats on.
             "enforce_eager": not on_gpu,
             "disable_log_stats": False,
+            **(GPU_ENGINE_KWARGS if on_gpu else {}),
             **user,
             **{key: ours[key] for key in OWNED_ENGINE_KWARGS},
         },
         "experimental_configs": {
-            CPU_EXECUTOR_KEY: spec.cpu_executor,
-            **({ENGINE_CPUS_KEY: spec.engine_cpus} if spec.engine_cpus is not None else {}),
+            **({} if on_gpu else {CPU_EXECUTOR_KEY: cpu_engine.executor}),
+            # The replica starts or joins the cluster's controller with these (server.py).
+            CONTROLLER_KEY: {
+                "min_resident_drafts": spec.min_resident_drafts,
+                "max_concurrent_reloads": spec.max_concurrent_reloads,
+            },
+            **({ENGINE_CPUS_KEY: cpu_engine.engine_cpus} if cpu_engine.engine_cpus is not None else {}),
         },
     }
-    if not on_gpu:
+    if on_gpu:
+        kwargs["runtime_env"] = {"env_vars": dict(GPU_ENGINE_ENV)}
+    else:
         kwargs["accelerator_config"] = {"kind": "cpu"}
         env = engine_env(
             None,
             tp=user.get("tensor_parallel_size", 1),
-            kv_cache_space_gib=spec.kv_cache_space_gib,
-            cpu_threads=spec.cpu_threads,
-            engine_cpus=spec.engine_cpus,
+            kv_cache_space_gib=cpu_engine.kv_cache_space_gib,
+            cpu_threads=cpu_engine.threads,
+            engine_cpus=cpu_engine.engine_cpus,
         )
         kwargs["runtime_env"] = {"env_vars": env}
     return kwargs
 
 
-def speculative_llm_config(llm_config: Config, draft: str, **options: Any) -> Config:
+def _legacy_options(
+    options: dict[str, Any], cpu: CpuEngine | Mapping[str, Any] | None
+) -> tuple[dict[str, Any], CpuEngine | Mapping[str, Any] | None]:
+    """``k_max`` and the flat CPU options of earlier releases, renamed with a DeprecationWarning."""
+    options = dict(options)
+    if "k_max" in options:
+        warnings.warn("k_max is now max_k; the old name is read this release only", DeprecationWarning, stacklevel=3)
+        options.setdefault("max_k", options.pop("k_max"))
+    flat = {new: options.pop(old) for old, new in _LEGACY_CPU_OPTIONS.items() if old in options}
+    if flat:
+        names = ", ".join(f"cpu={{{new!r}: ...}}" for new in flat)
+        warnings.warn(f"CPU options now go in {names}; read this release only", DeprecationWarning, stacklevel=3)
+        given = cpu.model_dump() if isinstance(cpu, CpuEngine) else dict(cpu or {})
+        cpu = {**flat, **given}
+    return options, cpu
+
+
+def speculative_llm_config(llm_config: Config, draft: str | None = None, **options: Any) -> Config:
     """``llm_config`` (a Ray Serve LLM ``LLMConfig``, or the dict of its fields) with speculation added.
 
-    Its engine_kwargs, runtime_env and experimental_configs are kept and merged with specserve's (the caller's
-    environment variables win); the device follows its ``accelerator_config`` (GPU unless its kind is ``cpu``).
-    Returns the same type it was given. ``options``: as for ``speculative_llm_config_kwargs``.
+    Nothing else the caller set changes: its engine_kwargs pass through untouched (prefix caching, sizes, quantization
+    included), and its runtime_env and experimental_configs are merged with specserve's (the caller's environment
+    variables win, except those that choose the engine path, which must stay as specserve sets them). The device
+    follows its ``accelerator_config`` (GPU unless its kind is ``cpu``). Returns the same type it was given.
+    ``options``: as for ``speculative_llm_config_kwargs``.
     """
     if isinstance(llm_config, BaseModel):
         # The accelerator as LLMConfig resolved it (from its kind, accelerator_type or placement bundles).
@@ -205,7 +225,14 @@ def speculative_llm_config(llm_config: Config, draft: str, **options: Any) -> Co
         draft, device=_device(accelerator), engine_kwargs=fields.get("engine_kwargs"), **options
     )
     runtime_env = dict(fields.get("runtime_env") or {})
-    env_vars = {**ours.get("runtime_env", {}).get("env_vars", {}), **runtime_env.get("env_vars", {})}
+    given_env = runtime_env.get("env_vars", {})
+    for name, value in GPU_ENGINE_ENV.items():
+        if name in given_env and str(given_env[name]) != value:
+            raise ValueError(
+                f"runtime_env.env_vars.{name}={given_env[name]!r}: specserve's k control runs on vLLM's V1 model "
+                f"runner ({name}={value}); leave it unset"
+            )
+    env_vars = {**ours["runtime_env"]["env_vars"], **given_env}
     if env_vars:
         runtime_env["env_vars"] = env_vars
     fields.update(
@@ -216,6 +243,32 @@ def speculative_llm_config(llm_config: Config, draft: str, **options: Any) -> Co
     if runtime_env:
         fields["runtime_env"] = runtime_env
     return type(llm_config).model_validate(fields) if isinstance(llm_config, BaseModel) else fields  # type: ignore[return-value]
+
+
+def openai_app_args(llm_configs: Sequence[Any], *, api_key: Any = None, retry_after_s: float = 1.0) -> dict[str, Any]:
+    """The arguments of Ray Serve LLM's ``build_openai_app`` that put specserve's ingress in front of ``llm_configs``.
+
+    ``api_key`` None: the ingress reads SPECSERVE_API_KEY from its own environment (the head node's), so that no
+    key is written into the application's arguments, which Serve shows (`serve status`, its dashboard)."""
+    ingress_kwargs: dict[str, Any] = {"retry_after_s": retry_after_s}
+    if api_key is not None:
+        # A SecretStr stays masked in any repr Serve logs of the deployment's arguments.
+        ingress_kwargs["api_key"] = api_key
+    return {
+        "llm_configs": list(llm_configs),
+        "ingress_cls_config": {"ingress_cls": INGRESS_CLS, "ingress_extra_kwargs": ingress_kwargs},
+        # The ingress only routes: no CPU, which would starve the engines on small machines, and on the head node,
+        # so that a worker node that fails takes only its own engines' requests with it.
+        "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0, "resources": dict(ON_HEAD_NODE)}},
+    }
+
+
+def build_openai_app(llm_configs: Sequence[Any], *, api_key: Any = None, retry_after_s: float = 1.0) -> Any:
+    """Ray Serve LLM's ``build_openai_app`` over ``llm_configs`` (made speculative by ``speculative_llm_config``)
+    with specserve's hardened ingress: /v1/models, /v1/completions, /v1/chat/completions. Unstarted."""
+    from ray.serve.llm import build_openai_app as build
+
+    return build(openai_app_args(llm_configs, api_key=api_key, retry_after_s=retry_after_s))
 
 
 def _server_cls(given: Any) -> Any:

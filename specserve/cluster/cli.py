@@ -14,8 +14,11 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
+import yaml
+
 from specserve.cluster import control
 from specserve.cluster.control import CommandError
+from specserve.cluster.sections import METHODS
 from specserve.models.arguments import add_commands as add_model_commands
 
 
@@ -33,13 +36,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specserve", description="LLM serving with adaptive speculative decoding.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="run the OpenAI-compatible endpoint in the foreground")
-    serve.add_argument("--model", help="target model folder (default: the bundled tiny pair)")
-    serve.add_argument("--draft", help="draft model folder (with --model)")
-    serve.add_argument("--policy", help="speculation policy NAME[:key=value,...] (default: adaptive)")
-    serve.add_argument("--k-max", dest="k_max", type=int, help="largest speculation length (default: 4)")
-    serve.add_argument("--replicas", type=int, help="Ray Serve replicas (default: 1)")
-    serve.add_argument("--tp", type=int, help="tensor-parallel size per engine (default: 1)")
+    serve = commands.add_parser(
+        "serve",
+        help="run the OpenAI-compatible endpoint in the foreground",
+        description="Serve a target with adaptive speculation. The config file is a Ray Serve LLM LLMConfig plus "
+        "speculation:, cpu: and server: sections; flags override it. With no model, the bundled tiny pair on CPU.",
+    )
+    add_config_flags(serve)
     serve.add_argument("--host", help="address the HTTP ingress binds (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, help="HTTP port (default: 8000)")
     serve.add_argument("--metrics-port", dest="metrics_port", type=int, help="Ray metrics export port (default: 8080)")
@@ -56,8 +59,21 @@ def _parser() -> argparse.ArgumentParser:
         help="bearer token the HTTP endpoint requires (default: $SPECSERVE_API_KEY, else none: open); "
         "prefer the variable, which `ps` does not show",
     )
-    serve.add_argument("--config", help="YAML file with the same keys as these flags")
     serve.set_defaults(run=_serve)
+
+    config = commands.add_parser("config", help="show the Serve application a config resolves to")
+    config_commands = config.add_subparsers(dest="config_command", required=True)
+    render = config_commands.add_parser(
+        "render",
+        help="print the complete Serve config `serve` would deploy, starting nothing",
+        description="Print the Serve config file (`serve deploy` takes it) for the application `specserve serve` "
+        "would deploy: every LLMConfig value resolved, on Ray Serve LLM's build_openai_app with specserve's ingress. "
+        "The engine path goes to stderr and into a comment. No API key is printed: the ingress reads "
+        "SPECSERVE_API_KEY on the head node.",
+    )
+    add_config_flags(render)
+    render.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+    render.set_defaults(run=_render)
 
     status = commands.add_parser("status", help="one row per replica: policy, k, acceptance, load, KV")
     status.add_argument("--json", action="store_true", help="print one JSON document on stdout")
@@ -91,6 +107,99 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """The config file and its shorthands, shared by `serve`, `config render` and `doctor`."""
+    parser.add_argument("--config", help="YAML file: an LLMConfig plus speculation, cpu and server sections")
+    parser.add_argument(
+        "--model", help="target: a Hugging Face id, a folder, or s3:// / gs:// (default: the bundled tiny pair)"
+    )
+    parser.add_argument("--draft", help="draft model: a Hugging Face id or a folder (with --model)")
+    parser.add_argument("--method", choices=METHODS, help="speculative method (default: draft_model)")
+    parser.add_argument("--policy", help="speculation policy NAME[:key=value,...] (default: adaptive)")
+    parser.add_argument("--max-k", "--k-max", dest="max_k", type=int, help="largest speculation length k (default: 4)")
+    parser.add_argument("--replicas", type=int, help="Ray Serve replicas (deployment_config.num_replicas)")
+    parser.add_argument(
+        "--tp", "--tensor-parallel-size", dest="tp", type=int, help="tensor-parallel size per engine (default: 1)"
+    )
+    parser.add_argument("--max-model-len", dest="max_model_len", type=int, help="longest prompt + output, tokens")
+    parser.add_argument(
+        "--engine-arg",
+        dest="engine_args",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any vLLM engine argument, repeatable: --engine-arg gpu_memory_utilization=0.9 "
+        "--engine-arg kv_cache_dtype=fp8 (VALUE read as YAML: numbers, true/false, {json})",
+    )
+    parser.add_argument(
+        "--device", choices=("gpu", "cpu"), help="where the engines run (default: the config's, else this machine's)"
+    )
+
+
+# Each shorthand flag and the config key it sets.
+CONFIG_FLAGS = {
+    "model": "model_loading_config.model_source",
+    "draft": "speculation.draft",
+    "method": "speculation.method",
+    "policy": "speculation.policy",
+    "max_k": "speculation.max_k",
+    "replicas": "deployment_config.num_replicas",
+    "tp": "engine_kwargs.tensor_parallel_size",
+    "max_model_len": "engine_kwargs.max_model_len",
+    "device": "accelerator_config.kind",
+    "host": "server.host",
+    "port": "server.port",
+    "metrics_port": "server.metrics_port",
+    "prometheus_port": "server.prometheus_port",
+    "api_key": "server.api_key",
+}
+
+
+def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags as dotted config keys; a malformed --engine-arg is a CommandError naming it."""
+    overrides = {key: getattr(args, flag) for flag, key in CONFIG_FLAGS.items() if hasattr(args, flag)}
+    for item in args.engine_args:
+        key, sep, text = item.partition("=")
+        key = key.strip().removeprefix("--").replace("-", "_")
+        if not sep or not key.isidentifier():
+            raise CommandError(f"--engine-arg {item!r}: expected KEY=VALUE, e.g. gpu_memory_utilization=0.9")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise CommandError(f"--engine-arg {item!r}: VALUE is not a YAML or JSON value") from None
+        overrides[f"engine_kwargs.{key}"] = value
+    return overrides
+
+
+def load_cli_config(args: argparse.Namespace) -> Any:
+    from specserve.cluster.config import ConfigError, load_config
+
+    try:
+        return load_config(args.config, config_overrides(args))
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _render(args: argparse.Namespace) -> int:
+    from specserve.cluster.app import engine_path, resolve_serve, serve_document
+    from specserve.cluster.config import ConfigError
+
+    config = load_cli_config(args)
+    try:
+        resolved = resolve_serve(config)
+        document = serve_document(resolved)
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
+    path = engine_path(resolved.on_gpu)
+    print(f"engine path: {path}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(document, indent=2))
+    else:
+        print(f"# specserve config render: {path}")
+        print(yaml.safe_dump(document, sort_keys=False), end="")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from specserve.bench import cli as bench_cli
 
@@ -101,24 +210,12 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from specserve.cluster.config import ConfigError, load_config
+    from specserve.cluster.config import ConfigError
     from specserve.cluster.local import serve_forever
 
-    keys = (
-        "model",
-        "draft",
-        "policy",
-        "k_max",
-        "replicas",
-        "tp",
-        "host",
-        "port",
-        "metrics_port",
-        "prometheus_port",
-        "api_key",
-    )
+    config = load_cli_config(args)
     try:
-        return serve_forever(load_config(args.config, {key: getattr(args, key) for key in keys}))
+        return serve_forever(config)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
 

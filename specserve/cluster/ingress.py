@@ -25,6 +25,7 @@ import hmac
 import json
 import logging
 import math
+import os
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
 from functools import cache
 from typing import Any
@@ -330,7 +331,8 @@ class SpecServeIngress(OpenAiIngress):
     """Ray Serve LLM's ingress, its bodies bounded and its errors OpenAI's.
 
     ``api_key`` comes as a SecretStr bound into the deployment, whose repr is masked wherever Serve prints its
-    arguments."""
+    arguments; without one, SPECSERVE_API_KEY in this replica's environment (the head node's), so that a Serve config
+    file never has to hold the key."""
 
     def __init__(
         self,
@@ -342,7 +344,9 @@ class SpecServeIngress(OpenAiIngress):
         retry_after_s: float = 1.0,
     ) -> None:
         super().__init__(llm_deployments, model_cards, lora_paths=lora_paths)
-        self._api_key = api_key.get_secret_value() if api_key is not None else None
+        self._api_key = (
+            api_key.get_secret_value() if api_key is not None else os.environ.get("SPECSERVE_API_KEY") or None
+        )
         self._retry_after_s = retry_after_s
 
     def _set_asgi_app(self, app: Any) -> None:

@@ -19,11 +19,10 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from specserve.cluster import alert_rules
-from specserve.cluster.app import ResolvedServe, build_app, memory_params, model_pair
-from specserve.cluster.config import ConfigError, ServeConfig, check_engine_cpus
+from specserve.cluster.app import ResolvedServe, build_app, engine_path, memory_params, resolve_serve
+from specserve.cluster.config import ConfigError, ServeConfig
 from specserve.cluster.prometheus import INSTALL_HINT, PrometheusError, PrometheusServer
 from specserve.replicas.cpu_affinity import spans, split_cores
-from specserve.replicas.engine_env import engine_env
 
 APP_NAME = "specserve"
 # Ray's metrics agent exports every replica's values about every 10 s (RAY_metrics_report_interval_ms). Scraping
@@ -50,31 +49,11 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def has_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def resolve(config: ServeConfig, tmp_dir: str) -> ResolvedServe:
-    if config.model is None:
+    """The config resolved for this machine, vLLM's caches and IPC sockets under ``tmp_dir`` (deleted on exit)."""
+    if config.model_source is None:
         log("specserve: using the bundled tiny trained pair (built once, then cached)")
-    target, draft = model_pair(config)
-    on_gpu = has_gpu()
-    try:
-        check_engine_cpus(config.engine_cpus, config.tp, config.cpu_executor, on_gpu)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    # vLLM's caches and IPC sockets go under tmp_dir, which `serve` deletes on exit.
-    env = engine_env(
-        tmp_dir,
-        tp=config.tp,
-        kv_cache_space_gib=config.kv_cache_space_gib,
-        cpu_threads=config.cpu_threads,
-        engine_cpus=config.engine_cpus,
-        on_gpu=on_gpu,
-    )
-    return ResolvedServe(config, target, draft, on_gpu, env)
+    return resolve_serve(config, tmp_dir)
 
 
 def serve_forever(config: ServeConfig) -> int:
@@ -102,14 +81,14 @@ def serve_forever(config: ServeConfig) -> int:
         _require_capacity(config, resolved.on_gpu, joined)
         _on_stop_signals(stop)  # again: the Ray driver installs its own SIGTERM handler
         prometheus = None
-        if config.prometheus_port is not None and not joined:
+        if config.server.prometheus_port is not None and not joined:
             # Started before the engines, so that it records their start-up too.
             prometheus = PrometheusServer(
                 Path(tmp_dir) / "prometheus",
-                config.prometheus_port,
-                [f"127.0.0.1:{config.metrics_port}"],
+                config.server.prometheus_port,
+                [f"127.0.0.1:{config.server.metrics_port}"],
                 scrape_interval_s=PROMETHEUS_SCRAPE_INTERVAL_S,
-                host=config.host,
+                host=config.server.host,
                 rules=alert_rules.rules_document(),
             )
             cleanup.callback(prometheus.stop)  # before tmp_dir (its TSDB) goes: the stack unwinds last in, first out
@@ -117,39 +96,45 @@ def serve_forever(config: ServeConfig) -> int:
                 prometheus.start()
                 prometheus.wait_ready()
             except PrometheusError as exc:
-                log(f"specserve: --prometheus-port {config.prometheus_port}: {exc}")
+                log(f"specserve: --prometheus-port {config.server.prometheus_port}: {exc}")
                 return 1
         get_or_create_controller(memory_params(config))
-        serve.start(proxy_location=config.proxy_location, http_options={"host": config.host, "port": config.port})
+        serve.start(
+            proxy_location=config.server.proxy_location,
+            http_options={"host": config.server.host, "port": config.server.port},
+        )
         cleanup.callback(_shutdown_serve, joined)
         if stop.is_set():
             return 130
 
-        log(f"specserve: deploying {config.replicas} replica(s) of {config.model_id} (policy {config.policy})")
+        log(
+            f"specserve: deploying {config.num_replicas} replica(s) of {resolved.model_id} "
+            f"(policy {config.speculation.policy}) on {engine_path(resolved.on_gpu)}"
+        )
         started = time.monotonic()
         failure: list[BaseException] = []
         app = build_app(resolved)
         # serve.run blocks until every replica's engine is up (tens of seconds); a thread keeps
         # Ctrl-C answered meanwhile.
         deployer = threading.Thread(target=_deploy, args=(app, failure, stop), daemon=True)
-        endpoint = f"http://{_client_host(config.host)}:{config.port}/v1"
+        endpoint = f"http://{_client_host(config.server.host)}:{config.server.port}/v1"
         # Recorded before the endpoint answers, so that a script which waits for the endpoint and then runs
         # `specserve status` or `policy set` finds the cluster.
         _write_state(ray.get_runtime_context().gcs_address, endpoint)
         cleanup.callback(state_file().unlink, missing_ok=True)
         deployer.start()
-        if not _wait_ready(endpoint, deployer, config.engine_start_timeout_s, stop, config.api_key):
+        if not _wait_ready(endpoint, deployer, config.server.engine_start_timeout_s, stop, config.server.api_key):
             if failure:
                 log(f"specserve: deployment failed: {failure[0]}")
                 return 1
             if stop.is_set():
                 return 130
-            log(f"specserve: endpoint {endpoint} did not answer within {config.engine_start_timeout_s:.0f} s")
+            log(f"specserve: endpoint {endpoint} did not answer within {config.server.engine_start_timeout_s:.0f} s")
             return 1
         log(f"specserve: ready in {time.monotonic() - started:.1f} s")
         log(f"endpoint: {endpoint}")
         if not joined:
-            log(f"metrics: http://{_client_host(config.host)}:{config.metrics_port}/metrics")
+            log(f"metrics: http://{_client_host(config.server.host)}:{config.server.metrics_port}/metrics")
         if prometheus is not None:
             log(f"prometheus: {prometheus.url}")
         stop.wait()
@@ -161,7 +146,7 @@ def _serve_mode(config: ServeConfig) -> None:
     """Ray Serve's throughput-optimized mode and its HAProxy ingress: Serve reads both variables when its modules
     load, in every process of the cluster, so they go into this process's environment, which a local cluster's
     processes inherit."""
-    wanted = {key: env for key, env in SERVE_SWITCHES.items() if getattr(config, key)}
+    wanted = {key: env for key, env in SERVE_SWITCHES.items() if getattr(config.server, key)}
     if not wanted:
         return
     if os.environ.get("RAY_ADDRESS"):
@@ -184,19 +169,20 @@ def _start_ray(config: ServeConfig, resolved: ResolvedServe) -> bool:
 
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": resolved.env_vars})
-        if config.engine_cpus is not None:
+        if config.cpu.engine_cpus is not None:
             log(
-                f"specserve: engine_cpus {config.engine_cpus}: each engine moves there; the cluster's own processes "
-                "keep the cores their nodes started with (taskset -c CORES ray start ...)"
+                f"specserve: engine_cpus {config.cpu.engine_cpus}: each engine moves there; the cluster's own "
+                "processes keep the cores their nodes started with (taskset -c CORES ray start ...)"
             )
         return True
     _keep_serving_off_engine_cores(config)
     ray.init(
         # "local": always a new cluster, even where `ray start` left its address behind.
         address="local",
-        num_cpus=config.num_cpus or max(os.cpu_count() or 1, config.replicas * config.tp + 1),
+        num_cpus=config.server.num_cpus
+        or max(os.cpu_count() or 1, config.num_replicas * config.tensor_parallel_size + 1),
         include_dashboard=False,
-        _metrics_export_port=config.metrics_port,
+        _metrics_export_port=config.server.metrics_port,
     )
     return False
 
@@ -205,15 +191,15 @@ def _keep_serving_off_engine_cores(config: ServeConfig) -> None:
     """With ``engine_cpus``, this process moves to the other cores before it starts the local cluster, whose
     processes (Ray's, Serve's proxy and replicas, Prometheus) inherit them; each replica then moves its engine
     onto ``engine_cpus`` (``replicas/server.py``)."""
-    if config.engine_cpus is None:
+    if config.cpu.engine_cpus is None:
         return
-    if config.replicas > 1:
+    if config.num_replicas > 1:
         raise ConfigError(
-            f"engine_cpus {config.engine_cpus!r} with replicas: {config.replicas} would put {config.replicas} engines "
+            f"engine_cpus {config.cpu.engine_cpus!r} with {config.num_replicas} replicas would put them all "
             "on the same cores of this machine; serve one replica, or leave engine_cpus unset"
         )
     try:
-        engine, serving = split_cores(config.engine_cpus)
+        engine, serving = split_cores(config.cpu.engine_cpus)
     except ValueError as e:
         raise ConfigError(f"engine_cpus {e}") from None
     os.sched_setaffinity(0, serving)
@@ -227,20 +213,21 @@ def _require_capacity(config: ServeConfig, on_gpu: bool, joined: bool) -> None:
     import ray
 
     kind = "GPU" if on_gpu else "CPU"
-    ranks = config.replicas * config.tp
+    ranks = _engine_ranks(config)
     have = ray.cluster_resources()
     shortfalls = []
     if ranks > have.get(kind, 0):
         shortfalls.append(
-            f"--replicas {config.replicas} x --tp {config.tp} need {ranks} {kind} (one per engine rank); "
-            f"the Ray cluster has {have.get(kind, 0):g}"
+            f"{config.num_replicas} replica(s) x tensor_parallel_size {config.tensor_parallel_size} need "
+            f"{ranks} {kind} (one per engine rank); the Ray cluster has {have.get(kind, 0):g}"
             + ("" if on_gpu else " (raise num_cpus, or serve fewer replicas)")
         )
-    for name, amount in config.resources_per_rank.items():
+    for name, amount in custom_resources_per_rank(config).items():
         if ranks * amount > have.get(name, 0):
             shortfalls.append(
-                f"resources_per_rank: {ranks} engine ranks x {name}={amount:g} need {ranks * amount:g} {name}; "
-                f"the Ray cluster has {have.get(name, 0):g} (give nodes some with `ray start --resources`)"
+                f"placement_group_config.bundle_per_worker: {ranks} engine ranks x {name}={amount:g} need "
+                f"{ranks * amount:g} {name}; the Ray cluster has {have.get(name, 0):g} "
+                "(give nodes some with `ray start --resources`)"
             )
     if shortfalls and not joined:
         raise ConfigError("\n".join(shortfalls))
@@ -248,30 +235,44 @@ def _require_capacity(config: ServeConfig, on_gpu: bool, joined: bool) -> None:
         log(f"specserve: waiting for the cluster to grow: {shortfall}")
 
 
+def _engine_ranks(config: ServeConfig) -> int:
+    return config.num_replicas * config.tensor_parallel_size
+
+
+def custom_resources_per_rank(config: ServeConfig) -> dict[str, float]:
+    """The custom Ray resources each engine rank's placement bundle asks for besides its device."""
+    bundle = (config.placement_group_config or {}).get("bundle_per_worker") or {}
+    return {name: float(amount) for name, amount in bundle.items() if name not in RAY_BUILTIN_RESOURCES}
+
+
+# Resources Ray itself accounts for; an engine rank's GPU or CPU comes from Ray Serve LLM's accelerator bundles.
+RAY_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "TPU", "memory", "object_store_memory"})
+
+
 def _require_free_ports(config: ServeConfig) -> None:
     """Fail fast: Serve's proxy would otherwise retry binding forever and never come up."""
-    _require_free_port(config.host, config.port, "--port")
+    _require_free_port(config.server.host, config.server.port, "--port")
     if not os.environ.get("RAY_ADDRESS"):
-        _require_free_port("127.0.0.1", config.metrics_port, "--metrics-port")
-        if config.prometheus_port is not None:
-            _require_free_port(config.host, config.prometheus_port, "--prometheus-port")
+        _require_free_port("127.0.0.1", config.server.metrics_port, "--metrics-port")
+        if config.server.prometheus_port is not None:
+            _require_free_port(config.server.host, config.server.prometheus_port, "--prometheus-port")
 
 
 def _require_prometheus(config: ServeConfig) -> None:
     """A local cluster's Prometheus needs the binary; a joined cluster's metrics are not ours to scrape."""
-    if config.prometheus_port is None:
+    if config.server.prometheus_port is None:
         return
     if os.environ.get("RAY_ADDRESS"):
         # Not an error: `make serve` asks for one whenever `prometheus` is installed, RAY_ADDRESS or not. The
         # cluster's nodes export on ports `ray start` chose, and its own Prometheus (deploy/prometheus/) scrapes them.
         log(
-            f"specserve: --prometheus-port {config.prometheus_port} ignored: joining the cluster at RAY_ADDRESS, "
-            "whose own Prometheus scrapes its nodes (deploy/prometheus/prometheus.yml)"
+            f"specserve: --prometheus-port {config.server.prometheus_port} ignored: joining the cluster at "
+            "RAY_ADDRESS, whose own Prometheus scrapes its nodes (deploy/prometheus/prometheus.yml)"
         )
         return
     if PrometheusServer.binary() is None:
         raise ConfigError(
-            f"--prometheus-port {config.prometheus_port}: no `prometheus` binary on PATH; install it "
+            f"--prometheus-port {config.server.prometheus_port}: no `prometheus` binary on PATH; install it "
             f"({INSTALL_HINT}) or leave the flag out"
         )
 

@@ -32,6 +32,18 @@ MEMORY_COORDINATED_UTILITY = "specserve_memory_coordinated"
 CPU_EXECUTOR_KEY = "specserve_cpu_executor"
 #: LLMConfig.experimental_configs key: the cores a replica moves its engine onto (``cpu_affinity.py``).
 ENGINE_CPUS_KEY = "specserve_engine_cpus"
+#: LLMConfig.experimental_configs key: the memory parameters a replica starts the cluster's controller with, where it
+#: is the first to ask (server.py; a running controller keeps its own).
+CONTROLLER_KEY = "specserve_controller"
+
+# The engine path on a GPU. vLLM 0.32 would run Model Runner V2 wherever Triton works, whose draft-model speculator
+# runs every draft step whatever k the scheduler asks (vllm/v1/worker/gpu/spec_decode/standalone_ar/speculator.py),
+# and async scheduling for draft models, under which EngineCore hands the scheduler no draft tokens and the k = 0
+# skip is off. specserve runs the V1 model runner with synchronous scheduling, the code vLLM's CPU runner shares and
+# the tests run; the scheduler checks both at start (engine_path.py). The cost: the CPU's scheduling of a step no
+# longer overlaps the GPU's previous step.
+GPU_ENGINE_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+GPU_ENGINE_KWARGS = {"async_scheduling": False}
 # What one entry of the step log holds (``StepRecord`` fields).
 STEP_LOG_FIELDS = (
     "now_s",
@@ -155,8 +167,6 @@ def speculative_engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
         enforce_eager=spec.enforce_eager,
         seed=spec.seed,
         stream_interval=spec.stream_interval,
-        # Prefix caching would hide prompt work and make acceptance depend on cache state.
-        enable_prefix_caching=False,
         disable_log_stats=False,
         scheduler_cls=SCHEDULER_CLS,
         worker_extension_cls=WORKER_EXTENSION_CLS,

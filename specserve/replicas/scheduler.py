@@ -49,6 +49,7 @@ from specserve.replicas.engine_args import (
     EngineControlConfig,
 )
 from specserve.replicas.engine_log import engine_logger
+from specserve.replicas.engine_path import require_engine_path
 from specserve.replicas.k0_skip import (
     catch_up_cap,
     catch_up_room,
@@ -89,6 +90,7 @@ class AdaptiveKScheduler(Scheduler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        require_engine_path(self.vllm_config)
         control = EngineControlConfig.from_additional_config(
             self.vllm_config.additional_config.get(ADDITIONAL_CONFIG_KEY)
         )

@@ -33,6 +33,7 @@ from specserve.replicas.controller_link import ControllerLink
 from specserve.replicas.cpu_affinity import parse_cpu_list, pin_engine_processes
 from specserve.replicas.engine import SpecVLLMEngine
 from specserve.replicas.engine_args import (
+    CONTROLLER_KEY,
     ENGINE_CPUS_KEY,
     MEMORY_COORDINATED_UTILITY,
     MEMORY_DIRECTIVE_UTILITY,
@@ -67,7 +68,27 @@ class SpecLLMServer(LLMServer):
         self._node_id = ray.get_runtime_context().get_node_id()
         self._model_id = self._llm_config.model_id
         self._metrics = ReplicaMetrics(model=self._model_id, replica=self._replica_id)
+        self._join_controller()
         self._telemetry_task = asyncio.get_running_loop().create_task(self._telemetry_loop())
+
+    def _join_controller(self) -> None:
+        """Start the cluster's controller where no one has (a deployment built with Ray Serve LLM's own builder or
+        ``serve run`` of a rendered config), so that `specserve status`, `policy set` and the alerts work however the
+        replicas were deployed. Named, detached and created at most once: a running controller is joined as it is.
+        Only here, at start: a controller that later dies is looked up again, never recreated by a replica."""
+        from specserve.controller.actor import get_or_create_controller
+        from specserve.memory import ClusterMemoryParams
+
+        wanted = self._llm_config.experimental_configs.get(CONTROLLER_KEY) or {}
+        try:
+            get_or_create_controller(
+                ClusterMemoryParams(
+                    max_concurrent_transfers=wanted.get("max_concurrent_reloads"),
+                    min_resident_per_deployment=wanted.get("min_resident_drafts", 0),
+                )
+            )
+        except Exception:  # serving goes on with local rules; the telemetry loop keeps looking for one
+            logger.exception("specserve: could not start or join the cluster's controller")
 
     def _pin_engine(self) -> None:
         """``engine_cpus``: every thread of this replica's engine processes onto those cores, once they run (the

@@ -7,7 +7,7 @@ read the same ``VllmConfig`` and the same ``SchedulerOutput``, and the rule itse
 
 Private vLLM interfaces read: ``VllmConfig.additional_config`` / ``speculative_config`` /
 ``scheduler_config.async_scheduling``; ``SchedulerOutput.num_spec_tokens_to_schedule``,
-``scheduled_new_reqs``, ``scheduled_cached_reqs.resumed_req_ids``, ``num_scheduled_tokens``,
+``scheduled_new_reqs`` (``NewRequestData.req_id``), ``scheduled_cached_reqs.resumed_req_ids``, ``num_scheduled_tokens``,
 ``total_num_scheduled_tokens`` (``vllm/v1/core/sched/output.py``).
 """
 
@@ -88,6 +88,12 @@ def resume_cost(vllm_config: Any) -> float | None:
     if getattr(vllm_config.device_config, "device_type", None) != "cpu" or not CATCH_UP_PROFILE.is_file():
         return None
     return float(json.loads(CATCH_UP_PROFILE.read_text())["fit"]["s_per_token"])
+
+
+def entering_request_ids(output: SchedulerOutput) -> list[str]:
+    """The requests that enter the batch this step: new ones, and those resumed after preemption. Their first step
+    may start at a prefix-cache hit, so both trackers forget them before taking lags (``DraftKVTracker.forget``)."""
+    return [r.req_id for r in output.scheduled_new_reqs] + sorted(output.scheduled_cached_reqs.resumed_req_ids)
 
 
 def step_skips_draft_pass(enabled: bool, output: SchedulerOutput, draft_resident: bool = True) -> bool:

@@ -16,6 +16,13 @@ requests as fit in the step's unused token budget and the catch-up cap (``catch_
 drafts on a complete cache. The worker (which runs the pass) and the scheduler (which cuts the drafts
 of lagging requests) each keep a tracker and apply the same plan, so they agree without talking.
 
+Prefix caching: a request whose first step starts at a prefix-cache hit reads KV blocks another request
+filled, and their draft half may never have been written (that request's skipped passes, a draft offloaded
+then, a reloaded draft's zeroed pages). Neither process can tell, so a request entering the batch, new or
+resumed after preemption, starts with no complete prefix (``DraftKVTracker.forget``): its lag is the whole
+cached prefix, caught up by the step's pass like any other lag. That re-drafts every hit over its cached
+tokens (a multiple of the KV block size), valid or not: lossless, and no draft on another request's holes.
+
 Pure Python over plain numbers: no vllm, no torch.
 """
 
@@ -145,6 +152,15 @@ class DraftKVTracker:
                 self.draft_upto[r.request_id] = upto + chunk
             elif chunk is not None or upto >= r.start:
                 self.draft_upto[r.request_id] = r.num_computed_tokens + int(r.sampled)
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """Requests entering the batch this step (new, or resumed after preemption): their complete prefix is empty.
+
+        A request's first step may start past position 0 at a prefix-cache hit, on blocks whose draft half another
+        request wrote or left stale, and a resumed request may hit blocks other than those its own passes wrote.
+        Called before the step's lags are taken, its whole cached prefix then counts as lag."""
+        for request_id in request_ids:
+            self.draft_upto.pop(request_id, None)
 
     def lag(self, request_id: str, start: int) -> int:
         """Positions before ``start`` (a step's first) whose draft KV is stale: the catch-up's length."""

@@ -21,42 +21,63 @@ from specserve.replicas.engine_env import applied, engine_env
 
 def test_defaults_and_override_order(tmp_path):
     path = tmp_path / "serve.yaml"
-    path.write_text("policy: fixed:k=2\nport: 9000\nk_max: 3\n")
-    config = load_config(str(path), {"port": 9100, "policy": None})
-    assert (config.policy, config.port, config.k_max, config.host) == ("fixed:k=2", 9100, 3, "127.0.0.1")
+    path.write_text("speculation: {policy: 'fixed:k=2', max_k: 3}\nserver: {port: 9000}\n")
+    config = load_config(str(path), {"server.port": 9100, "speculation.policy": None})
+    assert (config.speculation.policy, config.server.port, config.speculation.max_k, config.server.host) == (
+        "fixed:k=2",
+        9100,
+        3,
+        "127.0.0.1",
+    )
 
 
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("polcy: adaptive\n", "polcy: unknown key"),
-        ("k_max: 0\n", "k_max: Input should be greater than or equal to 1"),
-        ("port: http\n", "port: Input should be a valid integer"),
-        ("policy: bogus\n", "policy: unknown policy 'bogus'"),
-        ("policy: oracle\n", "policy 'oracle' runs only in the simulator"),
-        ("policy: 'fixed:k=-1'\n", "k=-1 must be non-negative"),
-        ("model: /nonexistent\n", "`model` and `draft` go together"),
-        ("draft_offload: true\nskip_k0_draft_pass: false\n", "draft_offload needs skip_k0_draft_pass"),
-        ("offload_low_free_ratio: 1.5\n", "offload_low_free_ratio: Input should be less than 1"),
-        ("offload_window_steps: 0\n", "offload_window_steps: Input should be greater than or equal to 1"),
-        ("offload_min_resident_s: -1\n", "offload_min_resident_s: Input should be greater than or equal to 0"),
-        ("offload_min_resident_s: .inf\n", "offload_min_resident_s: Input should be a finite number"),
-        ("catch_up_max_tokens: 0\n", "catch_up_max_tokens: Input should be greater than or equal to 1"),
-        ("catch_up_max_tokens: lots\n", "catch_up_max_tokens: Input should be a valid integer"),
-        ("throughput_optimized: sometimes\n", "throughput_optimized: Input should be a valid boolean"),
-        ("haproxy: maybe\n", "haproxy: Input should be a valid boolean"),
-        ("stream_interval: 0\n", "stream_interval: Input should be greater than or equal to 1"),
-        ("min_resident_drafts: 3\nreplicas: 2\n", "min_resident_drafts=3 is more than replicas=2"),
-        ("max_concurrent_reloads: 0\n", "max_concurrent_reloads: Input should be greater than or equal to 1"),
-        ("resources_per_rank: {GPU: 1}\n", "resources_per_rank: 'GPU' is set by the accelerator"),
-        ("resources_per_rank: {pool_a: 0}\n", "resources_per_rank: pool_a=0.0 must be positive"),
-        ("resources_per_rank: [pool_a]\n", "resources_per_rank: Input should be a valid dictionary"),
-        ("proxy_location: Everywhere\n", "proxy_location: Input should be 'EveryNode' or 'HeadOnly'"),
-        ("max_queued_requests: 4\n", "max_queued_requests needs max_ongoing_requests"),
-        ("overload_status: 500\n", "overload_status: Input should be 429 or 503"),
-        ("retry_after_s: .nan\n", "retry_after_s: Input should be a finite number"),
+        ("polcy: adaptive\n", "polcy: unknown key; known keys: model_loading_config"),
+        ("speculation: {polcy: adaptive}\n", "speculation.polcy: unknown key; known keys: method, draft"),
+        ("speculation: {max_k: 0}\n", "speculation.max_k: Input should be greater than or equal to 1"),
+        ("speculation: {method: eagle3}\n", "speculation.method: Input should be 'draft_model'"),
+        ("server: {port: http}\n", "server.port: Input should be a valid integer"),
+        ("speculation: {policy: bogus}\n", "policy: unknown policy 'bogus'"),
+        ("speculation: {policy: oracle}\n", "policy 'oracle' runs only in the simulator"),
+        ("speculation: {policy: 'fixed:k=-1'}\n", "k=-1 must be non-negative"),
+        ("speculation: {draft: org/draft}\n", "speculation.draft needs your target"),
+        ("model_loading_config: {model_source: org/target}\n", "speculation.draft: required with your own target"),
+        (
+            "model_loading_config: {model_source: /nonexistent}\nspeculation: {draft: org/d}\n",
+            "model_loading_config.model_source: '/nonexistent' is not a Hugging Face model folder",
+        ),
+        (
+            "model_loading_config: {model_source: 'not an id'}\nspeculation: {draft: org/d}\n",
+            "'not an id' is neither a folder nor a Hugging Face id",
+        ),
+        (
+            "model_loading_config: {model_source: org/t}\nspeculation: {draft: 's3://bucket/draft'}\n",
+            "speculation.draft: 's3://bucket/draft': vLLM loads a draft from a Hugging Face id or a folder",
+        ),
+        (
+            "speculation: {draft_offload: true, skip_k0_draft_pass: false}\n",
+            "draft_offload needs skip_k0_draft_pass",
+        ),
+        ("speculation: {offload_low_free_ratio: 1.5}\n", "offload_low_free_ratio: Input should be less than 1"),
+        ("speculation: {offload_min_resident_s: .inf}\n", "offload_min_resident_s: Input should be a finite number"),
+        ("speculation: {catch_up_max_tokens: 0}\n", "catch_up_max_tokens: Input should be greater than or equal"),
+        ("server: {throughput_optimized: sometimes}\n", "throughput_optimized: Input should be a valid boolean"),
+        (
+            "speculation: {min_resident_drafts: 3}\ndeployment_config: {num_replicas: 2}\n",
+            "min_resident_drafts=3 is more than the 2 replica(s) at start",
+        ),
+        ("server: {proxy_location: Everywhere}\n", "proxy_location: Input should be 'EveryNode' or 'HeadOnly'"),
+        ("deployment_config: {max_queued_requests: 4}\n", "max_queued_requests needs max_ongoing_requests"),
+        ("server: {overload_status: 500}\n", "overload_status: Input should be 429 or 503"),
+        ("engine_kwargs: {speculative_config: {method: eagle3}}\n", "engine_kwargs.speculative_config: set by"),
+        ("engine_kwargs: {scheduler_cls: my.Scheduler}\n", "engine_kwargs.scheduler_cls: set by specserve"),
+        ("engine_kwargs: {async_scheduling: true}\n", "engine_kwargs.async_scheduling: true: specserve's per-step"),
+        ("engine_kwargs: [a]\n", "engine_kwargs: Input should be a valid dictionary"),
+        ("cpu: {engine_cpus: x}\n", "cpu.engine_cpus: engine_cpus:"),
         ("- a\n- b\n", "expected a mapping"),
-        ("port: [\n", "not valid YAML"),
+        ("server: {port: [\n", "not valid YAML"),
     ],
 )
 def test_bad_config_names_the_problem(tmp_path, text, message):
@@ -67,9 +88,49 @@ def test_bad_config_names_the_problem(tmp_path, text, message):
     assert message in str(error.value)
 
 
-def test_model_folder_must_hold_a_model(tmp_path):
+def test_the_flat_keys_of_earlier_releases_are_read_with_a_note_naming_their_new_place(tmp_path, capsys):
+    path = tmp_path / "serve.yaml"
+    path.write_text("k_max: 3\ntp: 2\nport: 9000\nreplicas: 2\ncpu_threads: 2\nresources_per_rank: {pool_a: 1}\n")
+    config = load_config(str(path))
+    assert config.speculation.max_k == 3 and config.tensor_parallel_size == 2 and config.server.port == 9000
+    assert config.num_replicas == 2 and config.cpu.threads == 2
+    assert config.placement_group_config == {"bundle_per_worker": {"GPU": 1.0, "pool_a": 1}}
+    err = capsys.readouterr().err
+    assert "k_max: now speculation.max_k" in err and "tp: now engine_kwargs.tensor_parallel_size" in err
+    assert "cpu_threads: now cpu.threads" in err and "port: now server.port" in err
+
+
+def test_every_vllm_engine_argument_passes_through_untouched(tmp_path):
+    from specserve.cluster.app import llm_config_fields, resolve_serve
+
+    given = {
+        "gpu_memory_utilization": 0.85,
+        "quantization": "fp8",
+        "kv_cache_dtype": "fp8",
+        "max_num_batched_tokens": 4096,
+        "trust_remote_code": True,
+        "revision": "abc123",
+        "enable_prefix_caching": True,
+        "dtype": "auto",
+    }
+    config = load_config(
+        None,
+        {
+            "model_loading_config.model_source": "org/target",
+            "speculation.draft": "org/draft",
+            "accelerator_config.kind": "gpu",
+            **{f"engine_kwargs.{key}": value for key, value in given.items()},
+        },
+    )
+    engine = llm_config_fields(resolve_serve(config))["engine_kwargs"]
+    assert {key: engine[key] for key in given} == given
+    # On a GPU the sizes are vLLM's own: none of the CPU demo's.
+    assert "max_model_len" not in engine and "max_num_seqs" not in engine
+
+
+def test_a_model_folder_must_hold_a_model(tmp_path):
     with pytest.raises(ConfigError, match="not a Hugging Face model folder"):
-        load_config(None, {"model": str(tmp_path), "draft": str(tmp_path)})
+        load_config(None, {"model_loading_config.model_source": str(tmp_path), "speculation.draft": str(tmp_path)})
 
 
 def test_cli_reports_config_errors_with_exit_status_2(tmp_path):
@@ -172,9 +233,9 @@ SECRET = "sk-config-test-5e1d"
 
 def test_the_api_key_is_masked_wherever_the_config_is_printed(tmp_path):
     path = tmp_path / "serve.yaml"
-    path.write_text(f"api_key: {SECRET}\n")
+    path.write_text(f"server: {{api_key: {SECRET}}}\n")
     config = load_config(str(path), {})
-    assert config.api_key is not None and config.api_key.get_secret_value() == SECRET
+    assert config.server.api_key is not None and config.server.api_key.get_secret_value() == SECRET
     for shown in (repr(config), str(config), config.model_dump_json(), str(config.model_dump())):
         assert SECRET not in shown
 
@@ -182,7 +243,7 @@ def test_the_api_key_is_masked_wherever_the_config_is_printed(tmp_path):
 @pytest.mark.parametrize("bad", ["", "two words", "tab\there", "nl\n"])
 def test_a_bad_api_key_is_refused_without_echoing_it(bad):
     with pytest.raises(ConfigError, match="api_key: must be a non-empty token") as raised:
-        load_config(None, {"api_key": bad})
+        load_config(None, {"server.api_key": bad})
     assert not bad.strip() or bad.strip() not in str(raised.value)
 
 
@@ -210,7 +271,7 @@ def test_a_serve_mode_reaches_a_local_cluster_through_the_environment(monkeypatc
         monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     local._serve_mode(load_config(None, {}))
     assert not set(SERVE_SWITCHES.values()) & set(os.environ), "off unless asked for"
-    local._serve_mode(load_config(None, {}).model_copy(update={key: True}))
+    local._serve_mode(load_config(None, {f"server.{key}": True}))
     others = set(SERVE_SWITCHES.values()) - {env}
     assert not others & set(os.environ), "only the switch asked for"
     if joined:
@@ -228,5 +289,5 @@ def test_a_serve_mode_refuses_a_process_where_serve_already_read_it(monkeypatch,
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setitem(sys.modules, "ray.serve", object())
     with pytest.raises(RuntimeError, match=f"{key}: Ray Serve was loaded"):
-        local._serve_mode(load_config(None, {}).model_copy(update={key: True}))
+        local._serve_mode(load_config(None, {f"server.{key}": True}))
     assert env not in os.environ

@@ -15,15 +15,23 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from specserve.llm import Speculation, speculative_llm_config, speculative_llm_config_kwargs
+    from specserve.llm import (
+        CpuEngine,
+        Speculation,
+        build_openai_app,
+        speculative_llm_config,
+        speculative_llm_config_kwargs,
+    )
 
 # Public name -> the module that defines it.
 _PUBLIC = {
     "speculative_llm_config": "specserve.llm",
     "speculative_llm_config_kwargs": "specserve.llm",
     "Speculation": "specserve.llm",
+    "CpuEngine": "specserve.llm",
+    "build_openai_app": "specserve.llm",
 }
-__all__ = ["Speculation", "speculative_llm_config", "speculative_llm_config_kwargs"]
+__all__ = ["CpuEngine", "Speculation", "build_openai_app", "speculative_llm_config", "speculative_llm_config_kwargs"]
 
 
 def __getattr__(name: str) -> Any:

@@ -196,7 +196,10 @@ def migrate(data: dict[str, Any], where: str) -> dict[str, Any]:
             print(f"{where}: {key}: now {LEGACY_KEYS[key]}; the old key is read this release only", file=sys.stderr)
             if key == "resources_per_rank" and isinstance(value, dict):
                 value = _bundle_with_device(value)
-            set_dotted(moved, LEGACY_KEYS[key], value)
+            try:
+                set_dotted(moved, LEGACY_KEYS[key], value)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
     return moved
 
 
@@ -238,7 +241,10 @@ def load_config(path: str | None, overrides: dict[str, Any] | None = None) -> Se
         data = migrate(loaded or {}, f"--config {path}")
     for key, value in (overrides or {}).items():
         if value is not None:
-            set_dotted(data, key, value)
+            try:
+                set_dotted(data, key, value)
+            except ConfigError as exc:
+                raise ConfigError(f"--config {path}: {exc}") from None
     return validate(data, path)
 
 
@@ -255,7 +261,7 @@ def _key_name(part: object) -> str:
     return text if text and text.isprintable() and text.strip() == text else repr(part)
 
 
-_SECTIONS: dict[str, type[BaseModel]] = {"speculation": Speculation, "cpu": CpuEngine, "server": ServerOptions}
+SECTIONS: dict[str, type[BaseModel]] = {"speculation": Speculation, "cpu": CpuEngine, "server": ServerOptions}
 
 
 def describe(exc: ValidationError, where: str) -> str:
@@ -265,7 +271,7 @@ def describe(exc: ValidationError, where: str) -> str:
         key = ".".join(_key_name(part) for part in loc) or "(whole config)"
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
-            model = _SECTIONS.get(str(loc[0]), ServeConfig) if len(loc) > 1 else ServeConfig
+            model = SECTIONS.get(str(loc[0]), ServeConfig) if len(loc) > 1 else ServeConfig
             message = f"unknown key; known keys: {', '.join(model.model_fields)}"
         lines.append(f"{where}: {key}: {message}")
     return "\n".join(lines)

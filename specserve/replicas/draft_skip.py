@@ -70,7 +70,13 @@ from specserve.replicas import (  # noqa: F401
     shape_warmup,
     step_timing,
 )
-from specserve.replicas.k0_skip import catch_up_room, runner_catch_up_cap, runner_skips, step_skips_draft_pass
+from specserve.replicas.k0_skip import (
+    catch_up_room,
+    entering_request_ids,
+    runner_catch_up_cap,
+    runner_skips,
+    step_skips_draft_pass,
+)
 from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan, is_partial
 
 # Per worker process: draft passes skipped and run, requests caught up and their tokens, read by tests
@@ -138,6 +144,7 @@ def _propose_with_catch_up(runner: GPUModelRunner, original: Any, kwargs: dict[s
     bounds = cad.query_start_loc_cpu[: len(req_ids) + 1].tolist()
     positions = kwargs["target_positions"]
     starts = positions[bounds[:-1]].tolist() if req_ids else []
+    tracker.forget(entering_request_ids(output))  # as the scheduler does: a prefix-cache hit's prefix is lag
     lags = {rid: tracker.lag(rid, start) for rid, start in zip(req_ids, starts, strict=True)}
     room = catch_up_room(runner.vllm_config.scheduler_config.max_num_batched_tokens, output)
     plan = catch_up_plan(lags, room, runner_catch_up_cap(runner))
@@ -161,7 +168,9 @@ def _propose_with_catch_up(runner: GPUModelRunner, original: Any, kwargs: dict[s
         for i, (rid, start) in enumerate(zip(req_ids, starts, strict=True))
     ]
     tracker.observe_step(False, steps, plan)
-    tracker.keep_only(req_ids)
+    # Every request the worker holds, as the scheduler keeps every request it holds: a running request left out
+    # of this step's batch (no room in the token budget) keeps its complete prefix on both sides.
+    tracker.keep_only(runner.requests)
     return result
 
 

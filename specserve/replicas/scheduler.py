@@ -53,6 +53,7 @@ from specserve.replicas.engine_path import require_engine_path
 from specserve.replicas.k0_skip import (
     catch_up_cap,
     catch_up_room,
+    entering_request_ids,
     resume_cost,
     skipping_enabled,
     step_skips_draft_pass,
@@ -327,6 +328,8 @@ class AdaptiveKScheduler(Scheduler):
         # same numbers, so both trackers stay equal.
         caught_up: dict[str, int] = {}
         if not skipped:
+            # A request entering the batch may start at a prefix-cache hit: its cached prefix counts as lag.
+            self.draft_kv.forget(entering_request_ids(out))
             lags = {req_id: self.draft_kv.lag(req_id, start) for req_id, start in starts.items()}
             caught_up = catch_up_plan(
                 lags,

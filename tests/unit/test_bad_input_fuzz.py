@@ -15,7 +15,7 @@ import yaml
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from specserve.cluster.config import ConfigError, ServeConfig, load_config
+from specserve.cluster.config import LEGACY_KEYS, SECTIONS, ConfigError, ServeConfig, load_config
 from specserve.cluster.control import CommandError, canonical_policy
 from specserve.sim.config import Scenario
 from specserve.sim.scenario import ScenarioError, builtin_scenarios, parse_scenario, resolve
@@ -48,12 +48,25 @@ SAFE_MODULES = st.lists(st.sampled_from(["no_such_module_xyz", "", "specserve.no
 def config_files(draw: st.DrawFn) -> str:
     if draw(st.booleans()) and draw(st.booleans()):  # a quarter: text that may not be YAML at all
         return draw(st.text(max_size=60))
-    keys = [k for k in ServeConfig.model_fields if k != "policy_modules"]
-    data = {}
+    # Top-level keys, a section's keys (as "section.key") and the flat keys of earlier releases.
+    keys = sorted(
+        {*ServeConfig.model_fields, *LEGACY_KEYS}
+        | {f"{name}.{key}" for name, section in SECTIONS.items() for key in section.model_fields}
+    )
+    keys.remove("policy_modules")
+    keys.remove("speculation.policy_modules")
+    data: dict = {}
     for key in draw(st.lists(st.sampled_from(keys), min_size=1, max_size=4, unique=True)):
-        data[key] = draw(ANY_YAML | st.just(-1) | st.just(0) | st.just(2**64))
+        value = draw(ANY_YAML | st.just(-1) | st.just(0) | st.just(2**64))
+        section, _, inner = key.partition(".")
+        if inner and isinstance(data.get(section, {}), dict):
+            data.setdefault(section, {})[inner] = value
+        else:
+            data[key] = value
     if draw(st.booleans()):
-        data["policy_modules"] = draw(SAFE_MODULES)
+        data["speculation" if draw(st.booleans()) else "policy_modules"] = (
+            {"policy_modules": draw(SAFE_MODULES)} if "speculation" not in data else draw(SAFE_MODULES)
+        )
     if draw(st.integers(0, 9)) == 0:
         data[draw(st.text(min_size=1, max_size=8))] = 1
     return yaml.safe_dump(data)
@@ -74,7 +87,13 @@ def test_a_bad_config_file_raises_config_error_naming_the_key(text: str) -> None
             loaded = _safe_load(text)
             if isinstance(loaded, dict) and loaded:
                 # Each line names a key of the file (or, for a model-level check, the keys it is about).
-                named = {*map(str, loaded), *map(repr, loaded), *ServeConfig.model_fields, "(whole config)"} - {""}
+                named = {
+                    *map(str, loaded),
+                    *map(repr, loaded),
+                    *ServeConfig.model_fields,
+                    *(LEGACY_KEYS[key] for key in loaded if key in LEGACY_KEYS),
+                    "(whole config)",
+                } - {""}
                 for line in message.splitlines():
                     where = line.removeprefix(f"--config {path}: ")
                     assert any(where.startswith(name) for name in named), line

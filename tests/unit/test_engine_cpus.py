@@ -41,12 +41,12 @@ def test_the_engine_takes_some_cores_and_leaves_the_rest_to_serve():
 
 def test_the_config_names_a_bad_core_list_and_refuses_it_for_several_ranks():
     with pytest.raises(ValidationError, match="engine_cpus: 'x'"):
-        ServeConfig(engine_cpus="x")
+        ServeConfig(cpu={"engine_cpus": "x"})
     with pytest.raises(ValidationError, match="engine_cpus '0' gives one engine rank its cores; at tp=2"):
-        ServeConfig(engine_cpus="0", tp=2)
-    with pytest.raises(ValidationError, match="with cpu_executor: mp: the EngineCore would spin"):
-        ServeConfig(engine_cpus="0", cpu_executor="mp")
-    assert ServeConfig(engine_cpus="0-1").engine_cpus == "0-1"
+        ServeConfig(cpu={"engine_cpus": "0"}, engine_kwargs={"tensor_parallel_size": 2})
+    with pytest.raises(ValidationError, match="with executor: mp: the EngineCore would spin"):
+        ServeConfig(cpu={"engine_cpus": "0", "executor": "mp"})
+    assert ServeConfig(cpu={"engine_cpus": "0-1"}).cpu.engine_cpus == "0-1"
 
 
 def test_an_engine_with_cores_of_its_own_runs_a_thread_per_core_unless_told(tmp_path):
@@ -56,14 +56,16 @@ def test_an_engine_with_cores_of_its_own_runs_a_thread_per_core_unless_told(tmp_
 
 
 def test_the_public_api_carries_the_cores_to_the_replica_and_checks_them():
-    kwargs = speculative_llm_config_kwargs("d", device="cpu", engine_cpus="1")
+    kwargs = speculative_llm_config_kwargs("d", device="cpu", cpu={"engine_cpus": "1"})
     assert kwargs["experimental_configs"][ENGINE_CPUS_KEY] == "1"
     assert kwargs["runtime_env"]["env_vars"]["OMP_NUM_THREADS"] == "1"
     assert ENGINE_CPUS_KEY not in speculative_llm_config_kwargs("d", device="cpu")["experimental_configs"]
     with pytest.raises(ValueError, match="at tp=2"):
-        speculative_llm_config_kwargs("d", device="cpu", engine_cpus="1", engine_kwargs={"tensor_parallel_size": 2})
+        speculative_llm_config_kwargs(
+            "d", device="cpu", cpu={"engine_cpus": "1"}, engine_kwargs={"tensor_parallel_size": 2}
+        )
     with pytest.raises(ValueError, match="is for CPU engines"):
-        speculative_llm_config_kwargs("d", device="gpu", engine_cpus="1")
+        speculative_llm_config_kwargs("d", device="gpu", cpu={"engine_cpus": "1"})
 
 
 @TWO_CORES
@@ -97,9 +99,11 @@ def test_a_core_the_machine_lacks_fails_the_move():
 def test_a_local_cluster_refuses_engine_cores_it_cannot_split():
     allowed = os.sched_getaffinity(0)
     with pytest.raises(ConfigError, match="engine_cpus '4096': cores 4096 are not among"):
-        local._keep_serving_off_engine_cores(ServeConfig(engine_cpus="4096"))
-    with pytest.raises(ConfigError, match="with replicas: 2 would put 2 engines on the same cores"):
-        local._keep_serving_off_engine_cores(ServeConfig(engine_cpus="0", replicas=2))
+        local._keep_serving_off_engine_cores(ServeConfig(cpu={"engine_cpus": "4096"}))
+    with pytest.raises(ConfigError, match="with 2 replicas would put them all on the same cores"):
+        local._keep_serving_off_engine_cores(
+            ServeConfig(cpu={"engine_cpus": "0"}, deployment_config={"num_replicas": 2})
+        )
     assert os.sched_getaffinity(0) == allowed, "nothing moved"
 
 
@@ -108,7 +112,7 @@ def test_a_local_cluster_starts_on_the_cores_the_engine_leaves():
     allowed = os.sched_getaffinity(0)
     engine_core = sorted(allowed)[0]
     try:
-        local._keep_serving_off_engine_cores(ServeConfig(engine_cpus=str(engine_core)))
+        local._keep_serving_off_engine_cores(ServeConfig(cpu={"engine_cpus": str(engine_core)}))
         held = os.sched_getaffinity(0)
     finally:
         os.sched_setaffinity(0, allowed)

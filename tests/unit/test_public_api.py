@@ -34,32 +34,43 @@ def test_importing_specserve_and_building_the_kwargs_loads_no_framework() -> Non
 
 
 def test_the_public_names_are_exported_and_unknown_ones_are_not() -> None:
-    assert set(specserve.__all__) == {"Speculation", "speculative_llm_config", "speculative_llm_config_kwargs"}
+    assert set(specserve.__all__) == {
+        "CpuEngine",
+        "Speculation",
+        "build_openai_app",
+        "speculative_llm_config",
+        "speculative_llm_config_kwargs",
+    }
     assert specserve.Speculation is Speculation
     with pytest.raises(AttributeError, match="no_such_name"):
         specserve.no_such_name  # noqa: B018
 
 
-def test_gpu_kwargs_carry_the_replica_class_and_speculation_and_no_cpu_settings() -> None:
-    kwargs = specserve.speculative_llm_config_kwargs("org/draft", policy="fixed:k=2", k_max=3)
-    assert set(kwargs) == {"server_cls", "engine_kwargs", "experimental_configs"}
+def test_gpu_kwargs_carry_the_replica_class_speculation_and_the_engine_path_and_no_cpu_settings() -> None:
+    kwargs = specserve.speculative_llm_config_kwargs("org/draft", policy="fixed:k=2", max_k=3)
+    assert set(kwargs) == {"server_cls", "engine_kwargs", "experimental_configs", "runtime_env"}
     assert kwargs["server_cls"] == SERVER_CLS
     engine = kwargs["engine_kwargs"]
     assert engine["speculative_config"]["model"] == "org/draft"
     assert engine["speculative_config"]["num_speculative_tokens"] == 3
     assert engine["additional_config"]["specserve"]["policy"] == "fixed:k=2"
-    assert engine["enforce_eager"] is False and engine["enable_prefix_caching"] is False
+    assert engine["enforce_eager"] is False
+    assert "enable_prefix_caching" not in engine, "vLLM's default (on) stands"
+    # The one engine path whose k control the tests cover: the V1 runner, synchronous scheduling.
+    assert engine["async_scheduling"] is False
+    assert kwargs["runtime_env"] == {"env_vars": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}
+    assert CPU_EXECUTOR_KEY not in kwargs["experimental_configs"]
     assert "model" not in engine, "the model belongs in model_loading_config"
 
 
 def test_cpu_kwargs_add_the_cpu_accelerator_and_the_engine_environment() -> None:
-    kwargs = specserve.speculative_llm_config_kwargs("d", device="cpu", kv_cache_space_gib=3, cpu_executor="mp")
+    kwargs = specserve.speculative_llm_config_kwargs("d", device="cpu", cpu={"kv_cache_space_gib": 3, "executor": "mp"})
     assert kwargs["accelerator_config"] == {"kind": "cpu"}
     env = kwargs["runtime_env"]["env_vars"]
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert "TMPDIR" not in env and "VLLM_CACHE_ROOT" not in env, "a deployment keeps vLLM's own folders"
-    assert kwargs["engine_kwargs"]["enforce_eager"] is True
-    assert kwargs["experimental_configs"] == {CPU_EXECUTOR_KEY: "mp"}
+    assert kwargs["engine_kwargs"]["enforce_eager"] is True and "async_scheduling" not in kwargs["engine_kwargs"]
+    assert kwargs["experimental_configs"][CPU_EXECUTOR_KEY] == "mp"
 
 
 def test_the_callers_engine_kwargs_pass_through_and_win_over_defaults() -> None:
@@ -82,8 +93,8 @@ def test_an_engine_argument_specserve_sets_is_refused_by_name(key: str) -> None:
     [
         ({"polcy": "adaptive"}, "polcy"),
         ({"policy": "no-such-policy"}, "policy"),
-        ({"policy": "fixed:k=6", "k_max": 4}, "k=6"),
-        ({"k_max": 17}, "k_max"),
+        ({"policy": "fixed:k=6", "max_k": 4}, "k=6"),
+        ({"max_k": 17}, "max_k"),
         ({"draft_offload": True, "skip_k0_draft_pass": False}, "skip_k0_draft_pass"),
     ],
 )
@@ -110,12 +121,53 @@ def test_a_dict_config_keeps_its_fields_and_merges_ours() -> None:
     env = out["runtime_env"]["env_vars"]
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "7" and env["MINE"] == "1", "the caller's variables win"
     assert "VLLM_CPU_OMP_THREADS_BIND" in env
-    assert out["experimental_configs"] == {"stream_batching_interval_ms": 5, CPU_EXECUTOR_KEY: "uni"}
+    assert out["experimental_configs"]["stream_batching_interval_ms"] == 5
+    assert out["experimental_configs"][CPU_EXECUTOR_KEY] == "uni"
 
 
 def test_a_dict_config_without_an_accelerator_is_a_gpu_one() -> None:
     out = specserve.speculative_llm_config({"model_loading_config": {"model_id": "m"}}, draft="/d")
-    assert "runtime_env" not in out and out["engine_kwargs"]["enforce_eager"] is False
+    assert out["runtime_env"]["env_vars"] == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    assert out["engine_kwargs"]["enforce_eager"] is False
+
+
+def test_adding_speculation_changes_nothing_else_the_user_set() -> None:
+    mine = {
+        "model_loading_config": {"model_id": "m", "model_source": "org/target"},
+        "engine_kwargs": {"enable_prefix_caching": False, "gpu_memory_utilization": 0.8, "quantization": "fp8"},
+        "deployment_config": {"autoscaling_config": {"min_replicas": 1, "max_replicas": 4}},
+        "runtime_env": {"env_vars": {"HF_HUB_OFFLINE": "1"}},
+    }
+    out = specserve.speculative_llm_config(mine, draft="org/draft")
+    for key, value in mine["engine_kwargs"].items():
+        assert out["engine_kwargs"][key] == value
+    assert out["deployment_config"] == mine["deployment_config"]
+    assert out["runtime_env"]["env_vars"]["HF_HUB_OFFLINE"] == "1"
+
+
+def test_an_engine_path_on_which_k_does_nothing_is_refused_by_name() -> None:
+    base = {"model_loading_config": {"model_id": "m"}}
+    with pytest.raises(ValueError, match="VLLM_USE_V2_MODEL_RUNNER='1': specserve's k control runs on"):
+        specserve.speculative_llm_config({**base, "runtime_env": {"env_vars": {"VLLM_USE_V2_MODEL_RUNNER": "1"}}}, "d")
+    with pytest.raises(ValueError, match="engine_kwargs.async_scheduling: true"):
+        specserve.speculative_llm_config({**base, "engine_kwargs": {"async_scheduling": True}}, draft="d")
+
+
+def test_the_old_spellings_still_work_this_release_with_a_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="k_max is now max_k"):
+        kwargs = specserve.speculative_llm_config_kwargs("d", k_max=2)
+    assert kwargs["engine_kwargs"]["speculative_config"]["num_speculative_tokens"] == 2
+    with pytest.warns(DeprecationWarning, match="CPU options now go in cpu="):
+        kwargs = specserve.speculative_llm_config_kwargs("d", device="cpu", kv_cache_space_gib=3)
+    assert kwargs["runtime_env"]["env_vars"]["VLLM_CPU_KVCACHE_SPACE"] == "3"
+
+
+def test_build_openai_app_puts_specserves_ingress_in_front_and_writes_no_key() -> None:
+    args = specserve.llm.openai_app_args([{"model_loading_config": {"model_id": "m"}}], retry_after_s=2.0)
+    assert args["ingress_cls_config"] == {
+        "ingress_cls": "specserve.cluster.ingress:SpecServeIngress",
+        "ingress_extra_kwargs": {"retry_after_s": 2.0},
+    }
 
 
 def test_someone_elses_server_class_is_refused_and_a_subclass_of_ours_kept() -> None:
@@ -144,7 +196,7 @@ def test_an_llm_config_comes_back_as_an_llm_config_with_our_replica_class() -> N
         deployment_config={"num_replicas": 2},
         engine_kwargs={"max_model_len": 256},
     )
-    out = specserve.speculative_llm_config(mine, draft="/d", k_max=2)
+    out = specserve.speculative_llm_config(mine, draft="/d", max_k=2)
     assert isinstance(out, LLMConfig) and out is not mine
     assert out.server_cls is SpecLLMServer
     assert out.deployment_config == {"num_replicas": 2} and out.model_id == "m"
@@ -159,30 +211,33 @@ def test_serve_builds_its_llm_config_through_the_public_api_with_the_same_engine
     from specserve.cluster.config import ServeConfig
 
     config = ServeConfig(
-        policy="fixed:k=2",
-        k_max=3,
-        max_num_seqs=4,
-        draft_offload=True,
-        offload_min_resident_s=2.0,
-        catch_up_max_tokens=96,
-        cpu_executor="mp",
-        stream_interval=4,
+        speculation={
+            "policy": "fixed:k=2",
+            "max_k": 3,
+            "draft_offload": True,
+            "offload_min_resident_s": 2.0,
+            "catch_up_max_tokens": 96,
+        },
+        engine_kwargs={"max_num_seqs": 4, "stream_interval": 4},
+        cpu={"executor": "mp"},
     )
     built = llm_config(ResolvedServe(config, "/t", "/d", on_gpu=False, env_vars={"TMPDIR": "/scratch"}))
+    spec = config.speculation
     expected = speculative_engine_kwargs(
         EngineSpec(
             target="/t",
             draft="/d",
             policy="fixed:k=2",
             max_k=3,
-            max_model_len=config.max_model_len,
             max_num_seqs=4,
-            draft_offload=DraftOffload(config.offload_low_free_ratio, config.offload_window_steps, 2.0),
+            draft_offload=DraftOffload(spec.offload_low_free_ratio, spec.offload_window_steps, 2.0),
             catch_up_max_tokens=96,
             stream_interval=4,
         )
     )
-    for key in ("model", "tokenizer"):  # from model_loading_config; vLLM's tokenizer defaults to the model
+    # model and tokenizer come from model_loading_config (vLLM's tokenizer defaults to the model); a TP size only
+    # where the config sets one.
+    for key in ("model", "tokenizer", "tensor_parallel_size"):
         expected.pop(key)
     assert built.engine_kwargs == expected
     control = EngineControlConfig.from_additional_config(built.engine_kwargs["additional_config"]["specserve"])
@@ -190,9 +245,3 @@ def test_serve_builds_its_llm_config_through_the_public_api_with_the_same_engine
     assert control.catch_up_max_tokens == 96
     assert built.experimental_configs[CPU_EXECUTOR_KEY] == "mp"
     assert built.runtime_env["env_vars"]["TMPDIR"] == "/scratch"
-
-
-def test_every_speculation_option_is_a_serve_config_key() -> None:
-    from specserve.cluster.config import ServeConfig
-
-    assert set(Speculation.model_fields) <= set(ServeConfig.model_fields)

@@ -108,8 +108,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/overload.json")
     args = parser.parse_args()
     seqs = args.max_num_seqs
-    base = {"max_num_seqs": seqs, "policy": "adaptive"}
-    bounded = base | {"max_ongoing_requests": seqs, "max_queued_requests": seqs, "retry_after_s": 1.0}
+    base = {"engine_kwargs": {"max_num_seqs": seqs}, "speculation": {"policy": "adaptive"}}
+    bounded = base | {
+        "deployment_config": {"max_ongoing_requests": seqs, "max_queued_requests": seqs},
+        "server": {"retry_after_s": 1.0},
+    }
     runs: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="specserve-overload-") as tmp:
         proc, url = serve(base, Path(tmp), "unbounded")

@@ -11,19 +11,20 @@ Ways to serve the same pair at the same fixed k:
   specserve scheduler, worker extension or policy, no HTTP, no Ray. Requests go straight to ``generate``. Its
   executor is vLLM's CPU default, ``mp``, unless ``--bare-executor uni`` puts the worker inside the EngineCore
   as the ``uni`` ways do.
-- ``uni`` / ``mp``: ``specserve serve --config CONFIG --policy fixed:k=K --k-max K`` in its own session
+- ``uni`` / ``mp``: ``specserve serve --config CONFIG --policy fixed:k=K --max-k K`` in its own session
   (stopped by its PID with SIGINT), loaded by ``specserve bench run``'s closed loop over HTTP (run in this
   process): Ray Serve's proxy and OpenAI ingress, the replica, our scheduler and policy, streaming. ``uni`` and
-  ``mp`` are the two ``cpu_executor`` settings (``specserve/replicas/engine.py``): the worker inside the
-  EngineCore process, or in a process of its own. ``uni1``: ``uni`` with ``cpu_threads: 1``, the one OpenMP
-  thread Ray gives a replica that reserves no CPU, against the config's own ``cpu_threads``. ``fast``: ``uni``
-  with ``throughput_optimized: true``, Ray Serve's throughput-optimized mode (gRPC between deployments, requests
-  served by the ingress replica itself, Serve's code on the replica's own event loop). ``uni8`` / ``fast8``:
-  ``uni`` / ``fast`` with ``stream_interval: 8``, vLLM's stream interval: one streamed chunk per 8 output tokens
+  ``mp`` are the two ``cpu.executor`` settings (``specserve/replicas/engine.py``): the worker inside the
+  EngineCore process, or in a process of its own. ``uni1``: ``uni`` with ``cpu.threads: 1``, the one OpenMP
+  thread Ray gives a replica that reserves no CPU, against the config's own ``cpu.threads``. ``fast``: ``uni``
+  with ``server.throughput_optimized: true``, Ray Serve's throughput-optimized mode (gRPC between deployments,
+  requests served by the ingress replica itself, Serve's code on the replica's own event loop). ``uni8`` /
+  ``fast8``: ``uni`` / ``fast`` with ``engine_kwargs.stream_interval: 8``, vLLM's stream interval: one streamed
+  chunk per 8 output tokens
   (the first and the last at once) instead of one per engine step, through every hop (``bare`` keeps 1: its
   in-process outputs cost little per chunk, so the ratio is, if anything, against the served way). ``fast8h``:
-  ``fast8`` with ``haproxy: true``, HAProxy in place of Serve's Python HTTP proxy. ``cores``: ``uni`` with
-  ``engine_cpus`` set to the ``--pin-engine`` cores (one OpenMP thread per core): specserve places its own
+  ``fast8`` with ``server.haproxy: true``, HAProxy in place of Serve's Python HTTP proxy. ``cores``: ``uni`` with
+  ``cpu.engine_cpus`` set to the ``--pin-engine`` cores (one OpenMP thread per core): specserve places its own
   processes, the engine on those cores and the local cluster on the rest; the load generator moves off them.
 - ``engine``: as ``bare`` (in this process, no HTTP, no Ray, its executor ``--bare-executor``), but with
   specserve's scheduler, worker extension and policy at fixed k: the served engine without the serving path.
@@ -46,7 +47,7 @@ CPU time per output token of every process involved, by role (``specserve.bench.
 On a machine with few cores the client, Ray's processes and the engine share them, so the ratio there is an
 upper bound on the overhead a GPU node with spare cores would see. ``--pin-engine CORES`` measures that node
 instead: once each way's engine has started, every thread of its engine processes is pinned to CORES (one
-OpenMP thread per core: ``cpu_threads`` for the served ways, ``OMP_NUM_THREADS`` for bare) and every other
+OpenMP thread per core: ``cpu.threads`` for the served ways, ``OMP_NUM_THREADS`` for bare) and every other
 process of the way, the load generator included, to the remaining cores; the JSON records the cores each role
 held after the load. Where some ways are marked ``:pinned`` (``uni:pinned``, ``bare:pinned``) only those are
 pinned, so that one invocation compares a way with its engine's cores its own against the same way on shared
@@ -58,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import os
 import signal
@@ -80,19 +82,20 @@ from specserve.replicas.cpu_affinity import set_cores, spans, split_cores
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# The config keys each `specserve serve` way adds to the config it is given; `vllm` is vLLM's own server.
-UNI = {"cpu_executor": "uni"}
-FAST = {**UNI, "throughput_optimized": True}
-CHUNKS_OF_8 = {"stream_interval": 8}
+# The config keys (dotted: section.key) each `specserve serve` way sets in the config it is given; `vllm` is vLLM's
+# own server.
+UNI = {"cpu.executor": "uni"}
+FAST = {**UNI, "server.throughput_optimized": True}
+CHUNKS_OF_8 = {"engine_kwargs.stream_interval": 8}
 SPECSERVE_WAYS = {
     "uni": UNI,
-    "uni1": {**UNI, "cpu_threads": 1},
+    "uni1": {**UNI, "cpu.threads": 1},
     "fast": FAST,
-    "mp": {"cpu_executor": "mp"},
+    "mp": {"cpu.executor": "mp"},
     "uni8": {**UNI, **CHUNKS_OF_8},
     "fast8": {**FAST, **CHUNKS_OF_8},
-    "fast8h": {**FAST, **CHUNKS_OF_8, "haproxy": True},
-    "cores": UNI,  # with engine_cpus: the --pin-engine cores (below)
+    "fast8h": {**FAST, **CHUNKS_OF_8, "server.haproxy": True},
+    "cores": UNI,  # with cpu.engine_cpus: the --pin-engine cores (below)
 }
 SERVED_WAYS = (*SPECSERVE_WAYS, "vllm")
 # In this process, as bare, but with specserve's scheduler, worker extension and policy: served ÷ engine is the
@@ -164,21 +167,43 @@ def parse_env(text: str) -> tuple[str, str]:
 
 
 def bare_kwargs(config: dict[str, Any], k: int, specserve: bool = False, step_log: str | None = None) -> dict[str, Any]:
-    from specserve.cluster.config import ServeConfig
+    from specserve.cluster.app import CPU_ENGINE_DEFAULTS
     from specserve.replicas.engine_args import EngineSpec, plain_vllm_kwargs, speculative_engine_kwargs
 
+    # The served ways' CPU engine: the config's engine_kwargs over specserve's CPU defaults; so must the engines
+    # they are compared with be (sizes and dtype).
+    engine = {**CPU_ENGINE_DEFAULTS, **config.get("engine_kwargs", {})}
     spec = EngineSpec(
-        target=str(ROOT / config["model"]),
-        draft=str(ROOT / config["draft"]),
+        target=str(ROOT / config["model_loading_config"]["model_source"]),
+        draft=str(ROOT / config["speculation"]["draft"]),
         policy=f"fixed:k={k}",
         max_k=k,
         step_log=step_log,
-        max_num_seqs=int(config.get("max_num_seqs", 8)),
-        max_model_len=int(config.get("max_model_len", 512)),
-        # The served ways take the config's dtype; so must the engines they are compared with.
-        dtype=str(config.get("dtype", ServeConfig.model_fields["dtype"].default)),
+        max_num_seqs=int(engine["max_num_seqs"]),
+        max_model_len=int(engine["max_model_len"]),
+        dtype=str(engine["dtype"]),
     )
     return speculative_engine_kwargs(spec) if specserve else plain_vllm_kwargs(spec, speculative=True)
+
+
+def kv_cache_space_gib(config: dict[str, Any]) -> int:
+    from specserve.cluster.sections import CpuEngine
+
+    return CpuEngine(**config.get("cpu", {})).kv_cache_space_gib
+
+
+def served_config(config: dict[str, Any], keys: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with its model folders made absolute (the server runs from ROOT) and ``keys`` (dotted) set."""
+    from specserve.cluster.config import set_dotted
+
+    served = copy.deepcopy(config)
+    for dotted in ("model_loading_config.model_source", "speculation.draft"):
+        section, key = dotted.split(".")
+        if served.get(section, {}).get(key):
+            served[section][key] = str(ROOT / served[section][key])
+    for dotted, value in keys.items():
+        set_dotted(served, dotted, value)
+    return served
 
 
 async def closed_loop(engine: Any, prompts: list[str], concurrency: int, max_tokens: int) -> dict[str, float]:
@@ -220,7 +245,7 @@ def run_bare(config: dict[str, Any], args: argparse.Namespace, specserve: bool =
     env = engine_env.engine_env(
         tempfile.mkdtemp(prefix="specserve-overhead-"),
         num_cpus=args.num_cpus,
-        kv_cache_space_gib=int(config.get("kv_cache_space_gib", 1)),
+        kv_cache_space_gib=kv_cache_space_gib(config),
     )
     threads = {"OMP_NUM_THREADS": str(len(args.pin_engine))} if args.pin_engine else {}
     pinning = Pinning(args.pin_engine)
@@ -260,7 +285,6 @@ def run_bare(config: dict[str, Any], args: argparse.Namespace, specserve: bool =
 
 def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> dict[int, dict[str, float]]:
     """``uni`` / ``mp``: ``specserve serve`` with that executor; ``vllm``: vLLM's own OpenAI server, no Ray."""
-    paths = {key: str(ROOT / config[key]) for key in ("model", "draft") if config.get(key)}
     env = None
     if way == "vllm":
         from specserve.replicas import engine_env
@@ -268,29 +292,29 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
         kwargs = bare_kwargs(config, args.k)
         cmd = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", kwargs["model"],
-            "--served-model-name", str(config.get("model_id", "model")), "--port", str(args.port),
+            "--served-model-name", str(config["model_loading_config"].get("model_id", "model")),
+            "--port", str(args.port),
             "--dtype", kwargs["dtype"], "--max-model-len", str(kwargs["max_model_len"]),
             "--max-num-seqs", str(kwargs["max_num_seqs"]), "--enforce-eager", "--no-enable-prefix-caching",
             "--speculative-config", json.dumps(kwargs["speculative_config"]),
         ]  # fmt: skip
         scratch = tempfile.mkdtemp(prefix="specserve-overhead-vllm-")
-        gib = int(config.get("kv_cache_space_gib", 1))
-        env = engine_env.engine_env(scratch, num_cpus=args.num_cpus, kv_cache_space_gib=gib)
+        env = engine_env.engine_env(scratch, num_cpus=args.num_cpus, kv_cache_space_gib=kv_cache_space_gib(config))
         if args.pin_engine:
             env["OMP_NUM_THREADS"] = str(len(args.pin_engine))
         url = f"http://127.0.0.1:{args.port}/v1"
     else:
         config_path = Path(tempfile.mktemp(prefix="specserve-overhead-", suffix=".yaml"))
-        extra: dict[str, Any] = {"cpu_threads": len(args.pin_engine)} if args.pin_engine else {}
+        extra: dict[str, Any] = {"cpu.threads": len(args.pin_engine)} if args.pin_engine else {}
         if args.engine_cpus:
-            # The config's own cpu_threads would otherwise win over engine_cpus's one thread per core.
-            extra |= {"engine_cpus": spans(args.engine_cpus), "cpu_threads": len(args.engine_cpus)}
+            # The config's own cpu.threads would otherwise win over engine_cpus's one thread per core.
+            extra |= {"cpu.engine_cpus": spans(args.engine_cpus), "cpu.threads": len(args.engine_cpus)}
         if args.step_log_file:
-            extra["step_log"] = args.step_log_file
-        config_path.write_text(yaml.safe_dump({**config, **paths, **SPECSERVE_WAYS[way], **extra}))
+            extra["speculation.step_log"] = args.step_log_file
+        config_path.write_text(yaml.safe_dump(served_config(config, {**SPECSERVE_WAYS[way], **extra})))
         cmd = [
             sys.executable, "-m", "specserve.cluster.cli", "serve", "--config", str(config_path),
-            "--policy", f"fixed:k={args.k}", "--k-max", str(max(args.k, 1)), "--port", str(args.port),
+            "--policy", f"fixed:k={args.k}", "--max-k", str(max(args.k, 1)), "--port", str(args.port),
         ]  # fmt: skip
         url = None
     log = open(tempfile.mktemp(prefix=f"specserve-overhead-{way}-", suffix=".log"), "w")

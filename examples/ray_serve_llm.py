@@ -21,7 +21,7 @@ def main(port: int = 8000) -> str:
         engine_kwargs={"max_model_len": 512, "max_num_seqs": 8},
     )
     # The one added line: specserve's replica class, engine arguments and policy.
-    llm_config = speculative_llm_config(llm_config, draft=str(pair.draft), policy="adaptive", k_max=4)
+    llm_config = speculative_llm_config(llm_config, draft=str(pair.draft), policy="adaptive", max_k=4)
 
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     # The ingress only routes requests; without a CPU of its own it fits beside the engine on a 2-core machine.

@@ -45,6 +45,7 @@ from specserve.replicas.engine_args import (
     ENGINE_CPUS_KEY,
     GPU_ENGINE_ENV,
     GPU_ENGINE_KWARGS,
+    STARTUP_CHECKS_KEY,
     DraftOffload,
     EngineSpec,
     speculative_engine_kwargs,
@@ -168,6 +169,7 @@ def speculative_llm_config_kwargs(
                 "min_resident_drafts": spec.min_resident_drafts,
                 "max_concurrent_reloads": spec.max_concurrent_reloads,
             },
+            STARTUP_CHECKS_KEY: spec.startup_checks,
             **({ENGINE_CPUS_KEY: cpu_engine.engine_cpus} if cpu_engine.engine_cpus is not None else {}),
         },
     }

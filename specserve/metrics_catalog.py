@@ -63,6 +63,7 @@ DIRECTION = "direction"  # draft transfer: offload, reload
 WHERE = "where"  # a policy error: choose, observe, bad_k, describe (speculation/guard.py)
 KIND = "kind"  # controller decision: grant_reload, queue_reload, grant_offload, refuse_offload
 REASON = "reason"  # drafts cut before verification: cap, lag, confidence
+CHECK = "check"  # a start-up check: k_honoured, k0_no_draft_pass, draft_signals (speculation/startup_checks.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +186,13 @@ CONTROLLER_CONNECTED = _replica(
     "1 while the cluster controller answers this replica's telemetry (cluster policy, draft transfer grants, "
     "acceptance priors); 0 once it has missed several rounds in a row and the replica runs on local rules.",
 )
+STARTUP_CHECK_FAILED = _replica(
+    "specserve_startup_check_failed",
+    Kind.GAUGE,
+    "1 for each start-up check that failed on this replica's engine (label: check), which then serves under the "
+    "fallback fixed:k=max_k; no series while every check passed.",
+    CHECK,
+)
 
 # -- the cluster controller (controller/actor.py): one per cluster, so no model or replica label --------------
 
@@ -222,6 +230,7 @@ REPLICA_METRICS: tuple[Metric, ...] = (
     NUM_REQUESTS_RUNNING,
     NUM_REQUESTS_WAITING,
     CONTROLLER_CONNECTED,
+    STARTUP_CHECK_FAILED,
 )
 CONTROLLER_ACCEPTANCE_PRIORS = Metric(
     "specserve_controller_acceptance_priors_total",

@@ -235,7 +235,7 @@ def _status(args: argparse.Namespace) -> int:
 
 def status_table(snapshots: list[Any]) -> list[str]:
     """One line per replica under a header, columns padded to their widest cell."""
-    header = ("REPLICA", "NODE", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV USED/TOTAL", "DRAFT")
+    header = ("REPLICA", "NODE", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV USED/TOTAL", "DRAFT", "CHECKS")
     table = [header]
     for s in snapshots:
         e = s.engine
@@ -255,6 +255,7 @@ def status_table(snapshots: list[Any]) -> list[str]:
                 str(e.num_waiting),
                 kv,
                 e.draft_state,
+                "failed: " + ",".join(e.failed_checks) if e.failed_checks else "ok",
             )
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]

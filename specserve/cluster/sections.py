@@ -136,6 +136,13 @@ class Speculation(BaseModel):
         description="With draft_offload: draft reloads the controller lets run at once per node; default: as many as "
         "finish within 0.1 s at their share of the node's host-to-device bandwidth.",
     )
+    startup_checks: Literal["fallback", "refuse", "off"] = Field(
+        "fallback",
+        description="Before a replica serves, dummy runs at every k check that k is honoured, that k = 0 runs no "
+        "draft pass and that draft signals arrive, and time its steps for the policy's cost model (a few seconds). "
+        "On a failed check: `fallback` serves under fixed:k=max_k (vLLM's own behaviour) and says so in logs, "
+        "metrics and `status`; `refuse` fails the replica's start; `off` skips the checks and the calibration.",
+    )
     step_log: str | None = Field(
         None,
         description="Append every engine step (the policy's context, the k it chose, what the step ran and cost) to "

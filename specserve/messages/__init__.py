@@ -36,7 +36,7 @@ class EngineTelemetry:
     without disturbing each other; a read changes nothing in the engine.
     """
 
-    # Canonical spec of the running policy, e.g. "goodput:k_max=4,...": `specserve status` shows it
+    # Canonical spec of the running policy, e.g. "goodput:max_k=4,...": `specserve status` shows it
     # and `policy set` callers poll it to see a switch land.
     policy: str
     # The k chosen for the most recent step: the status K column and the speculation_k gauge.
@@ -126,6 +126,9 @@ class EngineTelemetry:
     # per position. The controller averages them over a deployment's replicas into a new replica's prior.
     acceptance_ema_accepted_per_pos: tuple[float, ...] = ()
     acceptance_ema_reached_per_pos: tuple[float, ...] = ()
+    # Start-up checks that failed on this engine (``speculation/startup_checks.py``): it then serves under the
+    # fallback policy. `specserve status` shows them and the startup_check_failed metric counts them.
+    failed_checks: tuple[str, ...] = ()
 
     @property
     def acceptance(self) -> float | None:

@@ -81,7 +81,7 @@ from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, c
 
 # Per worker process: draft passes skipped and run, requests caught up and their tokens, read by tests
 # and telemetry through ``collective_rpc``.
-_counts = {"skipped": 0, "ran": 0, "caught_up": 0, "catch_up_tokens": 0}
+_counts = {"skipped": 0, "ran": 0, "caught_up": 0, "catch_up_tokens": 0, "proposals": 0, "proposals_not_k": 0}
 # Per pass that ran on this worker: (requests, catch-up tokens, seconds in the drafter's propose), the raw
 # material of the catch-up cost profile (bench/catch_up_cost.py).
 _propose_times: deque[tuple[int, int, float]] = deque(maxlen=4096)
@@ -105,7 +105,9 @@ def _propose_or_skip(
         draft_signals.begin(self)
         started = time.perf_counter()
         try:
-            return _original_propose(self, scheduler_output, *args, **kwargs)
+            drafts = _original_propose(self, scheduler_output, *args, **kwargs)
+            _count_proposal(drafts, scheduler_output.num_spec_tokens_to_schedule)
+            return drafts
         finally:
             step_timing.add_draft_seconds(time.perf_counter() - started)
             draft_signals.end(self)
@@ -116,6 +118,19 @@ def _propose_or_skip(
     # No drafts, as a list: vLLM then skips its device-to-host copy of them (the copy, its stream and event
     # are a few percent of a 2-3 ms CPU step), and the scheduler does not fetch them (scheduler._post_step).
     return [[] for _ in self.input_batch.req_ids]
+
+
+def _count_proposal(drafts: list[list[int]] | torch.Tensor, k: int) -> None:
+    """A proposal and whether it was as wide as its step's k: the start-up check ``k_honoured`` reads these
+    (``specserve.speculation.startup_checks``)."""
+    if isinstance(drafts, torch.Tensor):
+        width = int(drafts.shape[-1]) if drafts.dim() == 2 and drafts.shape[0] > 0 else None
+    else:
+        width = max((len(d) for d in drafts), default=None)
+    if width is None:
+        return
+    _counts["proposals"] += 1
+    _counts["proposals_not_k"] += int(width != k)
 
 
 def _install_catch_up(runner: GPUModelRunner, scheduler_output: SchedulerOutput) -> None:

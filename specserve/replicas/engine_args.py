@@ -21,6 +21,9 @@ TELEMETRY_UTILITY = "specserve_telemetry"
 STEP_LOG_UTILITY = "specserve_step_log"
 # The controller's acceptance prior for a new replica (decayed accepted and reached counts per position).
 SEED_ACCEPTANCE_UTILITY = "specserve_seed_acceptance"
+# The start-up checks (calibration.py): the counters they read, and the end of the calibration's dummy runs.
+CHECK_COUNTS_UTILITY = "specserve_check_counts"
+END_CALIBRATION_UTILITY = "specserve_end_calibration"
 # Elastic draft memory (elastic_draft.py): offload the draft and grow the KV pool; reload it; read its state.
 OFFLOAD_DRAFT_UTILITY = "specserve_offload_draft"
 RELOAD_DRAFT_UTILITY = "specserve_reload_draft"
@@ -35,6 +38,8 @@ ENGINE_CPUS_KEY = "specserve_engine_cpus"
 #: LLMConfig.experimental_configs key: the memory parameters a replica starts the cluster's controller with, where it
 #: is the first to ask (server.py; a running controller keeps its own).
 CONTROLLER_KEY = "specserve_controller"
+#: LLMConfig.experimental_configs key: what a replica does with its start-up checks (``speculation.startup_checks``).
+STARTUP_CHECKS_KEY = "specserve_startup_checks"
 
 # The engine path on a GPU. vLLM 0.32 would run Model Runner V2 wherever Triton works, whose draft-model speculator
 # runs every draft step whatever k the scheduler asks (vllm/v1/worker/gpu/spec_decode/standalone_ar/speculator.py),

@@ -30,7 +30,8 @@ def engine_path_problems(vllm_config: Any) -> list[str]:
     if vllm_config.speculative_config is None:
         return []
     problems = []
-    if vllm_config.use_v2_model_runner:
+    # vLLM 0.34 has no V1 runner and no such property: Model Runner V2 always.
+    if getattr(vllm_config, "use_v2_model_runner", True):
         problems.append(
             "vLLM chose Model Runner V2, whose draft-model speculator runs every draft step whatever k is asked: "
             "leave VLLM_USE_V2_MODEL_RUNNER unset (specserve sets it to 0) and drop features that need Model Runner "

@@ -44,6 +44,7 @@ class ReplicaMetrics:
         self._running = _gauge(catalog.NUM_REQUESTS_RUNNING, tags)
         self._waiting = _gauge(catalog.NUM_REQUESTS_WAITING, tags)
         self._controller = _gauge(catalog.CONTROLLER_CONNECTED, tags)
+        self._failed_check = _gauge(catalog.STARTUP_CHECK_FAILED, tags)
         self._last: EngineTelemetry | None = None
         self._last_policy: str | None = None
         self._last_draft_state: str | None = None
@@ -88,6 +89,9 @@ class ReplicaMetrics:
             _add_field_delta(self._drafts_cut, field, now, before, {catalog.REASON: reason})
         for duration in now.step_durations_s:
             self._step_time.observe(duration)
+        # Set every round: Ray stops exporting a gauge series that is not recorded again.
+        for check in now.failed_checks:
+            self._failed_check.set(1, tags={catalog.CHECK: check})
         self._update_memory(now, before)
         self._last = now
 

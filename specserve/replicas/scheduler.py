@@ -36,7 +36,9 @@ from specserve.messages import EngineTelemetry
 from specserve.replicas.elastic_draft import ElasticDraft
 from specserve.replicas.engine_args import (
     ADDITIONAL_CONFIG_KEY,
+    CHECK_COUNTS_UTILITY,
     DRAFT_MEMORY_UTILITY,
+    END_CALIBRATION_UTILITY,
     MEMORY_COORDINATED_UTILITY,
     MEMORY_DIRECTIVE_UTILITY,
     OFFLOAD_DRAFT_UTILITY,
@@ -74,6 +76,7 @@ from specserve.speculation.confident_prefix import confident_prefix
 from specserve.speculation.context import build_step_context, kv_blocks_needed, most_kv_blocks_per_decode
 from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan, is_partial
 from specserve.speculation.step_log import encode as encode_step
+from specserve.speculation.types import without_acceptance
 
 logger = engine_logger(__name__)
 
@@ -132,6 +135,8 @@ class AdaptiveKScheduler(Scheduler):
             os.open(control.step_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if control.step_log else None
         )
         self._engine_id = str(os.getpid())
+        # Start-up checks that failed (``end_calibration``), shown in telemetry until the engine stops.
+        self.failed_checks: tuple[str, ...] = ()
         logger.info(
             "specserve: policy %s, k_max %d, k=0 draft pass %s",
             self.policy.spec,
@@ -180,6 +185,7 @@ class AdaptiveKScheduler(Scheduler):
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
         super().update_draft_token_ids(draft_token_ids)
         self.forget_draft_signals()
+        self.counters.num_draft_lists += sum(1 for ids in draft_token_ids.draft_token_ids if len(ids))
         if not isinstance(draft_token_ids, SignalledDraftTokenIds):
             return
         for req_id, confidences, entropies in zip(
@@ -188,6 +194,7 @@ class AdaptiveKScheduler(Scheduler):
             request = self.requests.get(req_id)
             if request is not None and request.spec_token_ids:
                 self._signals[req_id] = (list(request.spec_token_ids), confidences, entropies)
+                self.counters.num_draft_lists_with_signals += int(bool(confidences))
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput):
         ended_s = time.monotonic()
@@ -407,6 +414,40 @@ class AdaptiveKScheduler(Scheduler):
         logger.info("specserve: policy set to %s", self.policy.spec)
         return self.policy.spec
 
+    def check_counts(self, core: EngineCore) -> dict[str, int]:
+        """The counters the start-up checks read (``startup_checks.CheckCounts``): this scheduler's and the first
+        worker's (tensor-parallel ranks see the same steps)."""
+        (worker,) = core.collective_rpc("specserve_draft_pass_counts")[:1]
+        c = self.counters
+        return {
+            "num_steps": c.num_steps,
+            "num_steps_draft_skipped": c.num_steps_draft_skipped,
+            "num_draft_lists": c.num_draft_lists,
+            "num_draft_lists_with_signals": c.num_draft_lists_with_signals,
+            "num_passes_ran": worker["ran"],
+            "num_passes_skipped": worker["skipped"],
+            "num_proposals": worker["proposals"],
+            "num_proposals_not_k": worker["proposals_not_k"],
+        }
+
+    def end_calibration(self, spec: str, failed_checks: Sequence[str]) -> str:
+        """After the start-up calibration's dummy runs: serve under ``spec``, its cost model warm-started from the
+        calibration's steps, their acceptance left out (dummy prompts say nothing of real traffic's), and every
+        counter and estimate starting from zero, as if those steps had never run. ``failed_checks`` stay in the
+        telemetry."""
+        history = [without_acceptance(r) for r in self.counters.records_since(0)]
+        self.counters = StepCounters(max_k=self.num_spec_tokens)
+        self.acceptance = PositionAcceptance(max_k=max(self.num_spec_tokens, 1))
+        self.failed_checks = tuple(failed_checks)
+        self.policy.swap(make_policy(spec, self.traits), history)
+        logger.info(
+            "specserve: calibrated on %d steps; policy %s%s",
+            len(history),
+            self.policy.spec,
+            f"; failed start-up checks: {', '.join(failed_checks)}" if failed_checks else "",
+        )
+        return self.policy.spec
+
     def seed_acceptance(self, accepted: Sequence[float], reached: Sequence[float]) -> None:
         """Peers' acceptance evidence, for an engine that has verified no draft yet: the policy and the telemetry
         estimate start from it. Ignored once this engine has its own evidence, which says more about it."""
@@ -451,6 +492,7 @@ class AdaptiveKScheduler(Scheduler):
             policy_errors=dict(self.policy.errors),
             acceptance_ema_accepted_per_pos=tuple(self.acceptance.accepted_counts())[: self.num_spec_tokens],
             acceptance_ema_reached_per_pos=tuple(self.acceptance.num_reached())[: self.num_spec_tokens],
+            failed_checks=self.failed_checks,
             **(self.elastic.telemetry() if self.elastic is not None else {}),
         )
 
@@ -500,6 +542,14 @@ def _step_log(self: EngineCore, since_step: int = 0) -> list[dict[str, Any]]:
         {name: getattr(r, name) for name in STEP_LOG_FIELDS}
         for r in _scheduler(self).counters.records_since(since_step)
     ]
+
+
+def _check_counts(self: EngineCore) -> dict[str, int]:
+    return _scheduler(self).check_counts(self)
+
+
+def _end_calibration(self: EngineCore, spec: str, failed_checks: list[str]) -> str:
+    return _scheduler(self).end_calibration(spec, failed_checks)
 
 
 def _elastic(core: EngineCore) -> ElasticDraft:
@@ -567,3 +617,5 @@ if getattr(_original_post_step, "__name__", "") != _post_step.__name__:  # once 
 setattr(EngineCore, TELEMETRY_UTILITY, _telemetry)
 setattr(EngineCore, SEED_ACCEPTANCE_UTILITY, _seed_acceptance)
 setattr(EngineCore, STEP_LOG_UTILITY, _step_log)
+setattr(EngineCore, CHECK_COUNTS_UTILITY, _check_counts)
+setattr(EngineCore, END_CALIBRATION_UTILITY, _end_calibration)

@@ -29,17 +29,21 @@ from specserve.messages import (
     EngineTelemetry,
     ReplicaSnapshot,
 )
+from specserve.replicas.calibration import AsyncLLMEngine, calibrate
 from specserve.replicas.controller_link import ControllerLink
 from specserve.replicas.cpu_affinity import parse_cpu_list, pin_engine_processes
 from specserve.replicas.engine import SpecVLLMEngine
 from specserve.replicas.engine_args import (
+    ADDITIONAL_CONFIG_KEY,
     CONTROLLER_KEY,
     ENGINE_CPUS_KEY,
     MEMORY_COORDINATED_UTILITY,
     MEMORY_DIRECTIVE_UTILITY,
     SEED_ACCEPTANCE_UTILITY,
     SET_POLICY_UTILITY,
+    STARTUP_CHECKS_KEY,
     TELEMETRY_UTILITY,
+    EngineControlConfig,
 )
 from specserve.replicas.metrics import ReplicaMetrics
 
@@ -63,6 +67,8 @@ class SpecLLMServer(LLMServer):
     async def start(self) -> None:
         await super().start()
         self._pin_engine()
+        # Before the replica reports ready: Serve routes no request to it until start returns.
+        await self._calibrate()
         context = serve.get_replica_context()
         self._replica_id = context.replica_id.unique_id
         self._node_id = ray.get_runtime_context().get_node_id()
@@ -70,6 +76,30 @@ class SpecLLMServer(LLMServer):
         self._metrics = ReplicaMetrics(model=self._model_id, replica=self._replica_id)
         self._join_controller()
         self._telemetry_task = asyncio.get_running_loop().create_task(self._telemetry_loop())
+
+    async def _calibrate(self) -> None:
+        """The start-up checks and step timings (calibration.py), unless the config turns them off."""
+        mode = self._llm_config.experimental_configs.get(STARTUP_CHECKS_KEY, "fallback")
+        engine_kwargs = self._llm_config.engine_kwargs
+        control = EngineControlConfig.from_additional_config(engine_kwargs["additional_config"][ADDITIONAL_CONFIG_KEY])
+        if mode == "off":
+            return
+        client = self.engine._engine_client
+        result = await calibrate(
+            AsyncLLMEngine(client),
+            policy=control.policy,
+            max_k=engine_kwargs["speculative_config"]["num_speculative_tokens"],
+            max_num_seqs=client.vllm_config.scheduler_config.max_num_seqs,
+            skips_k0_draft_pass=control.skip_k0_draft_pass,
+            signals=control.draft_signals,
+            on_failure=mode,
+        )
+        logger.info(
+            "specserve: start-up checks %s in %.1f s; serving under %s",
+            "passed" if not result.failed else f"failed: {', '.join(result.failed)}",
+            result.seconds,
+            result.policy,
+        )
 
     def _join_controller(self) -> None:
         """Start the cluster's controller where no one has (a deployment built with Ray Serve LLM's own builder or

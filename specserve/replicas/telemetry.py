@@ -46,6 +46,10 @@ class StepCounters:
     num_drafts_cut_for_lag: int = 0
     # Draft lists cut before verification to their confident prefix (the policy's draft_stop on confidences).
     num_drafts_cut_by_confidence: int = 0
+    # Draft lists the scheduler received from the worker (one per request per drafting step), and those that came
+    # with the draft's confidences: the start-up check ``draft_signals`` reads them.
+    num_draft_lists: int = 0
+    num_draft_lists_with_signals: int = 0
     # Requests whose missed tokens a draft pass prepended, and those tokens (the catch-up's cost).
     num_requests_caught_up: int = 0
     num_catch_up_tokens: int = 0

@@ -60,7 +60,7 @@ def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> 
         "--policies",
         default=DEFAULT_POLICIES,
         help="policy specs separated by commas; a comma followed by key=value continues the previous spec, "
-        f"so goodput:k_max=4,probe_k=1 is one policy (default: {DEFAULT_POLICIES})",
+        f"so goodput:max_k=4,probe_k=1 is one policy (default: {DEFAULT_POLICIES})",
     )
     compare.add_argument("--seed", type=int, default=0, help="run seed: same seed, same result (default: 0)")
     compare.add_argument("--json", action="store_true", help="print one JSON document on stdout")

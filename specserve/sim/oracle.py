@@ -45,7 +45,7 @@ from specserve.sim.batch import RequestTable
 from specserve.sim.latency import StepTimer
 from specserve.sim.true_acceptance import TrueAcceptance
 from specserve.speculation import Decision, EngineTraits, Policy, StepContext, make_policy, parse_spec
-from specserve.speculation.policy import build_params
+from specserve.speculation.policy import build_params, largest_k
 
 if TYPE_CHECKING:
     from specserve.sim.replica import Replica
@@ -74,15 +74,15 @@ class Prices:
 
 @dataclass(frozen=True, slots=True)
 class OracleParams:
-    # Largest k searched, capped by the engine's max_k (above every built-in scenario's, so the engine decides).
-    k_max: int = 16
+    # Largest k searched, capped by the engine's max_k; unset: the engine's.
+    max_k: int | None = None
     # Charge the decodes the step minus the prefill chunk's marginal cost (module docstring); false charges them
     # the whole step.
     prefill_at_margin: bool = True
 
     def __post_init__(self) -> None:
-        if self.k_max < 0:
-            raise ValueError(f"k_max={self.k_max} must be non-negative")
+        if self.max_k is not None and self.max_k < 0:
+            raise ValueError(f"max_k={self.max_k} must be non-negative")
 
 
 class OraclePolicy(Policy):
@@ -93,7 +93,7 @@ class OraclePolicy(Policy):
 
     def __init__(self, params: OracleParams, traits: EngineTraits, truth: Truth) -> None:
         super().__init__(params, traits)
-        self.max_k = min(params.k_max, traits.max_k)
+        self.max_k = largest_k(params.max_k, traits)
         self.truth = truth
         self._k = 0
 

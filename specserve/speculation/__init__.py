@@ -11,7 +11,7 @@
   correction of step latency, AdaSpec's SLO-aware efficiency.
 - ``speckv``: SpecKV's acceptance predictor (the MLP, its training, samples, synthetic data, default weights).
 
-``make_policy("goodput:k_max=4", EngineTraits(max_k=4))`` builds one by name; ``adaptive`` is the project's
+``make_policy("goodput:max_k=4", EngineTraits(max_k=4))`` builds one by name; ``adaptive`` is the project's
 default (TurboSpec's goodput argmax with a piecewise-linear step cost, prefill priced at the margin, and
 hysteresis).
 """

@@ -10,9 +10,11 @@ after each draft pass; the rule holds that step's state, not the policy.
 from __future__ import annotations
 
 import dataclasses
+import types
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, ClassVar, get_type_hints
+from typing import Any, ClassVar, get_args, get_type_hints
 
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
@@ -71,6 +73,9 @@ _ALIASES: dict[str, str] = {}
 SIMULATOR_ONLY: dict[str, str] = {
     "oracle": "it reads each request's true acceptance rate and the true step cost, which only the simulator has",
 }
+#: Parameters renamed in this release, old name -> new: a spec that uses the old name is read as the new one, with a
+#: DeprecationWarning. Drop an entry one release after it was added.
+RENAMED_PARAMETERS: dict[str, str] = {"k_max": "max_k"}
 
 
 def register(cls: type[Policy]) -> type[Policy]:
@@ -106,7 +111,7 @@ def split_specs(text: str) -> list[str]:
     """Split a comma-separated list of specs on the commas that start a new policy.
 
     A piece with '=' but no ':' (``probe_k=1``) is another parameter of the spec before it:
-    ``fixed:k=0,goodput:k_max=4,probe_k=1,adaptive`` -> ``fixed:k=0``, ``goodput:k_max=4,probe_k=1``, ``adaptive``.
+    ``fixed:k=0,goodput:max_k=4,probe_k=1,adaptive`` -> ``fixed:k=0``, ``goodput:max_k=4,probe_k=1``, ``adaptive``.
     """
     specs: list[str] = []
     for piece in (part.strip() for part in text.split(",")):
@@ -137,12 +142,21 @@ def make_policy(spec: str, traits: EngineTraits) -> Policy:
     return cls(params, traits)
 
 
+def largest_k(max_k: int | None, traits: EngineTraits) -> int:
+    """The largest k a policy searches: its ``max_k`` parameter capped by the engine's, or the engine's if unset."""
+    return traits.max_k if max_k is None else min(max_k, traits.max_k)
+
+
 def build_params(cls: type[Policy], raw: dict[str, str]) -> Any:
-    """``cls.Params`` from raw ``key=value`` strings; errors name the bad key or value."""
+    """``cls.Params`` from raw ``key=value`` strings; errors name the bad key or value.
+
+    Every spec reaches its parameters here (``make_policy`` and the simulator's own policies), so parameters
+    renamed in ``RENAMED_PARAMETERS`` are read under their old name here and nowhere else.
+    """
     fields = {f.name: f for f in dataclasses.fields(cls.Params)}
     hints = get_type_hints(cls.Params)
     values: dict[str, Any] = {}
-    for key, text in raw.items():
+    for key, text in _renamed(cls.name, raw, fields).items():
         if key not in fields:
             raise ValueError(f"policy {cls.name!r} has no parameter {key!r}; known: {', '.join(fields)}")
         values[key] = _convert(cls.name, key, text, hints[key])
@@ -152,7 +166,26 @@ def build_params(cls: type[Policy], raw: dict[str, str]) -> Any:
         raise ValueError(f"policy {cls.name!r}: {exc}") from exc
 
 
+def _renamed(policy: str, raw: dict[str, str], fields: Any) -> dict[str, str]:
+    """``raw`` with the old names of renamed parameters this policy has replaced by their new names."""
+    out = dict(raw)
+    for old, new in RENAMED_PARAMETERS.items():
+        if old not in out or new not in fields:
+            continue
+        if new in out:
+            raise ValueError(f"policy {policy!r}: {old} is the old name of {new}; give {new} only")
+        warnings.warn(
+            f"policy {policy!r}: {old} is now {new}; the old name is read this release only",
+            DeprecationWarning,
+            stacklevel=4,  # the caller of make_policy
+        )
+        out[new] = out.pop(old)
+    return out
+
+
 def _convert(policy: str, key: str, text: str, kind: Any) -> Any:
+    if isinstance(kind, types.UnionType):  # ``int | None``: a given value is the type besides None
+        (kind,) = (arg for arg in get_args(kind) if arg is not type(None))
     try:
         if kind is bool:
             if text.lower() in ("1", "true", "yes", "on"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 
@@ -178,3 +178,17 @@ def _counts_below(numbers: Iterable[int], max_k: int) -> list[int]:
         above += histogram[pos + 1]
         out[pos] = above
     return out
+
+
+def without_acceptance(record: StepRecord) -> StepRecord:
+    """``record`` with what it says of acceptance left out: its cost (k, batch, tokens, time) only. A policy
+    warm-started from dummy steps learns what they cost, never how dummy prompts accept."""
+    return replace(
+        record,
+        num_drafted_per_request=(),
+        num_accepted_per_request=(),
+        request_ids=(),
+        draft_confidence_per_request=(),
+        draft_entropy_per_request=(),
+        kl_per_request=(),
+    )

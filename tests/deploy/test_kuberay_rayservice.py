@@ -74,5 +74,6 @@ def test_the_workers_have_a_gpu_each_and_export_metrics() -> None:
         group["rayStartParams"]["metrics-export-port"]
         == cluster["headGroupSpec"]["rayStartParams"]["metrics-export-port"]
     )
-    replicas = yaml.safe_load(load(RAYSERVICE)["spec"]["serveConfigV2"])["applications"][0]["args"]["replicas"]
+    args = yaml.safe_load(load(RAYSERVICE)["spec"]["serveConfigV2"])["applications"][0]["args"]
+    replicas = args["deployment_config"]["num_replicas"]
     assert group["minReplicas"] >= replicas, "one engine per GPU worker"

@@ -62,7 +62,7 @@ def test_the_workers_export_metrics_on_the_same_port(config) -> None:
 
 def test_the_nodes_download_the_folders_the_serve_config_names(config) -> None:
     args = load(SERVE_CONFIG)["applications"][0]["args"]
-    wanted = {args["model"], args["draft"]}
+    wanted = {args["model_loading_config"]["model_source"], args["speculation"]["draft"]}
     full = prepared(config)
     for commands in (full["head_setup_commands"], full["worker_setup_commands"]):
         folders = {

@@ -54,5 +54,13 @@ def test_the_builder_takes_its_args_once_the_model_folders_exist(trained_pair) -
     assert args["device"] == "gpu"
     with pytest.raises(ValidationError, match="model"):  # /models/... exists on the cluster's nodes only
         AppArgs.model_validate(args)
-    local = AppArgs.model_validate({**args, "model": str(trained_pair.target), "draft": str(trained_pair.draft)})
-    assert (local.policy, local.k_max, local.replicas) == ("adaptive", 4, 2)
+    local = AppArgs.model_validate(
+        {
+            **args,
+            "model_loading_config": {**args["model_loading_config"], "model_source": str(trained_pair.target)},
+            "speculation": {**args["speculation"], "draft": str(trained_pair.draft)},
+        }
+    )
+    assert (local.speculation.policy, local.speculation.max_k, local.num_replicas) == ("adaptive", 4, 2)
+    assert local.model_loading_config["model_id"] == "qwen2.5-7b-instruct"
+    assert local.engine_kwargs == {"tensor_parallel_size": 1, "max_model_len": 8192, "max_num_seqs": 64}

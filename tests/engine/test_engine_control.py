@@ -105,7 +105,7 @@ def test_trained_pair_acceptance_at_position_0(engine):
 
 def test_bad_policy_is_refused_and_the_old_one_kept(engine):
     engine.set_policy("fixed:k=1")
-    for bad in ("nope", "fixed:k=9", "goodput:k_max=x"):
+    for bad in ("nope", "fixed:k=9", "goodput:max_k=x"):
         with pytest.raises(Exception, match="nope|max_k|k_max"):
             engine.set_policy(bad)
     assert engine.telemetry().policy == "fixed:k=1"

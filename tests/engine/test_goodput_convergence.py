@@ -8,7 +8,7 @@ from engine_helpers import running_engine
 
 
 def test_goodput_converges_to_k_max_with_a_perfect_draft(self_pair):
-    with running_engine(self_pair, policy="goodput:k_max=4") as engine:
+    with running_engine(self_pair, policy="goodput:max_k=4") as engine:
         engine.generate(max_tokens=64)  # a warm-up round the policy learns from
         before = engine.telemetry()
         for _ in range(3):
@@ -26,7 +26,7 @@ def test_goodput_converges_to_k_max_with_a_perfect_draft(self_pair):
 
 
 def test_goodput_turns_speculation_off_with_a_useless_draft_and_keeps_probing(random_pair):
-    with running_engine(random_pair, policy="goodput:k_max=4,probe_interval_s=0.5") as engine:
+    with running_engine(random_pair, policy="goodput:max_k=4,probe_interval_s=0.5") as engine:
         engine.generate(max_tokens=64)  # learn
         before = engine.telemetry()
         for _ in range(3):

@@ -26,4 +26,4 @@ def test_an_unknown_policy_module_fails_the_config_with_its_name():
     from specserve.cluster.config import ServeConfig
 
     with pytest.raises(ValueError, match="no_such_policy_module"):
-        ServeConfig(policy_modules=("no_such_policy_module",))
+        ServeConfig(speculation={"policy_modules": ("no_such_policy_module",)})

@@ -119,12 +119,13 @@ def start(tmp: Path, trained_pair) -> LiveStack:
     shutil.copytree(trained_pair.draft, pair_dir / "draft")
     config = tmp / "serve.yaml"
     config.write_text(
-        f"model: {pair_dir / 'target'}\ndraft: {pair_dir / 'draft'}\n"
-        f"policy: {SPECULATING}\ndraft_offload: true\noffload_low_free_ratio: 0.999\n"
+        f"model_loading_config:\n  model_id: {MODEL}\n  model_source: {pair_dir / 'target'}\n"
+        f"speculation:\n  draft: {pair_dir / 'draft'}\n  policy: {SPECULATING}\n"
+        "  draft_offload: true\n  offload_low_free_ratio: 0.999\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["SPECSERVE_STATE_DIR"] = str(tmp / "state")
-    args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--k-max", "4", "--config", str(config)]
+    args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--max-k", "4", "--config", str(config)]
     server = ServeProcess(args, env, tmp / "serve.log")
     try:
         server.endpoint = server.start()

@@ -1,6 +1,7 @@
 """A multi-node Ray cluster on this machine with `specserve serve` joined to it, for the cluster tests: a head,
 worker nodes each holding one unit of a custom resource that stands in for a GPU, and an application whose
-engine ranks ask one unit each (`resources_per_rank`), so that each replica lands on a worker of its own."""
+engine ranks ask one unit each (`placement_group_config.bundle_per_worker`), so that each replica lands on a worker
+of its own."""
 
 from __future__ import annotations
 
@@ -22,7 +23,11 @@ from serve_process import ServeProcess, free_port
 ACCELERATOR = "specserve_test_accelerator"
 # One proxy, the head's: every node's proxy would bind the same port on this one machine, and a client whose
 # connection the failing node's proxy took would lose its request whichever replica served it.
-PLACEMENT = f"replicas: 2\nresources_per_rank: {{{ACCELERATOR}: 1}}\nproxy_location: HeadOnly\n"
+PLACEMENT = (
+    "deployment_config:\n  num_replicas: 2\n"
+    f"placement_group_config:\n  bundle_per_worker: {{CPU: 1, {ACCELERATOR}: 1}}\n"
+    "server:\n  proxy_location: HeadOnly\n"
+)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ pair's drafts are accepted, checks that it does not fire there.)"""
 from __future__ import annotations
 
 import pytest
-from closed_loop import Load
+from closed_loop import MODEL, Load
 from serve_process import free_port, serving
 
 from specserve import metrics_catalog as catalog
@@ -19,7 +19,10 @@ def test_a_draft_that_is_never_accepted_fires_the_acceptance_collapse_alert(tmp_
     if prometheus.PrometheusServer.binary() is None:
         pytest.skip("Debian's prometheus is not installed (scripts/install.sh installs it when run as root)")
     ports = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--prometheus-port", str(free_port())]
-    pair = ["--model", str(random_pair.target), "--draft", str(random_pair.draft)]
+    # The clients' model name: with a target of its own, a config names none but the target's folder.
+    config = tmp_path / "serve.yaml"
+    config.write_text(f"model_loading_config:\n  model_id: {MODEL}\n")
+    pair = ["--config", str(config), "--model", str(random_pair.target), "--draft", str(random_pair.draft)]
     with serving([*ports, *pair, "--policy", "fixed:k=4"], tmp_path) as server:
         url = server.line_matching(r"prometheus: ").split()[1]
         with Load(server.endpoint, clients=2) as load:

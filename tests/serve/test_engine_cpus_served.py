@@ -1,4 +1,4 @@
-"""Serve tier: `specserve serve` with `engine_cpus`: the engine's threads on its core, every other process of the
+"""Serve tier: `specserve serve` with `cpu.engine_cpus`: the engine's threads on its core, every other process of the
 local cluster (Ray's, Serve's proxy and replica, the driver) on the rest, and the endpoint serves as usual."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def test_the_engine_computes_on_its_own_cores_and_the_cluster_on_the_others(tmp_
     allowed = os.sched_getaffinity(0)
     engine_core = max(allowed)
     config = tmp_path / "serve.yaml"
-    config.write_text(f"engine_cpus: '{engine_core}'\npolicy: fixed:k=2\n")
+    config.write_text(f"cpu:\n  engine_cpus: '{engine_core}'\nspeculation:\n  policy: fixed:k=2\n")
     args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--config", str(config)]
     with serving(args, tmp_path, SPECSERVE_API_KEY=API_KEY) as server:
         client = OpenAI(base_url=server.endpoint, api_key=API_KEY)

@@ -23,7 +23,7 @@ REPLACEMENT_TIMEOUT_S = 300.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, trained_pair):
-    args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--replicas", "1", "--k-max", "4"]
+    args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--replicas", "1", "--max-k", "4"]
     with serving(args, tmp_path_factory.mktemp("faults")) as process:
         yield process
 

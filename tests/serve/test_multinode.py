@@ -1,7 +1,7 @@
 """Cluster tier: specserve on a multi-node Ray cluster on this machine. A head and two worker nodes started with
 `ray start`, each worker holding one unit of a custom resource that stands in for a GPU; `specserve serve`
-joins with RAY_ADDRESS while only one worker is up and asks one unit per engine rank (`resources_per_rank`), so
-its two replicas land on different workers once the second joins. Then a worker fails under load, and a new one
+joins with RAY_ADDRESS while only one worker is up and asks one unit per engine rank
+(`placement_group_config.bundle_per_worker`), so its two replicas land on different workers once the second joins. Then a worker fails under load, and a new one
 joins. Last, `specserve serve` stops and removes only its application: the cluster and its controller keep
 running for the next deployment. One cluster for the module (`multinode.joined_cluster`), about four minutes:
 the tests run in order."""
@@ -22,8 +22,8 @@ def cluster(tmp_path_factory, trained_pair):
     with joined_cluster(tmp, ray_env(tmp), workers=1) as cluster:
         # A joined cluster may still grow, so a shortfall is said, not refused; the second worker then joins.
         cluster.server.wait_for_line(
-            rf"specserve: waiting for the cluster to grow: resources_per_rank: 2 engine ranks x {ACCELERATOR}=1 "
-            rf"need 2 {ACCELERATOR}; the Ray cluster has 1",
+            rf"specserve: waiting for the cluster to grow: placement_group_config.bundle_per_worker: 2 engine ranks "
+            rf"x {ACCELERATOR}=1 need 2 {ACCELERATOR}; the Ray cluster has 1",
             timeout_s=120,
         )
         cluster.add_worker()

@@ -1,4 +1,4 @@
-"""Serve tier: overload. With `max_ongoing_requests` and `max_queued_requests` set, a burst beyond what one replica
+"""Serve tier: overload. With `deployment_config`'s `max_ongoing_requests` and `max_queued_requests` set, a burst beyond what one replica
 holds and its queue takes is refused at once with the configured status, a message and Retry-After,
 while every admitted request is answered."""
 
@@ -20,8 +20,9 @@ def endpoint(tmp_path_factory, trained_pair):
     tmp = tmp_path_factory.mktemp("overload")
     config = tmp / "serve.yaml"
     config.write_text(
-        f"max_num_seqs: {ONGOING}\nmax_ongoing_requests: {ONGOING}\nmax_queued_requests: {QUEUED}\n"
-        "overload_status: 429\nretry_after_s: 2\n"
+        f"engine_kwargs:\n  max_num_seqs: {ONGOING}\n"
+        f"deployment_config:\n  max_ongoing_requests: {ONGOING}\n  max_queued_requests: {QUEUED}\n"
+        "server:\n  overload_status: 429\n  retry_after_s: 2\n"
     )
     env = dict(os.environ, SPECSERVE_STATE_DIR=str(tmp / "state"))
     env.pop("RAY_ADDRESS", None)

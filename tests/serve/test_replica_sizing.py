@@ -49,10 +49,13 @@ def test_two_replicas_start_on_this_machine_and_both_serve(tmp_path, trained_pai
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ("num_cpus: 1\nreplicas: 2\n", "--replicas 2 x --tp 1 need 2 CPU (one per engine rank); the Ray cluster has 1"),
         (
-            "resources_per_rank: {pool_a: 1}\n",
-            "resources_per_rank: 1 engine ranks x pool_a=1 need 1 pool_a; the Ray cluster has 0",
+            "server:\n  num_cpus: 1\ndeployment_config:\n  num_replicas: 2\n",
+            "2 replica(s) x tensor_parallel_size 1 need 2 CPU (one per engine rank); the Ray cluster has 1",
+        ),
+        (
+            "placement_group_config:\n  bundle_per_worker: {CPU: 1, pool_a: 1}\n",
+            "placement_group_config.bundle_per_worker: 1 engine ranks x pool_a=1 need 1 pool_a; the Ray cluster has 0",
         ),
     ],
 )

@@ -50,9 +50,12 @@ def local_serve_config(trained_pair, port: int) -> dict:
     config = yaml.safe_load(SERVE_CONFIG.read_text())
     config["http_options"] = {"host": "127.0.0.1", "port": port}
     (app,) = config["applications"]
-    app["args"].update(
-        device="cpu", model=str(trained_pair.target), draft=str(trained_pair.draft), max_model_len=512, replicas=1
-    )
+    args = app["args"]
+    args["device"] = "cpu"
+    args["model_loading_config"]["model_source"] = str(trained_pair.target)
+    args["speculation"]["draft"] = str(trained_pair.draft)
+    args["engine_kwargs"]["max_model_len"] = 512
+    args["deployment_config"]["num_replicas"] = 1
     return config
 
 
@@ -100,7 +103,7 @@ def test_serve_run_deploys_it_and_status_and_prometheus_see_it(tmp_path, trained
     )
     try:
         endpoint = f"http://127.0.0.1:{port}/v1"
-        model_id = config["applications"][0]["args"]["model_id"]
+        model_id = config["applications"][0]["args"]["model_loading_config"]["model_id"]
         assert wait_for_models(endpoint, serve) == [model_id]
         client = OpenAI(base_url=endpoint, api_key="unused")
         result = client.completions.create(model=model_id, prompt="def main():\n", max_tokens=16, temperature=0)
@@ -125,7 +128,7 @@ def test_serve_run_deploys_it_and_status_and_prometheus_see_it(tmp_path, trained
         shutil.copy(alert_rules.RULES_FILE, prometheus.workdir)
         prometheus.start()
         (sample,) = prometheus.wait_for(f'ray_specserve_speculation_max_k{{model="{model_id}"}}', timeout_s=120)
-        assert sample["value"][1] == str(config["applications"][0]["args"]["k_max"])
+        assert sample["value"][1] == str(config["applications"][0]["args"]["speculation"]["max_k"])
         assert [r["name"] for r in alerting_rules(prometheus.url)] == [a.name for a in alert_rules.alerts()]
     finally:
         prometheus.stop()

@@ -42,7 +42,7 @@ RSS_GROWTH_FRACTION, RSS_GROWTH_BYTES = 0.10, 32 * 2**20
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, trained_pair):
-    args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--k-max", "4"]
+    args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--max-k", "4"]
     with serving(args, tmp_path_factory.mktemp("soak")) as process:
         process.metrics_url = process.line_matching(r"metrics: ").split()[1]
         yield process

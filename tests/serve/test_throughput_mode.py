@@ -1,8 +1,8 @@
-"""Serve tier: `specserve serve` in Ray Serve's throughput-optimized mode (`throughput_optimized: true`, gRPC
+"""Serve tier: `specserve serve` in Ray Serve's throughput-optimized mode (`server.throughput_optimized: true`, gRPC
 between the ingress and the replica, the ingress replica serving HTTP itself): the same answers, errors, key and
 control plane as in the default mode, and a clean stop. It also runs the other throughput knob, vLLM's stream interval
-(`stream_interval: 8`): streamed text arrives in chunks of 8 tokens or more, and is the same text; and Ray Serve's
-HAProxy ingress (`haproxy: true`) takes HTTP in place of its Python proxy, and stops with the rest."""
+(`engine_kwargs.stream_interval: 8`): streamed text arrives in chunks of 8 tokens or more, and is the same text; and
+Ray Serve's HAProxy ingress (`server.haproxy: true`) takes HTTP in place of its Python proxy, and stops with the rest."""
 
 from __future__ import annotations
 
@@ -27,7 +27,11 @@ def names(processes: list[psutil.Process]) -> set[str]:
 
 def test_the_throughput_optimized_mode_serves_the_same_endpoint(tmp_path, trained_pair):
     config = tmp_path / "serve.yaml"
-    config.write_text("throughput_optimized: true\nstream_interval: 8\nhaproxy: true\npolicy: fixed:k=3\n")
+    config.write_text(
+        "server:\n  throughput_optimized: true\n  haproxy: true\n"
+        "engine_kwargs:\n  stream_interval: 8\n"
+        "speculation:\n  policy: fixed:k=3\n"
+    )
     args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--config", str(config)]
     with serving(args, tmp_path, SPECSERVE_API_KEY=API_KEY) as server:
         # Serve's controller says which mode it runs in.

@@ -17,9 +17,9 @@ sim = sim_cli
 
 def test_split_policies_keeps_parameters_with_their_policy() -> None:
     assert split_policies("fixed:k=0,fixed:k=3,adaptive") == ["fixed:k=0", "fixed:k=3", "adaptive"]
-    assert split_policies("fixed:k=0,goodput:k_max=4,probe_k=1,adaptive") == [
+    assert split_policies("fixed:k=0,goodput:max_k=4,probe_k=1,adaptive") == [
         "fixed:k=0",
-        "goodput:k_max=4,probe_k=1",
+        "goodput:max_k=4,probe_k=1",
         "adaptive",
     ]
     with pytest.raises(CommandError, match="k=1"):
@@ -43,12 +43,12 @@ def test_compare_json(tmp_path) -> None:
     path = tmp_path / "small.yaml"
     path.write_text(SMALL)
     out = sim(
-        "compare", "--scenario", str(path), "--policies", "fixed:k=0,goodput:k_max=3,probe_k=1", "--json", "--seed", "3"
+        "compare", "--scenario", str(path), "--policies", "fixed:k=0,goodput:max_k=3,probe_k=1", "--json", "--seed", "3"
     )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["scenario"] == "small"
-    assert [r["policy"] for r in doc["results"]] == ["fixed:k=0", "goodput:k_max=3,probe_k=1"]
+    assert [r["policy"] for r in doc["results"]] == ["fixed:k=0", "goodput:max_k=3,probe_k=1"]
     keys = {
         "throughput_tok_s",
         "goodput_tok_s",

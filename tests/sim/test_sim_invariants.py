@@ -159,7 +159,7 @@ def test_goodput_speculates_more_at_low_load_than_at_high_load() -> None:
         },
         acceptance={"mean": 0.7, "concentration": None},
     )
-    replica = simulate(scenario, "goodput:k_max=6", 0).replicas[0]
+    replica = simulate(scenario, "goodput:max_k=6", 0).replicas[0]
     time_s, ks = np.array(replica.series_time_s), np.array(replica.series_k)
     low, high = ks[time_s < 15].mean(), ks[(time_s > 35) & (time_s < 45)].mean()
     assert low > 2.5

@@ -125,14 +125,14 @@ def test_spec_strings_reach_the_oracle_and_the_registry() -> None:
     scenario = small_scenario()
     traits = EngineTraits(max_k=4)
     truth = Truth(RequestTable(Workload(np.zeros(0), np.zeros(0, int), np.zeros(0, int)), np.zeros(0)), None, None)  # type: ignore[arg-type]
-    assert isinstance(build_policy("oracle:k_max=2", traits, truth), OraclePolicy)
+    assert isinstance(build_policy("oracle:max_k=2", traits, truth), OraclePolicy)
     assert build_policy("fixed:k=2", traits, truth).spec == "fixed:k=2"
     check_policy("oracle:prefill_at_margin=false", traits)
     with pytest.raises(ValueError, match="has no parameter 'kk'"):
         check_policy("oracle:kk=1", traits)
     with pytest.raises(ValueError, match="unknown policy 'nosuch'"):
         check_policy("nosuch", traits)
-    assert summarize(simulate(scenario, "oracle:k_max=2", 0))["mean_k"] <= 2
+    assert summarize(simulate(scenario, "oracle:max_k=2", 0))["mean_k"] <= 2
 
 
 def test_compare_runs_the_oracle(tmp_path) -> None:
@@ -141,5 +141,5 @@ def test_compare_runs_the_oracle(tmp_path) -> None:
     done = sim_cli("compare", "--scenario", str(path), "--policies", "fixed:k=2,oracle", "--json")
     assert done.returncode == 0, done.stderr
     assert [r["policy"] for r in json.loads(done.stdout)["results"]] == ["fixed:k=2", "oracle"]
-    bad = sim_cli("compare", "--scenario", str(path), "--policies", "oracle:k_max=x")
-    assert bad.returncode == 2 and "k_max='x' is not a valid int" in bad.stderr
+    bad = sim_cli("compare", "--scenario", str(path), "--policies", "oracle:max_k=x")
+    assert bad.returncode == 2 and "max_k='x' is not a valid int" in bad.stderr

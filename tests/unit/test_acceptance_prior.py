@@ -45,7 +45,7 @@ def test_seeded_evidence_sets_the_estimate_and_later_steps_outweigh_it():
 
 def test_seed_takes_what_fits_and_refuses_impossible_counts():
     estimator = PositionAcceptance(max_k=2)
-    estimator.seed((9.0, 8.0, 7.0), (10.0, 9.0, 8.0))  # a peer with a longer k_max: its deep positions dropped
+    estimator.seed((9.0, 8.0, 7.0), (10.0, 9.0, 8.0))  # a peer with a longer max_k: its deep positions dropped
     assert estimator.num_reached() == [10.0, 9.0]
     for accepted, reached in (((5.0,), (4.0,)), ((-1.0,), (4.0,)), ((float("nan"),), (4.0,)), ((1.0, 1.0), (2.0,))):
         with pytest.raises(ValueError):

@@ -63,6 +63,7 @@ EXPORTED_NAMES = {
     "ray_specserve_num_requests_running",
     "ray_specserve_num_requests_waiting",
     "ray_specserve_controller_connected",
+    "ray_specserve_startup_check_failed",
     "ray_specserve_controller_memory_decisions_total",
     "ray_specserve_controller_acceptance_priors_total",
 }

@@ -218,8 +218,8 @@ def test_exploit_rule_worked_example() -> None:
 
 def test_switching_cost_holds_speculation_off() -> None:
     """lbar: 10 ms at k = 0, 9 ms at k = 1 (B = 32). After 600 skipped steps, C_sw = 28.5 ms > the 1 ms gain."""
-    policy = make_policy("bandit:k_max=1", EngineTraits(max_k=4, k0_runs_draft_pass=False))
-    plain = make_policy("bandit:k_max=1,switch_cost_scale=0", EngineTraits(max_k=4, k0_runs_draft_pass=False))
+    policy = make_policy("bandit:max_k=1", EngineTraits(max_k=4, k0_runs_draft_pass=False))
+    plain = make_policy("bandit:max_k=1,switch_cost_scale=0", EngineTraits(max_k=4, k0_runs_draft_pass=False))
     for p in (policy, plain):
         p.observe(record(1, 9e-3, emitted_per_request=2))
         for _ in range(600):
@@ -291,7 +291,7 @@ def test_no_acceptance_converges_to_zero() -> None:
     assert policy.exploit(context(8)) == 0
 
 
-def test_full_acceptance_with_overhead_dominated_steps_uses_k_max() -> None:
+def test_full_acceptance_with_overhead_dominated_steps_uses_max_k() -> None:
     policy = make_policy("bandit", EngineTraits(max_k=4))
     ks = closed_loop(policy, OVERHEAD, alpha=1.0, num_steps=3000)
     late = Counter(ks[1500:])
@@ -311,7 +311,7 @@ def test_same_seed_same_sequence() -> None:
 
 
 def test_zero_without_draft_or_batch() -> None:
-    policy = make_policy("bandit:k_max=4", EngineTraits(max_k=2))
+    policy = make_policy("bandit:max_k=4", EngineTraits(max_k=2))
     assert policy.max_k == 2
     assert all(policy.choose(context(8, draft_resident=False)).k == 0 for _ in range(20))
     assert policy.choose(context(0)).k == 0
@@ -322,7 +322,7 @@ def test_zero_without_draft_or_batch() -> None:
     [
         "bandit",
         "bandit:seed=3,explore_schedule=inv,bucketing=exact",
-        "bandit:k_max=3,max_bucket=6,switch_cost_scale=0.5,switch_cost_table=128x32:10.0/256x32:20.0",
+        "bandit:max_k=3,max_bucket=6,switch_cost_scale=0.5,switch_cost_table=128x32:10.0/256x32:20.0",
     ],
 )
 def test_spec_round_trips(spec: str) -> None:
@@ -338,7 +338,7 @@ def test_spec_round_trips(spec: str) -> None:
         ("bandit:bucketing=pow2", "bucketing"),
         ("bandit:max_bucket=-1", "max_bucket"),
         ("bandit:switch_cost_scale=-1", "switch_cost_scale"),
-        ("bandit:k_max=-1", "k_max"),
+        ("bandit:max_k=-1", "max_k"),
         ("bandit:seed=x", "seed"),
     ],
 )

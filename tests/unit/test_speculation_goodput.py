@@ -22,10 +22,10 @@ TRUE = (6e-3, 0.05e-6, 60e-6, 1e-3, 20e-6)
 CONTEXT_PER_REQUEST = 1000
 
 
-def analytic_goodputs(coefficients, alpha: float, num_running: int, k_max: int) -> list[float]:
+def analytic_goodputs(coefficients, alpha: float, num_running: int, max_k: int) -> list[float]:
     """Eq. 4 over the true latency, written out independently of the policy's code."""
     goodputs = []
-    for k in range(k_max + 1):
+    for k in range(max_k + 1):
         tokens = k + 1 if alpha == 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
         step_s = true_step_s(
             coefficients, CONTEXT_PER_REQUEST * num_running, num_running * (k + 1), max(k, 1), num_running
@@ -34,9 +34,9 @@ def analytic_goodputs(coefficients, alpha: float, num_running: int, k_max: int) 
     return goodputs
 
 
-def trained_policy(coefficients, alpha: float, k_max: int = 6) -> GoodputPolicy:
-    policy = make_policy(f"goodput:k_max={k_max},ema_half_life_steps=500", EngineTraits(max_k=8))
-    for record in varied_records(seed=11, coefficients=coefficients, alpha=alpha, max_k=k_max, num_steps=3000):
+def trained_policy(coefficients, alpha: float, max_k: int = 6) -> GoodputPolicy:
+    policy = make_policy(f"goodput:max_k={max_k},ema_half_life_steps=500", EngineTraits(max_k=8))
+    for record in varied_records(seed=11, coefficients=coefficients, alpha=alpha, max_k=max_k, num_steps=3000):
         policy.observe(record)
     return policy
 
@@ -50,7 +50,7 @@ def context(num_running: int, now_s: float = 0.0) -> StepContext:
 @pytest.mark.parametrize("num_running", [1, 4, 16, 64, 256])
 def test_picks_the_analytic_optimum(num_running: int) -> None:
     policy = trained_policy(TRUE, alpha=0.7)
-    goodputs = analytic_goodputs(TRUE, 0.7, num_running, k_max=6)
+    goodputs = analytic_goodputs(TRUE, 0.7, num_running, max_k=6)
     expected = max(range(len(goodputs)), key=lambda k: (goodputs[k], -k))
     runner_up = max(g for k, g in enumerate(goodputs) if k != expected)
     assert goodputs[expected] > runner_up * 1.005, "scenario too close to a tie to test the learned fit"
@@ -67,9 +67,9 @@ def test_no_acceptance_means_no_speculation() -> None:
     assert [policy.choose(context(b)).k for b in (1, 16, 256)] == [0, 0, 0]
 
 
-def test_full_acceptance_with_overhead_dominated_steps_uses_k_max() -> None:
+def test_full_acceptance_with_overhead_dominated_steps_uses_max_k() -> None:
     overhead = (20e-3, 0.01e-6, 1e-6, 0.1e-3, 1e-6)
-    policy = trained_policy(overhead, alpha=1.0, k_max=5)
+    policy = trained_policy(overhead, alpha=1.0, max_k=5)
     assert [policy.choose(context(b)).k for b in (1, 16)] == [5, 5]
 
 
@@ -81,7 +81,7 @@ def test_ties_go_to_the_smaller_k() -> None:
 
 
 def test_search_is_capped_by_the_engine() -> None:
-    policy = make_policy("goodput:k_max=8,prior_alpha=1.0", EngineTraits(max_k=2))
+    policy = make_policy("goodput:max_k=8,prior_alpha=1.0", EngineTraits(max_k=2))
     assert policy.choose(context(1)).k == 2
 
 
@@ -158,7 +158,7 @@ def test_probe_lasts_until_its_drafts_are_verified() -> None:
 
 
 def test_describe_reports_estimates() -> None:
-    policy = trained_policy(TRUE, alpha=0.8, k_max=3)
+    policy = trained_policy(TRUE, alpha=0.8, max_k=3)
     policy.choose(context(4))
     described = policy.describe()
     assert {"alpha_0", "alpha_1", "alpha_2", "mean_alpha", "predicted_goodput_tokens_per_s"} <= described.keys()
@@ -181,9 +181,9 @@ def test_speculation_must_pay_a_minimum_gain_over_k0() -> None:
     more token per request is nearly free on small models), a near-useless draft must not win on the
     estimate's noise: k > 0 has to add min_gain over k = 0."""
     free_verify = (6e-3, 0.0, 0.0, 1e-3, 0.0)
-    policy = trained_policy(free_verify, alpha=0.01, k_max=4)
+    policy = trained_policy(free_verify, alpha=0.01, max_k=4)
     assert policy.choose(context(4)).k == 0
-    eager = make_policy("goodput:k_max=4,ema_half_life_steps=500,min_gain=0", EngineTraits(max_k=8))
+    eager = make_policy("goodput:max_k=4,ema_half_life_steps=500,min_gain=0", EngineTraits(max_k=8))
     for record in varied_records(seed=11, coefficients=free_verify, alpha=0.01, max_k=4, num_steps=3000):
         eager.observe(record)
     assert eager.choose(context(4)).k == 1
@@ -195,7 +195,7 @@ COMPUTE_BOUND = (5e-3, 0.0, 150e-6, 1e-3, 10e-6)
 
 
 def stuck_then_closed_loop(spec: str, seconds: float, seed: int = 0) -> list[tuple[float, int]]:
-    """Feed 200 steps at k = 4 while the batch grows 8 -> 207 (the policy sat at k_max as load rose, so every
+    """Feed 200 steps at k = 4 while the batch grows 8 -> 207 (the policy sat at max_k as load rose, so every
     k-dependent feature grew with B and context), then run the policy closed loop at B in 224..256."""
     policy = make_policy(spec, EngineTraits(max_k=4))
     rng, now_s = random.Random(seed), 0.0
@@ -232,13 +232,13 @@ def stuck_then_closed_loop(spec: str, seconds: float, seed: int = 0) -> list[tup
     return chosen
 
 
-def test_exploration_brings_a_policy_stuck_at_k_max_down_to_zero() -> None:
+def test_exploration_brings_a_policy_stuck_at_max_k_down_to_zero() -> None:
     """Without exploration the fit, having seen only k = 4, keeps k = 4 for good; one neighbouring step per
     second walks it down to 0 within seconds, after which only probes (k = 1) leave 0."""
-    stuck = stuck_then_closed_loop("goodput:k_max=4,explore_interval_s=inf", seconds=20.0)
+    stuck = stuck_then_closed_loop("goodput:max_k=4,explore_interval_s=inf", seconds=20.0)
     assert {k for _, k in stuck} == {4}
     for seed in range(3):
-        chosen = stuck_then_closed_loop("goodput:k_max=4,explore_interval_s=1.0", seconds=20.0, seed=seed)
+        chosen = stuck_then_closed_loop("goodput:max_k=4,explore_interval_s=1.0", seconds=20.0, seed=seed)
         first_zero_s = next(t for t, k in chosen if k == 0)
         assert first_zero_s < 5.0
         late = [k for t, k in chosen if t > 10.0]
@@ -246,9 +246,9 @@ def test_exploration_brings_a_policy_stuck_at_k_max_down_to_zero() -> None:
 
 
 def test_settled_policy_explores_one_neighbour_per_interval() -> None:
-    """A perfect draft on overhead-dominated steps settles at k_max = 4: one step at k = 3 per interval."""
+    """A perfect draft on overhead-dominated steps settles at max_k = 4: one step at k = 3 per interval."""
     overhead = (20e-3, 0.01e-6, 1e-6, 0.1e-3, 1e-6)
-    policy = make_policy("goodput:k_max=4,prior_alpha=1.0,explore_interval_s=0.5", EngineTraits(max_k=4))
+    policy = make_policy("goodput:max_k=4,prior_alpha=1.0,explore_interval_s=0.5", EngineTraits(max_k=4))
     rng, now_s, chosen = random.Random(1), 0.0, []
     while now_s < 10.0:
         k = policy.choose(context(8, now_s)).k
@@ -298,7 +298,7 @@ def test_a_step_up_on_an_engine_that_drafts_ahead_lasts_until_its_deepest_draft_
 def test_prefill_chunk_is_not_charged_to_k() -> None:
     """A chunk that runs whatever k is must not make speculation look cheap: with 8192 prefill tokens in
     the step, charging them to the decodes would amortise them like a fixed cost and favour k = 4."""
-    policy = trained_policy(COMPUTE_BOUND, alpha=0.66, k_max=4)
+    policy = trained_policy(COMPUTE_BOUND, alpha=0.66, max_k=4)
     decode_only = context(240)
     with_chunk = StepContext(
         now_s=0.0,

@@ -224,7 +224,7 @@ def test_no_draft_or_no_requests_means_zero_and_engine_caps_k() -> None:
     assert policy.choose(absent).k == 0 and policy.choose(context(0)).k == 0
 
 
-@pytest.mark.parametrize("spec", ["slo", "slo:k_max=4,default_confidence=0.7,trim=false"])
+@pytest.mark.parametrize("spec", ["slo", "slo:max_k=4,default_confidence=0.7,trim=false"])
 def test_spec_round_trips(spec: str) -> None:
     policy = make_policy(spec, EngineTraits(max_k=8))
     rebuilt = make_policy(policy.spec, EngineTraits(max_k=8))
@@ -234,7 +234,7 @@ def test_spec_round_trips(spec: str) -> None:
 @pytest.mark.parametrize(
     ("spec", "named"),
     [
-        ("slo:k_max=-1", "k_max"),
+        ("slo:max_k=-1", "max_k"),
         ("slo:default_confidence=1.5", "default_confidence"),
         ("slo:latency_half_life_steps=0", "latency_half_life_steps"),
         ("slo:trim=maybe", "trim"),

@@ -36,9 +36,9 @@ def test_fixed_k_above_engine_max_names_both() -> None:
 
 
 def test_goodput_spec_sets_params() -> None:
-    policy = make_policy("goodput:k_max=2,probe_interval_s=1.5", TRAITS)
+    policy = make_policy("goodput:max_k=2,probe_interval_s=1.5", TRAITS)
     assert isinstance(policy, GoodputPolicy)
-    assert (policy.params.k_max, policy.params.probe_interval_s) == (2, 1.5)
+    assert (policy.params.max_k, policy.params.probe_interval_s) == (2, 1.5)
     assert policy.params.prior_alpha == 0.5  # untouched defaults stay
 
 
@@ -48,7 +48,7 @@ def test_every_policy_module_registers_its_policy() -> None:
     assert {make_policy(name, TRAITS).name for name in names} == names
 
 
-@pytest.mark.parametrize("spec", ["fixed", "fixed:k=2", "goodput", "goodput:k_max=3,prior_alpha=0.7", "adaptive"])
+@pytest.mark.parametrize("spec", ["fixed", "fixed:k=2", "goodput", "goodput:max_k=3,prior_alpha=0.7", "adaptive"])
 def test_spec_round_trips(spec: str) -> None:
     policy = make_policy(spec, TRAITS)
     rebuilt = make_policy(policy.spec, TRAITS)
@@ -79,12 +79,12 @@ def test_simulator_only_policies_are_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match="policy 'oracle' runs only in the simulator: it reads each request's true"):
         make_policy("oracle", TRAITS)
     with pytest.raises(ValueError, match="runs only in the simulator"):
-        make_policy("oracle:k_max=2", TRAITS)
+        make_policy("oracle:max_k=2", TRAITS)
     assert "oracle" not in policy_names()
 
 
 def test_parse_spec() -> None:
-    assert parse_spec(" goodput : k_max=2 , probe_k=1 ") == ("goodput", {"k_max": "2", "probe_k": "1"})
+    assert parse_spec(" goodput : max_k=2 , probe_k=1 ") == ("goodput", {"max_k": "2", "probe_k": "1"})
     assert parse_spec("fixed") == ("fixed", {})
 
 

@@ -79,7 +79,7 @@ def test_reward_is_tokens_per_second_per_request() -> None:
 
 
 def test_explores_every_arm_once_then_exploits_the_best() -> None:
-    policy = make_policy("ucb:k_max=4", EngineTraits(max_k=4))
+    policy = make_policy("ucb:max_k=4", EngineTraits(max_k=4))
     ks = closed_loop(policy, OVERHEAD, alpha=1.0, num_steps=2000)
     assert ks[:5] == [0, 1, 2, 3, 4]
     late = Counter(ks[1000:])
@@ -87,7 +87,7 @@ def test_explores_every_arm_once_then_exploits_the_best() -> None:
 
 
 def test_no_acceptance_settles_on_zero() -> None:
-    policy = make_policy("ucb:k_max=4", EngineTraits(max_k=4))
+    policy = make_policy("ucb:max_k=4", EngineTraits(max_k=4))
     ks = closed_loop(policy, TRUE, alpha=0.0, num_steps=3000)
     assert ks[:5] == [0, 1, 2, 3, 4]
     assert Counter(ks[1500:]).most_common(1)[0][0] == 0
@@ -95,7 +95,7 @@ def test_no_acceptance_settles_on_zero() -> None:
 
 def test_identical_arms_tie_to_the_smaller_k() -> None:
     """Steps of equal length and yield whatever k: every arm's reward is equal, k = 0 wins the ties."""
-    policy = make_policy("ucb:k_max=3,exploration=0", EngineTraits(max_k=4))
+    policy = make_policy("ucb:max_k=3,exploration=0", EngineTraits(max_k=4))
     for _ in range(3):
         for k in range(4):
             policy.observe(
@@ -114,20 +114,20 @@ def test_identical_arms_tie_to_the_smaller_k() -> None:
 
 
 def test_arms_capped_by_engine_and_zero_without_draft() -> None:
-    policy = make_policy("ucb:k_max=6", EngineTraits(max_k=2))
+    policy = make_policy("ucb:max_k=6", EngineTraits(max_k=2))
     assert policy.max_k == 2
     assert policy.choose(context(draft_resident=False)).k == 0
     assert policy.choose(context(num_running=0)).k == 0
 
 
-@pytest.mark.parametrize("spec", ["ucb", "ucb:k_max=3,exploration=0.5"])
+@pytest.mark.parametrize("spec", ["ucb", "ucb:max_k=3,exploration=0.5"])
 def test_spec_round_trips(spec: str) -> None:
     policy = make_policy(spec, EngineTraits(max_k=4))
     rebuilt = make_policy(policy.spec, EngineTraits(max_k=4))
     assert type(rebuilt) is type(policy) and rebuilt.params == policy.params and rebuilt.spec == policy.spec
 
 
-@pytest.mark.parametrize(("spec", "named"), [("ucb:k_max=-1", "k_max"), ("ucb:exploration=-2", "exploration")])
+@pytest.mark.parametrize(("spec", "named"), [("ucb:max_k=-1", "max_k"), ("ucb:exploration=-2", "exploration")])
 def test_bad_params(spec: str, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         make_policy(spec, EngineTraits(max_k=4))

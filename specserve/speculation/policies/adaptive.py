@@ -11,7 +11,7 @@
    AdaSpec's trace at 3.3-3.5 QPS the simulator's mean E2E rose 4 % over the best rival's.
 2. **Prefill priced at the margin.** A chunked-prefill step carries P prompt tokens whatever k is. Charging
    the whole step to the decodes makes speculation look like it amortises a fixed cost (goodput.py's
-   docstring: a runaway to k_max under overload); ignoring P (goodput) misses that P pushes the step past the
+   docstring: a runaway to max_k under overload); ignoring P (goodput) misses that P pushes the step past the
    ridge point, where every draft token costs compute. We charge the decodes the step's time minus what
    the prefill would take on its own, beyond the fixed per-step cost:
    ``D(k) = T(P + B(k + 1), passes(k)) - (T(P, 0) - T(0, 0))``, and maximise ``B * l(k) / D(k)``.
@@ -105,7 +105,7 @@ from specserve.speculation.policies.parts.goodput_core import MIN_STEP_S, Goodpu
 from specserve.speculation.policies.parts.kv_fit import largest_fitting_k
 from specserve.speculation.policies.parts.probe import up_steps_for
 from specserve.speculation.policies.parts.switching import DraftLag, measured_resume_s
-from specserve.speculation.policy import Policy, register
+from specserve.speculation.policy import Policy, largest_k, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
 # Steps at each of two draft-pass counts or more that a warm-start history needs to teach step costs.
@@ -124,8 +124,9 @@ def backed_off(interval_s: float, base_s: float, max_factor: float, reset: bool,
 
 @dataclass(frozen=True, slots=True)
 class AdaptiveParams:
-    # Largest k searched (capped by the engine's max_k). Deep positions are learned from exploration steps.
-    k_max: int = 8
+    # Largest k searched, capped by the engine's max_k (the engine's where unset). Deep positions are learned from
+    # exploration steps.
+    max_k: int | None = None
     ema_half_life_steps: float = 20.0
     prior_alpha: float = 0.5
     probe_interval_s: float = 2.0
@@ -185,7 +186,7 @@ class AdaptiveParams:
 
     def __post_init__(self) -> None:
         checks = {
-            "k_max": self.k_max >= 0,
+            "max_k": self.max_k is None or self.max_k >= 0,
             "ema_half_life_steps": self.ema_half_life_steps > 0,
             "prior_alpha": 0.0 <= self.prior_alpha <= 1.0,
             "probe_interval_s": self.probe_interval_s > 0,
@@ -218,7 +219,7 @@ class AdaptivePolicy(Policy):
     def __init__(self, params: AdaptiveParams, traits: EngineTraits) -> None:
         super().__init__(params, traits)
         # Largest k searched: the engine's buffers cap what the user asked for.
-        self.max_k = min(params.k_max, traits.max_k)
+        self.max_k = largest_k(params.max_k, traits)
         self.core = GoodputCore(
             self.max_k,
             ema_half_life_steps=params.ema_half_life_steps,

@@ -5,7 +5,7 @@ the authors' released planner. Each step with B running requests:
 
 1. b = bucket(B) (below); only steps with batch context b advance b's block/bin/round counters (§5.2, Fig. 6).
 2. At the first round of a bin, draw its type: exploration with probability p_i (``parts.bingreedy``).
-   Exploration locks k uniform over 0..k_max; exploitation locks Eq. (4),
+   Exploration locks k uniform over 0..max_k; exploitation locks Eq. (4),
 
        k = argmin_k  lbar[b, k] + 1[k_prev = 0 and k > 0] * C_sw(L_eff, B) / k,
 
@@ -40,7 +40,7 @@ from specserve.speculation.policies.parts.switching import (
     measured_resume_s,
 )
 from specserve.speculation.policies.parts.ties import argmin_smallest
-from specserve.speculation.policy import Policy, register
+from specserve.speculation.policy import Policy, largest_k, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
 BUCKETINGS = ("log2", "exact")
@@ -48,9 +48,9 @@ BUCKETINGS = ("log2", "exact")
 
 @dataclass(frozen=True, slots=True)
 class BanditParams:
-    # K_max; the arms are 0..min(k_max, engine max_k). The paper never states it; the authors' scripts
-    # use 3, 4 or 5, and 4 is also the project's goodput default.
-    k_max: int = 4
+    # K_max; the arms are 0..min(max_k, engine max_k), or 0..engine max_k where unset. The paper never states it;
+    # the authors' scripts use 3, 4 or 5.
+    max_k: int | None = None
     # Seeds the bin-type draws and the exploration arms; the same seed replays the same k sequence.
     seed: int = 0
     # p_i: "inv_sqrt" = i^-1/2 (authors' code, Appendix A.4's reading) or "inv" = 1/i.
@@ -66,8 +66,8 @@ class BanditParams:
     switch_cost_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.k_max < 0:
-            raise ValueError(f"k_max={self.k_max} must be non-negative")
+        if self.max_k is not None and self.max_k < 0:
+            raise ValueError(f"max_k={self.max_k} must be non-negative")
         if self.explore_schedule not in EXPLORE_SCHEDULES:
             choices = ", ".join(EXPLORE_SCHEDULES)
             raise ValueError(f"explore_schedule={self.explore_schedule!r} must be one of {choices}")
@@ -112,7 +112,7 @@ class BanditPolicy(Policy):
 
     def __init__(self, params: BanditParams, traits: EngineTraits) -> None:
         super().__init__(params, traits)
-        self.max_k = min(params.k_max, traits.max_k)
+        self.max_k = largest_k(params.max_k, traits)
         self.switch_costs = SwitchCostTable.parse(params.switch_cost_table)
         self._rng = random.Random(params.seed)
         self._schedules: dict[int, BinSchedule] = {}

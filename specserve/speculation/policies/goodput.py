@@ -32,14 +32,14 @@ import numpy as np
 from specserve.speculation.estimators.step_latency import StepLatencyModel
 from specserve.speculation.policies.parts.goodput_core import GoodputCore
 from specserve.speculation.policies.parts.probe import up_steps_for
-from specserve.speculation.policy import Policy, register
+from specserve.speculation.policy import Policy, largest_k, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
 
 @dataclass(frozen=True, slots=True)
 class GoodputParams:
-    # MAX_LEN of Listing 2; the search is 0..min(k_max, engine max_k).
-    k_max: int = 4
+    # MAX_LEN of Listing 2; the search is 0..min(max_k, engine max_k), or 0..engine max_k where unset.
+    max_k: int | None = None
     # Acceptance EWMA half-life in speculative steps. TurboSpec's moving average (§4.1.3) has no stated window;
     # tens of steps follow a drifting workload without chasing one step's noise.
     ema_half_life_steps: float = 20.0
@@ -56,14 +56,14 @@ class GoodputParams:
     # otherwise keep a useless draft speculating; 2% is below any gain worth a draft.
     min_gain: float = 0.02
     # Seconds of continuous speculation between single steps at k - 1 or k + 1 (alternating; only down at
-    # k_max; never from k = 0, where the probe runs). Without them a settled k leaves the latency fit blind
+    # max_k; never from k = 0, where the probe runs). Without them a settled k leaves the latency fit blind
     # to the cost of k (``parts.probe.NeighbourExplorer``). At 10-50 ms steps 1 s costs 1-5% of steps at a k
     # next to the best. math.inf ("inf") turns exploration off.
     explore_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.k_max < 0:
-            raise ValueError(f"k_max={self.k_max} must be non-negative")
+        if self.max_k is not None and self.max_k < 0:
+            raise ValueError(f"max_k={self.max_k} must be non-negative")
         if not self.ema_half_life_steps > 0:
             raise ValueError(f"ema_half_life_steps={self.ema_half_life_steps} must be positive")
         if not 0.0 <= self.prior_alpha <= 1.0:
@@ -91,7 +91,7 @@ class GoodputPolicy(Policy):
     def __init__(self, params: GoodputParams, traits: EngineTraits, latency: StepLatencyModel | None = None) -> None:
         super().__init__(params, traits)
         # Largest k searched: the engine's buffers cap what the user asked for.
-        self.max_k = min(params.k_max, traits.max_k)
+        self.max_k = largest_k(params.max_k, traits)
         self.core = GoodputCore(
             self.max_k,
             ema_half_life_steps=params.ema_half_life_steps,

@@ -16,8 +16,8 @@ choice; the paper does not say). Formulas live in ``parts.kld_signals``.
 **Fallback.** DSDE needs per-position KL(target || draft) for every drafted token, keyed by request id
 (``StepRecord.kl_per_request`` and ``request_ids``) and the running ids in ``StepContext.request_ids``. The
 vLLM engine provides none of them yet. Until a step with KL values has been observed, and whenever the
-context carries no request ids, this policy behaves exactly like ``goodput`` with its default parameters
-(TurboSpec's ArgMaxGoodput, which it feeds every record), so on the vLLM engine ``kld`` is ``goodput``.
+context carries no request ids, this policy behaves exactly like ``goodput:max_k=4``
+(TurboSpec's ArgMaxGoodput, which it feeds every record), so on the vLLM engine ``kld`` is ``goodput:max_k=4``.
 
 Not modelled: the clamp "under budget constraints (remaining max_tokens and context capacity)" (§III-B; the
 context does not carry them) and the entropy combination the paper mentions without a formula.
@@ -82,7 +82,8 @@ class KldPolicy(Policy):
 
     def __init__(self, params: KldParams, traits: EngineTraits) -> None:
         super().__init__(params, traits)
-        self.fallback = GoodputPolicy(GoodputParams(), traits)
+        # 0..4: goodput's cap before it followed the engine's max_k, which DSDE's runs (max_k 10) were made with.
+        self.fallback = GoodputPolicy(GoodputParams(max_k=4), traits)
         self._sequences: dict[str, SequenceKld] = {}
         # Sticky: the engine produces KL values. Until then (and on the vLLM engine, always) use the fallback.
         self.kl_seen = False

@@ -15,8 +15,8 @@ Choices the paper leaves open (it evaluates offline, at batch size 1):
   from the drafts of that same step, known only after it chose gamma), computed per
   request over its drafted tokens and averaged over the step's requests (one prediction per candidate
   instead of one per request; the batch shares one k). Per-request gamma is not produced.
-- Until a step with draft signals has been observed the policy behaves exactly like ``goodput`` with its
-  defaults, which it feeds every record. The vLLM engine reports both signals from the draft's logits
+- Until a step with draft signals has been observed the policy behaves exactly like ``goodput:max_k=4``,
+  which it feeds every record. The vLLM engine reports both signals from the draft's logits
   (``replicas/draft_signals.py``). If the candidates include 0 and the policy picks it, the features go stale
   until the latency fit or the batch moves the choice.
 - The cost objective's T(gamma) leaves out the step's prefill chunk, as ``goodput`` does (its module docstring):
@@ -104,7 +104,8 @@ class MlpPolicy(Policy):
         if latency is None:
             latency = StepLatencyModel(half_life_steps=params.latency_half_life_steps)
         self.latency = latency
-        self.fallback = GoodputPolicy(GoodputParams(), traits, latency=self.latency)
+        # 0..4: goodput's cap before it followed the engine's max_k, which SpecKV's runs (max_k 10) were made with.
+        self.fallback = GoodputPolicy(GoodputParams(max_k=4), traits, latency=self.latency)
         self._compression = float(COMPRESSION_CODES[params.compression])
         # Mean over the last speculative step's requests of (mean H, mean c, max H, min c); None before any.
         self.features: tuple[float, float, float, float] | None = None

@@ -54,14 +54,15 @@ from specserve.speculation.estimators.slo_efficiency import (
 )
 from specserve.speculation.estimators.step_latency import StepLatencyModel
 from specserve.speculation.policies.parts.slo_search import SloDraftStop, eliminate_drafts, first_peak
-from specserve.speculation.policy import Policy, register
+from specserve.speculation.policy import Policy, largest_k, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
 
 @dataclass(frozen=True, slots=True)
 class SloParams:
-    # K_max, the most draft passes per step: 8 in every AdaSpec run (§7.4, Fig. 13: "preset maximum value of 8").
-    k_max: int = 8
+    # K_max, the most draft passes per step: 8 in every AdaSpec run (§7.4, Fig. 13: "preset maximum value of 8");
+    # capped by the engine's max_k, which it is where unset.
+    max_k: int | None = None
     # c-bar before any confidence is seen: default_confidence in the authors' released code.
     default_confidence: float = 0.6
     # Run the confidence prior verifier (§5.2): true is AdaSpec, false is the AdaSpec- ablation (§7.3, Table 2).
@@ -73,8 +74,8 @@ class SloParams:
     guard: bool = True
 
     def __post_init__(self) -> None:
-        if self.k_max < 0:
-            raise ValueError(f"k_max={self.k_max} must be non-negative")
+        if self.max_k is not None and self.max_k < 0:
+            raise ValueError(f"max_k={self.max_k} must be non-negative")
         if not 0.0 <= self.default_confidence <= 1.0:
             raise ValueError(f"default_confidence={self.default_confidence} must lie in [0, 1]")
         if not self.latency_half_life_steps > 0:
@@ -91,7 +92,7 @@ class SloPolicy(Policy):
     def __init__(self, params: SloParams, traits: EngineTraits, latency: StepLatencyModel | None = None) -> None:
         super().__init__(params, traits)
         # Largest k searched: the engine's buffers cap what the user asked for.
-        self.max_k = min(params.k_max, traits.max_k)
+        self.max_k = largest_k(params.max_k, traits)
         if latency is None:
             latency = StepLatencyModel(half_life_steps=params.latency_half_life_steps)
         self.latency = latency

@@ -2,7 +2,7 @@
 
 BanditSpec (arXiv 2505.15141, ICML 2025: UCBSpec) picks k with a UCB bandit and no batch-size context; Nightjar's
 released code runs it as its ``ucb`` strategy ("BanditSpec-style") and rewards every bandit with
-``(generated_tokens / B) / elapsed`` per step. With arms k = 0..k_max, n_k plays of arm k, t plays in all and
+``(generated_tokens / B) / elapsed`` per step. With arms k = 0..max_k, n_k plays of arm k, t plays in all and
 r_k the mean reward:
 
     score(k) = r_k / r_max + sqrt(exploration * ln(t) / n_k)
@@ -21,20 +21,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specserve.speculation.policies.parts.ties import argmax_smallest
-from specserve.speculation.policy import Policy, register
+from specserve.speculation.policy import Policy, largest_k, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
 
 @dataclass(frozen=True, slots=True)
 class UcbParams:
-    # Largest arm; the arms are 0..min(k_max, engine max_k). BanditSpec's code uses gamma 1..4.
-    k_max: int = 4
+    # Largest arm; the arms are 0..min(max_k, engine max_k), or 0..engine max_k where unset. BanditSpec's code uses
+    # gamma 1..4.
+    max_k: int | None = None
     # The constant under UCB1's square root: 2 is Auer et al.'s UCB1.
     exploration: float = 2.0
 
     def __post_init__(self) -> None:
-        if self.k_max < 0:
-            raise ValueError(f"k_max={self.k_max} must be non-negative")
+        if self.max_k is not None and self.max_k < 0:
+            raise ValueError(f"max_k={self.max_k} must be non-negative")
         if not self.exploration >= 0:
             raise ValueError(f"exploration={self.exploration} must be non-negative")
 
@@ -60,14 +61,14 @@ def ucb_pick(mean_rewards: Sequence[float], counts: Sequence[int], exploration: 
 
 @register
 class UcbPolicy(Policy):
-    """UCB1 over k in 0..k_max on per-request tokens per second; one set of statistics for all batch sizes."""
+    """UCB1 over k in 0..max_k on per-request tokens per second; one set of statistics for all batch sizes."""
 
     name = "ucb"
     Params = UcbParams
 
     def __init__(self, params: UcbParams, traits: EngineTraits) -> None:
         super().__init__(params, traits)
-        self.max_k = min(params.k_max, traits.max_k)
+        self.max_k = largest_k(params.max_k, traits)
         self._counts = [0] * (self.max_k + 1)
         self._means = [0.0] * (self.max_k + 1)
         self._max_reward = 0.0

@@ -226,6 +226,6 @@ def test_a_one_rank_cpu_engine_runs_its_worker_inside_the_engine_core(server):
 
 def test_cpu_threads_reach_the_engine_past_the_one_ray_gives_a_cpu_less_replica(server):
     # Serve's replicas reserve no CPU, for which Ray sets OMP_NUM_THREADS=1; the EngineCore inherits the
-    # replica's environment, so without `cpu_threads` the model runs on one core of this machine.
+    # replica's environment, so without `cpu.threads` the model runs on one core of this machine.
     (engine,) = [p for p in server.descendants() if p.name().startswith("VLLM::EngineCor")]
     assert engine.environ().get("OMP_NUM_THREADS") == str(os.cpu_count())

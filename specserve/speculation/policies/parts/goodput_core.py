@@ -41,7 +41,7 @@ class GoodputCore:
         explore_zero_every: int = 0,
         probe_on_turnover: bool = False,
     ) -> None:
-        # The largest k searched: the policy's k_max capped by the engine's max_k.
+        # The largest k searched: the policy's max_k capped by the engine's.
         self.max_k = max_k
         self.acceptance = PositionAcceptance(
             max_k=max(1, max_k), half_life_steps=ema_half_life_steps, prior_alpha=prior_alpha

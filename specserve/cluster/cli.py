@@ -75,6 +75,17 @@ def _parser() -> argparse.ArgumentParser:
     render.add_argument("--json", action="store_true", help="print JSON instead of YAML")
     render.set_defaults(run=_render)
 
+    doctor = commands.add_parser(
+        "doctor",
+        help="run the start-up checks and time steps on this machine, for a config",
+        description="Build the engine a replica of the config would run, here (no Ray cluster), run the start-up "
+        "checks every replica runs before it serves (k honoured, k = 0 runs no draft pass, draft signals arrive) and "
+        "print them with the measured step costs. Exit status 1 when a check fails. With no model: the bundled tiny "
+        "pair, as `serve`.",
+    )
+    add_config_flags(doctor)
+    doctor.set_defaults(run=_doctor)
+
     status = commands.add_parser("status", help="one row per replica: policy, k, acceptance, load, KV")
     status.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     status.set_defaults(run=_status)
@@ -198,6 +209,19 @@ def _render(args: argparse.Namespace) -> int:
         print(f"# specserve config render: {path}")
         print(yaml.safe_dump(document, sort_keys=False), end="")
     return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from specserve.cluster import doctor
+    from specserve.cluster.config import ConfigError
+
+    # vLLM logs to stdout by default; stdout is for the tables.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    config = load_cli_config(args)
+    try:
+        return doctor.main(config)
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -185,7 +185,9 @@ class AdaptiveKScheduler(Scheduler):
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
         super().update_draft_token_ids(draft_token_ids)
         self.forget_draft_signals()
-        self.counters.num_draft_lists += sum(1 for ids in draft_token_ids.draft_token_ids if len(ids))
+        # The requests still running that got drafts (one that finished this step has none to verify).
+        live = [r for r in map(self.requests.get, draft_token_ids.req_ids) if r is not None and r.spec_token_ids]
+        self.counters.num_draft_lists += len(live)
         if not isinstance(draft_token_ids, SignalledDraftTokenIds):
             return
         for req_id, confidences, entropies in zip(

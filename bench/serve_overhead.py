@@ -295,7 +295,7 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
             "--served-model-name", str(config["model_loading_config"].get("model_id", "model")),
             "--port", str(args.port),
             "--dtype", kwargs["dtype"], "--max-model-len", str(kwargs["max_model_len"]),
-            "--max-num-seqs", str(kwargs["max_num_seqs"]), "--enforce-eager", "--no-enable-prefix-caching",
+            "--max-num-seqs", str(kwargs["max_num_seqs"]), "--enforce-eager",
             "--speculative-config", json.dumps(kwargs["speculative_config"]),
         ]  # fmt: skip
         scratch = tempfile.mkdtemp(prefix="specserve-overhead-vllm-")

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
+import secrets
 import shlex
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -346,7 +348,7 @@ def _load_note(args: argparse.Namespace) -> str:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from specserve.bench.compare import Comparison, Settings, default_headline, write_results
+    from specserve.bench.compare import Comparison, Settings, default_headline, run_cache_salt, write_results
 
     url = base_url(args.url)
     backend: PolicyBackend = args.policy_backend
@@ -391,8 +393,12 @@ def run_compare(args: argparse.Namespace) -> int:
     if model not in (served := cluster.model_ids()):
         raise BenchError(f"--url {url} serves {model!r}, the cluster's replicas serve {sorted(served)}: not one server")
 
+    # Every run its own prefix cache (compare.run_cache_salt): the policies of a round send the same prompts.
+    comparison_id, run_numbers = secrets.token_hex(6), itertools.count()
+
     def run_one(point: Any, round_index: int) -> dict[str, Any]:
-        runner = client.Runner(target, Prompter(args.seed + round_index, args.tokenizer), progress=False)
+        salted = replace(target, cache_salt=run_cache_salt(comparison_id, next(run_numbers)))
+        runner = client.Runner(salted, Prompter(args.seed + round_index, args.tokenizer), progress=False)
         outcomes, duration_s = asyncio.run(runner.run(point.plan))
         summary = report.summarize(outcomes, duration_s, {}, point.plan.window_s, point.plan.phases)
         if summary["requests"]["completed"] == 0:

@@ -55,6 +55,9 @@ class Target:
     ignore_eos: bool = True
     temperature: float = 0.0
     timeout_s: float = 300.0
+    # vLLM's prefix-cache namespace, sent with every request: a request hits only KV blocks that requests with the
+    # same salt filled (`bench compare` gives each run its own). None: the server's shared cache.
+    cache_salt: str | None = None
 
     @property
     def url(self) -> str:
@@ -141,7 +144,8 @@ async def send(http: aiohttp.ClientSession, target: Target, prompt: str, prompt_
         output_len=max_tokens,
         model=target.model,
         ignore_eos=target.ignore_eos,
-        extra_body={"temperature": target.temperature},
+        extra_body={"temperature": target.temperature}
+        | ({"cache_salt": target.cache_salt} if target.cache_salt is not None else {}),
     )
     func = async_request_openai_chat_completions if target.api == "chat" else async_request_openai_completions
     started = time.perf_counter()

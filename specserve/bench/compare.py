@@ -9,9 +9,11 @@ switched before every run and the switch is confirmed on every replica, idle, be
 consecutive runs never share a spec, so each run starts with a fresh policy that learns from scratch.
 
 Within a round every policy gets the same prompts (the prompt seed is the base seed plus the round),
-and each round gets new ones. That is fair only because no run can reuse another's KV: specserve's
-engines run with prefix caching off (``replicas/engine_args.py``; a unit test pins it), so there
-is no prefix cache to reset between runs.
+and each round gets new ones. That is fair only because no run can reuse another's KV: engines cache
+prompt prefixes, so every request of a run carries the run's own ``cache_salt`` (``run_cache_salt``; vLLM
+hashes it into a request's first KV block, so a request hits only blocks its own run filled). Each run
+starts on a prefix cache as cold as the first one's, sharing within a run (a trace's common prefixes)
+still hits as in production, and no engine needs to be idle or reset between runs.
 
 This module talks HTTP only. Switching policies needs the cluster's controller, which the cluster
 side provides as a ``PolicySwitch``; running one load is a callable too, so the order and the
@@ -97,6 +99,12 @@ class Settings:
             raise BenchError(f"--headline {self.headline!r} is not among --policies")
         if not self.ci_width > 0:
             raise BenchError(f"--ci-width {self.ci_width}: must be positive")
+
+
+def run_cache_salt(comparison_id: str, run_number: int) -> str:
+    """The ``cache_salt`` of every request of one run: ``comparison_id`` tells comparisons on one server apart
+    (a later one with the same seed sends the same prompts), ``run_number`` the runs of a comparison."""
+    return f"specserve-bench-{comparison_id}-{run_number}"
 
 
 def is_fixed(spec: str) -> bool:

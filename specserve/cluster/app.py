@@ -157,9 +157,10 @@ def llm_config_fields(resolved: ResolvedServe) -> dict[str, Any]:
         "runtime_env": runtime_env,
         "accelerator_config": config.accelerator_config or {"kind": "gpu" if resolved.on_gpu else "cpu"},
     }
+    if config.placement_group_config is not None:
+        plain["placement_group_config"] = _with_device(config.placement_group_config, resolved.on_gpu)
     for key in (
         "accelerator_type",
-        "placement_group_config",
         "lora_config",
         "experimental_configs",
         "log_engine_metrics",
@@ -169,6 +170,15 @@ def llm_config_fields(resolved: ResolvedServe) -> dict[str, Any]:
             plain[key] = value
     options = config.speculation.model_dump(exclude={"draft"})
     return speculative_llm_config(plain, draft=resolved.draft, cpu=config.cpu, **options)
+
+
+def _with_device(placement: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
+    """A bundle per rank that names only custom resources gets the rank's device too, as Ray Serve LLM's own
+    bundle would hold it: one GPU, or one CPU."""
+    bundle = placement.get("bundle_per_worker")
+    if isinstance(bundle, dict) and not {"CPU", "GPU"} & set(bundle):
+        return {**placement, "bundle_per_worker": {"GPU" if on_gpu else "CPU": 1.0, **bundle}}
+    return placement
 
 
 def _model_id(source: Any) -> str:

@@ -279,7 +279,7 @@ def status_table(snapshots: list[Any]) -> list[str]:
                 str(e.num_waiting),
                 kv,
                 e.draft_state,
-                "failed: " + ",".join(e.failed_checks) if e.failed_checks else "ok",
+                "failed:" + ",".join(e.failed_checks) if e.failed_checks else "ok",
             )
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]

@@ -124,6 +124,15 @@ class ServeConfig(BaseModel):
     @model_validator(mode="after")
     def _deployment(self) -> ServeConfig:
         deployment = self.deployment_config
+        _whole("engine_kwargs.tensor_parallel_size", self.engine_kwargs.get("tensor_parallel_size", 1))
+        _whole("deployment_config.num_replicas", deployment.get("num_replicas", 1))
+        scaling = deployment.get("autoscaling_config")
+        if scaling is not None:
+            if not isinstance(scaling, dict):
+                raise ValueError("deployment_config.autoscaling_config: expected a mapping of Ray Serve's keys")
+            for key in ("min_replicas", "initial_replicas"):
+                if scaling.get(key) is not None:
+                    _whole(f"deployment_config.autoscaling_config.{key}", scaling[key], least=0)
         if "max_queued_requests" in deployment and "max_ongoing_requests" not in deployment:
             raise ValueError(
                 "deployment_config.max_queued_requests needs max_ongoing_requests: without a bound on each replica no "
@@ -134,8 +143,16 @@ class ServeConfig(BaseModel):
                 f"speculation.min_resident_drafts={self.speculation.min_resident_drafts} is more than the "
                 f"{self.num_replicas} replica(s) at start: no deployment could keep that many drafts resident"
             )
-        check_engine_cpus(self.cpu.engine_cpus, self.tensor_parallel_size, self.cpu.executor)
+        try:
+            check_engine_cpus(self.cpu.engine_cpus, self.tensor_parallel_size, self.cpu.executor)
+        except ValueError as e:
+            raise ValueError(f"cpu.{e}") from None
         return self
+
+
+def _whole(key: str, value: Any, least: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{key}: {value!r}: expected a whole number of at least {least}")
 
 
 def check_source(key: str, source: Any, *, cloud: bool) -> None:
@@ -194,18 +211,11 @@ def migrate(data: dict[str, Any], where: str) -> dict[str, Any]:
     for key, value in data.items():
         if key in LEGACY_KEYS:
             print(f"{where}: {key}: now {LEGACY_KEYS[key]}; the old key is read this release only", file=sys.stderr)
-            if key == "resources_per_rank" and isinstance(value, dict):
-                value = _bundle_with_device(value)
             try:
                 set_dotted(moved, LEGACY_KEYS[key], value)
             except ConfigError as exc:
                 raise ConfigError(f"{where}: {exc}") from None
     return moved
-
-
-def _bundle_with_device(resources: dict[str, Any]) -> dict[str, Any]:
-    # The old key named only custom resources; Ray's bundle per worker holds the device's share too.
-    return {"GPU": 1.0, **resources} if "CPU" not in resources else dict(resources)
 
 
 def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -268,8 +278,11 @@ def describe(exc: ValidationError, where: str) -> str:
     lines = []
     for error in exc.errors():
         loc = [part for part in error["loc"] if not isinstance(part, int)]
-        key = ".".join(_key_name(part) for part in loc) or "(whole config)"
+        key = ".".join(_key_name(part) for part in loc)
         message = error["msg"].removeprefix("Value error, ")
+        if not key:  # a check over several keys: its message names them
+            lines.append(f"{where}: {message}")
+            continue
         if error["type"] == "extra_forbidden":
             model = SECTIONS.get(str(loc[0]), ServeConfig) if len(loc) > 1 else ServeConfig
             message = f"unknown key; known keys: {', '.join(model.model_fields)}"

@@ -74,6 +74,9 @@ def serve_forever(config: ServeConfig) -> int:
         cleanup.callback(shutil.rmtree, tmp_dir, ignore_errors=True)
         # Engines get their environment through the replicas' runtime_env; the driver keeps its own
         # (a TMPDIR under tmp_dir would push Ray's socket paths past the 107-byte AF_UNIX limit).
+        if not os.environ.get("RAY_ADDRESS"):
+            # Before anything starts a thread here (building the LLMConfig does): threads inherit this one's cores.
+            _keep_serving_off_engine_cores(config)
         resolved = resolve(config, tmp_dir)
 
         joined = _start_ray(config, resolved)
@@ -175,7 +178,6 @@ def _start_ray(config: ServeConfig, resolved: ResolvedServe) -> bool:
                 "processes keep the cores their nodes started with (taskset -c CORES ray start ...)"
             )
         return True
-    _keep_serving_off_engine_cores(config)
     ray.init(
         # "local": always a new cluster, even where `ray start` left its address behind.
         address="local",

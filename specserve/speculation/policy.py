@@ -13,7 +13,7 @@ import dataclasses
 import types
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any, ClassVar, get_args, get_type_hints
 
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
@@ -166,7 +166,7 @@ def build_params(cls: type[Policy], raw: dict[str, str]) -> Any:
         raise ValueError(f"policy {cls.name!r}: {exc}") from exc
 
 
-def _renamed(policy: str, raw: dict[str, str], fields: Any) -> dict[str, str]:
+def _renamed(policy: str, raw: dict[str, str], fields: Container[str]) -> dict[str, str]:
     """``raw`` with the old names of renamed parameters this policy has replaced by their new names."""
     out = dict(raw)
     for old, new in RENAMED_PARAMETERS.items():

@@ -1,10 +1,10 @@
 """Cluster tier: specserve on a multi-node Ray cluster on this machine. A head and two worker nodes started with
 `ray start`, each worker holding one unit of a custom resource that stands in for a GPU; `specserve serve`
 joins with RAY_ADDRESS while only one worker is up and asks one unit per engine rank
-(`placement_group_config.bundle_per_worker`), so its two replicas land on different workers once the second joins. Then a worker fails under load, and a new one
-joins. Last, `specserve serve` stops and removes only its application: the cluster and its controller keep
-running for the next deployment. One cluster for the module (`multinode.joined_cluster`), about four minutes:
-the tests run in order."""
+(`placement_group_config.bundle_per_worker`), so its two replicas land on different workers once the second joins.
+Then a worker fails under load, and a new one joins. Last, `specserve serve` stops and removes only its application:
+the cluster and its controller keep running for the next deployment. One cluster for the module
+(`multinode.joined_cluster`), about four minutes: the tests run in order."""
 
 from __future__ import annotations
 

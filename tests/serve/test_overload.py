@@ -1,6 +1,6 @@
-"""Serve tier: overload. With `deployment_config`'s `max_ongoing_requests` and `max_queued_requests` set, a burst beyond what one replica
-holds and its queue takes is refused at once with the configured status, a message and Retry-After,
-while every admitted request is answered."""
+"""Serve tier: overload. With `deployment_config`'s `max_ongoing_requests` and `max_queued_requests` set, a burst
+beyond what one replica holds and its queue takes is refused at once with the configured status, a message and
+Retry-After, while every admitted request is answered."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Serve tier: `specserve serve` in Ray Serve's throughput-optimized mode (`server.throughput_optimized: true`, gRPC
 between the ingress and the replica, the ingress replica serving HTTP itself): the same answers, errors, key and
-control plane as in the default mode, and a clean stop. It also runs the other throughput knob, vLLM's stream interval
-(`engine_kwargs.stream_interval: 8`): streamed text arrives in chunks of 8 tokens or more, and is the same text; and
-Ray Serve's HAProxy ingress (`server.haproxy: true`) takes HTTP in place of its Python proxy, and stops with the rest."""
+control plane as in the default mode, and a clean stop. It also runs the other throughput knob, vLLM's stream
+interval (`engine_kwargs.stream_interval: 8`): streamed text arrives in chunks of 8 tokens or more, and is the same
+text; and Ray Serve's HAProxy ingress (`server.haproxy: true`) takes HTTP in place of its Python proxy, and stops with
+the rest."""
 
 from __future__ import annotations
 

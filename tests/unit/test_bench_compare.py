@@ -23,7 +23,6 @@ from specserve.bench.compare import (
 from specserve.bench.load import BenchError, Lengths, closed_plan
 from specserve.bench.stats import METRICS, median_interval, ratios_to_best, settled
 from specserve.cluster.cli import main
-from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
 
 TOK_S = METRICS["tok_s"]
 
@@ -472,10 +471,82 @@ def test_unreachable_url_stops_before_the_cluster_is_asked(capsys, tmp_path, mon
     assert "--url http://127.0.0.1:9/v1: cannot list models" in capsys.readouterr().err
 
 
-def test_engines_run_without_prefix_caching_so_rounds_may_reuse_prompts():
-    # bench compare gives every policy of a round the same prompts; a prefix cache would favour the later ones.
-    kwargs = speculative_engine_kwargs(EngineSpec(target="t", draft="d", policy="adaptive", max_k=4))
-    assert kwargs["enable_prefix_caching"] is False
+def compare_salts(monkeypatch, tmp_path: Path, policies: str, rounds: int) -> list[str | None]:
+    """Runs `bench compare` against a fake cluster and server; returns the ``cache_salt`` each run sent with."""
+    import argparse
+
+    from specserve.bench import cli, client, compare, report
+
+    cluster, salts = FakeCluster(), []
+
+    async def first_model(url, timeout_s):
+        return "m"
+
+    async def probe(target):
+        return True, ""
+
+    async def run(self, plan):
+        salts.append(self.target.cache_salt)
+        return [], 1.0
+
+    monkeypatch.setattr(client, "first_model", first_model)
+    monkeypatch.setattr(client, "probe", probe)
+    monkeypatch.setattr(client.Runner, "run", run)
+    summary = {
+        "requests": {"sent": 2, "completed": 2, "failed": 0},
+        "tokens": {"output": 100.0},
+        "throughput": {"output_tokens_per_s": 100.0},
+        **{m: {"mean": 10.0} for m in ("e2e_ms", "tpot_ms", "ttft_ms")},
+    }
+    monkeypatch.setattr(report, "summarize", lambda *args: summary)
+    monkeypatch.setattr(compare, "write_results", lambda *args: [])
+    backend = cli.PolicyBackend(
+        parse=lambda text: text.split(","), canonical=lambda spec: spec, connect=lambda s: cluster
+    )
+    parser = argparse.ArgumentParser()
+    cli.add_commands(parser, "bench", policies=backend)
+    args = parser.parse_args(
+        ["compare", "--url", "http://x/v1", "--policies", policies, "--concurrency", "1", "--num-requests", "2"]
+        + ["--rounds", str(rounds), "--warmup", "0", "--out", str(tmp_path / "compare")]
+    )
+    assert cli.run_compare(args) == 0
+    return salts
+
+
+def test_every_run_of_a_comparison_sends_a_prefix_cache_salt_of_its_own(monkeypatch, tmp_path):
+    # The policies of a round get the same prompts, and the engines cache prompt prefixes: a later policy would
+    # reuse the KV an earlier one computed, unless each run's requests hit only blocks of their own run.
+    from vllm.entrypoints.generate.base.protocol import validate_cache_salt
+
+    first = compare_salts(monkeypatch, tmp_path, "fixed:k=0,fixed:k=2,adaptive", rounds=2)
+    assert len(first) == len(set(first)) == 6
+    for salt in first:
+        validate_cache_salt(salt)  # what the server checks before the request reaches the engine
+    # A later comparison with the same seed sends the same prompts again: its runs have salts of their own too.
+    assert not set(compare_salts(monkeypatch, tmp_path, "fixed:k=0,fixed:k=2,adaptive", rounds=2)) & set(first)
+
+
+def test_a_runs_salt_goes_with_each_request_and_reaches_the_servers_request(monkeypatch):
+    import asyncio
+
+    from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
+
+    from specserve.bench import client
+
+    sent = []
+
+    async def request(request_input, session):
+        sent.append(request_input.extra_body)
+        return client.RequestFuncOutput(success=True)
+
+    monkeypatch.setattr(client, "async_request_openai_completions", request)
+    for salt in ("specserve-bench-ab12-3", None):
+        asyncio.run(client.send(None, client.Target("http://x/v1", "m", cache_salt=salt), "hello", 1, 1))
+    assert sent == [{"temperature": 0.0, "cache_salt": "specserve-bench-ab12-3"}, {"temperature": 0.0}]
+    # Ray Serve LLM's request models (vLLM's, which hand it to the engine) keep the field.
+    completion = CompletionRequest(model="m", prompt="hello", **sent[0])
+    chat = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hello"}], **sent[0])
+    assert completion.cache_salt == chat.cache_salt == "specserve-bench-ab12-3"
 
 
 def test_settings_reject_rounds_below_one():

@@ -94,7 +94,7 @@ def test_the_flat_keys_of_earlier_releases_are_read_with_a_note_naming_their_new
     config = load_config(str(path))
     assert config.speculation.max_k == 3 and config.tensor_parallel_size == 2 and config.server.port == 9000
     assert config.num_replicas == 2 and config.cpu.threads == 2
-    assert config.placement_group_config == {"bundle_per_worker": {"GPU": 1.0, "pool_a": 1}}
+    assert config.placement_group_config == {"bundle_per_worker": {"pool_a": 1}}
     err = capsys.readouterr().err
     assert "k_max: now speculation.max_k" in err and "tp: now engine_kwargs.tensor_parallel_size" in err
     assert "cpu_threads: now cpu.threads" in err and "port: now server.port" in err
@@ -185,8 +185,10 @@ def test_status_table_has_a_header_and_one_line_per_replica():
         for name in ("r1", "replica-2")
     ]
     header, *rows = status_table(snapshots)
-    assert header.split() == ["REPLICA", "NODE", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV", "USED/TOTAL", "DRAFT"]
-    assert rows[0].split() == ["r1", "0123456789ab", "fixed:k=2", "2", "0.80", "3", "1", "40/100", "resident"]
+    assert header.split() == [
+        "REPLICA", "NODE", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV", "USED/TOTAL", "DRAFT", "CHECKS"
+    ]  # fmt: skip
+    assert rows[0].split() == ["r1", "0123456789ab", "fixed:k=2", "2", "0.80", "3", "1", "40/100", "resident", "ok"]
     assert len(rows) == 2 and rows[1].startswith("replica-2 ")
     assert header.index("NODE") == rows[0].index("0123") == rows[1].index("0123"), "columns line up"
 
@@ -196,10 +198,10 @@ def test_status_shows_an_offloaded_draft_and_the_blocks_the_pool_grew_by():
         num_kv_blocks_total=130, num_kv_blocks_free=20, num_kv_blocks_baseline=100, draft_state="offloaded"
     )
     _, row = status_table([ReplicaSnapshot(replica_id="r1", node_id="n", model_id="m", engine=engine)])
-    assert row.split()[-3:] == ["110/130", "(+30)", "offloaded"]
-    resident = replace(engine, num_kv_blocks_total=100, draft_state="resident")
+    assert row.split()[-4:] == ["110/130", "(+30)", "offloaded", "ok"]
+    resident = replace(engine, num_kv_blocks_total=100, draft_state="resident", failed_checks=("k_honoured",))
     _, row = status_table([ReplicaSnapshot(replica_id="r1", node_id="n", model_id="m", engine=resident)])
-    assert row.split()[-2:] == ["80/100", "resident"]
+    assert row.split()[-3:] == ["80/100", "resident", "failed:k_honoured"]
 
 
 def test_engine_environment_is_one_definition_with_the_differences_as_parameters(tmp_path):

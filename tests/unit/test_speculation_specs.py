@@ -97,3 +97,41 @@ def test_cycle_policy_repeats_its_sequence():
     for bad in ("cycle:ks=4-x", "cycle:ks=9"):
         with pytest.raises(ValueError, match="ks|max_k"):
             make_policy(bad, EngineTraits(max_k=4))
+
+
+CAPPED = ["adaptive", "goodput", "slo", "bandit", "ucb"]  # the policies with a max_k parameter
+
+
+@pytest.mark.parametrize("name", CAPPED)
+def test_old_k_max_spelling_is_read_as_max_k_with_a_warning(name: str) -> None:
+    with pytest.warns(DeprecationWarning, match=f"policy '{name}': k_max is now max_k"):
+        old = make_policy(f"{name}:k_max=2", TRAITS)
+    new = make_policy(f"{name}:max_k=2", TRAITS)
+    assert type(old) is type(new) and old.params == new.params
+    assert old.spec == new.spec == f"{name}:max_k=2"
+    with pytest.raises(ValueError, match="k_max is the old name of max_k; give max_k only"):
+        make_policy(f"{name}:k_max=2,max_k=3", TRAITS)
+
+
+def test_k_max_is_not_renamed_for_a_policy_without_max_k() -> None:
+    with pytest.raises(ValueError, match="policy 'fixed' has no parameter 'k_max'"):
+        make_policy("fixed:k_max=2", TRAITS)
+
+
+@pytest.mark.parametrize("name", CAPPED)
+def test_max_k_defaults_to_the_engines_and_a_given_one_is_capped_by_it(name: str) -> None:
+    engine = EngineTraits(max_k=10)
+    assert make_policy(name, engine).params.max_k is None
+    searched = [make_policy(spec, engine).max_k for spec in (name, f"{name}:max_k=3", f"{name}:max_k=12")]
+    assert searched == [10, 3, 10]
+    with pytest.raises(ValueError, match="max_k=-1 "):
+        make_policy(f"{name}:max_k=-1", engine)
+
+
+def test_adaptive_without_max_k_searches_up_to_the_engines() -> None:
+    """A perfect-acceptance prior on one request takes the largest k searched: the engine's 10, where adaptive's own
+    default of 8 stopped it before max_k followed the engine."""
+    ctx = StepContext(now_s=0.0, num_running=1, num_waiting=0, num_context_tokens=100)
+    engine = EngineTraits(max_k=10)
+    assert make_policy("adaptive:prior_alpha=1.0", engine).choose(ctx).k == 10
+    assert make_policy("adaptive:prior_alpha=1.0,max_k=8", engine).choose(ctx).k == 8

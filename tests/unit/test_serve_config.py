@@ -293,3 +293,13 @@ def test_a_serve_mode_refuses_a_process_where_serve_already_read_it(monkeypatch,
     with pytest.raises(RuntimeError, match=f"{key}: Ray Serve was loaded"):
         local._serve_mode(load_config(None, {f"server.{key}": True}))
     assert env not in os.environ
+
+
+def test_the_configuration_page_lists_every_key_as_the_code_describes_it():
+    from specserve.cluster import config_reference
+
+    page = config_reference.PAGE.read_text()
+    assert config_reference.render(page) == page, "run python -m specserve.cluster.config_reference"
+    for section, model in config_reference._SECTIONS:
+        for key in model.model_fields:
+            assert f"| `{section}.{key}` |" in page

@@ -7,9 +7,9 @@ import json
 import urllib.request
 
 from ray import serve
-from ray.serve.llm import LLMConfig, build_openai_app
+from ray.serve.llm import LLMConfig
 
-from specserve import speculative_llm_config
+from specserve import build_openai_app, speculative_llm_config
 from specserve.models import cached_pair
 
 
@@ -24,11 +24,9 @@ def main(port: int = 8000) -> str:
     llm_config = speculative_llm_config(llm_config, draft=str(pair.draft), policy="adaptive", max_k=4)
 
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    # The ingress only routes requests; without a CPU of its own it fits beside the engine on a 2-core machine.
-    app = build_openai_app(
-        {"llm_configs": [llm_config], "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0}}}
-    )
-    serve.run(app, blocking=False)
+    # Ray Serve LLM's build_openai_app with specserve's ingress in front (OpenAI errors, API key, overload answers).
+    # The replica starts the cluster's controller, so `specserve status` and `policy set` work as with `serve`.
+    serve.run(build_openai_app([llm_config]), blocking=False)
     body = {"model": "specserve-tiny", "prompt": "def main():\n", "max_tokens": 16, "temperature": 0}
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/completions",

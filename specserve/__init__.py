@@ -15,13 +15,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from specserve.llm import (
-        CpuEngine,
-        Speculation,
-        build_openai_app,
-        speculative_llm_config,
-        speculative_llm_config_kwargs,
-    )
+    from specserve.cluster.app import build_openai_app
+    from specserve.llm import CpuEngine, Speculation, speculative_llm_config, speculative_llm_config_kwargs
 
 # Public name -> the module that defines it.
 _PUBLIC = {
@@ -29,7 +24,7 @@ _PUBLIC = {
     "speculative_llm_config_kwargs": "specserve.llm",
     "Speculation": "specserve.llm",
     "CpuEngine": "specserve.llm",
-    "build_openai_app": "specserve.llm",
+    "build_openai_app": "specserve.cluster.app",
 }
 __all__ = ["CpuEngine", "Speculation", "build_openai_app", "speculative_llm_config", "speculative_llm_config_kwargs"]
 

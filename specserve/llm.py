@@ -16,10 +16,10 @@ rest of the ``LLMConfig`` (model, accelerator, autoscaling, engine sizes) stays 
     llm_config = speculative_llm_config(llm_config, draft="meta-llama/Llama-3.2-1B-Instruct", policy="adaptive")
     serve.run(specserve.build_openai_app([llm_config]))
 
-``build_openai_app`` is Ray Serve LLM's builder of the same name with specserve's ingress in front (OpenAI error
-objects for bad input, an API key, overload answers with Retry-After); Ray's own builder serves the same replicas
-without it. Each replica starts the cluster's controller, or joins it, so `specserve status` and `policy set` work
-either way.
+``specserve.build_openai_app`` is Ray Serve LLM's builder of the same name with specserve's ingress in front (OpenAI
+error objects for bad input, an API key, overload answers with Retry-After); Ray's own builder serves the same
+replicas without it. Each replica starts the cluster's controller, or joins it, so `specserve status` and
+`policy set` work either way.
 
 ``speculative_llm_config_kwargs`` returns the same fields as a dict, for code that assembles an ``LLMConfig``'s
 keyword arguments (or a Serve config file's ``llm_configs`` entry) itself.
@@ -55,7 +55,6 @@ from specserve.replicas.engine_env import engine_env
 __all__ = [
     "CpuEngine",
     "Speculation",
-    "build_openai_app",
     "check_engine_kwargs",
     "openai_app_args",
     "speculative_llm_config",
@@ -263,14 +262,6 @@ def openai_app_args(llm_configs: Sequence[Any], *, api_key: Any = None, retry_af
         # so that a worker node that fails takes only its own engines' requests with it.
         "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0, "resources": dict(ON_HEAD_NODE)}},
     }
-
-
-def build_openai_app(llm_configs: Sequence[Any], *, api_key: Any = None, retry_after_s: float = 1.0) -> Any:
-    """Ray Serve LLM's ``build_openai_app`` over ``llm_configs`` (made speculative by ``speculative_llm_config``)
-    with specserve's hardened ingress: /v1/models, /v1/completions, /v1/chat/completions. Unstarted."""
-    from ray.serve.llm import build_openai_app as build
-
-    return build(openai_app_args(llm_configs, api_key=api_key, retry_after_s=retry_after_s))
 
 
 def _server_cls(given: Any) -> Any:

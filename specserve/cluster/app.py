@@ -198,11 +198,17 @@ def llm_config(resolved: ResolvedServe) -> Any:
 
 def build_app(resolved: ResolvedServe, api_key: SecretStr | None = None) -> Any:
     """The OpenAI-compatible application (unstarted): /v1/models, /v1/completions, /v1/chat/completions."""
-    from ray.serve.llm import build_openai_app
-
     key = api_key if api_key is not None else resolved.config.server.api_key
-    args = openai_app_args([llm_config(resolved)], api_key=key, retry_after_s=resolved.config.server.retry_after_s)
-    return build_openai_app(args)
+    return build_openai_app([llm_config(resolved)], api_key=key, retry_after_s=resolved.config.server.retry_after_s)
+
+
+def build_openai_app(llm_configs: Any, *, api_key: Any = None, retry_after_s: float = 1.0) -> Any:
+    """Ray Serve LLM's ``build_openai_app`` over ``llm_configs`` (made speculative by ``speculative_llm_config``)
+    with specserve's hardened ingress: /v1/models, /v1/completions, /v1/chat/completions. Unstarted. ``api_key``
+    None: the ingress reads SPECSERVE_API_KEY on the head node."""
+    from ray.serve.llm import build_openai_app as build
+
+    return build(openai_app_args(list(llm_configs), api_key=api_key, retry_after_s=retry_after_s))
 
 
 def engine_path(on_gpu: bool) -> str:

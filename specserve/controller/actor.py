@@ -99,6 +99,9 @@ def get_or_create_controller(memory: ClusterMemoryParams | None = None) -> ray.a
         get_if_exists=True,
         # Beside Serve's own controller (Ray Train places its state actor the same way).
         resources=ON_HEAD_NODE,
+        # Never in the caller's placement group: a replica that starts it runs in its engine's, which Ray Serve LLM
+        # has capture its children.
+        scheduling_strategy="DEFAULT",
     ).remote(memory=memory)
 
 

@@ -26,8 +26,10 @@ Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
 Catch-up (``_propose_with_catch_up``, wrapped around this runner's ``drafter.propose``): the worker keeps
 its own ``DraftKVTracker`` and, on every step that runs the pass, prepends the missed tokens of the
 requests ``draft_sync.catch_up_plan`` picks to their part of the draft's first pass; a request caught up in
-part gets its chunk in place of its part. The scheduler applies the same plan to its tracker. Interfaces
-touched for it:
+part gets its chunk in place of its part. The scheduler applies the same plan to its tracker. Both trackers
+forget a request that enters the batch (new, or resumed after preemption: ``k0_skip.entering_request_ids``), so a
+prefix-cache hit's cached prefix is lag, and both keep every live request, one left out of a step's batch too.
+Interfaces touched for it:
 
 - ``v1/spec_decode/llm_base_proposer.py:512`` ``SpecDecodeBaseProposer.propose(...)``, keyword call from the
   runner (5006): ``target_token_ids``, ``target_positions``, ``target_hidden_states``,
@@ -45,6 +47,8 @@ touched for it:
   extra slot per request included: ``draft_sync.draft_pass_room``); the plan's cap,
   ``k0_skip.catch_up_cap``, comes from the config both processes read.
 - ``SpecDecodeBaseProposer.method``: catch-up only for ``draft_model``, whose draft reads token ids alone.
+- ``GPUModelRunner.requests`` (683; its keys: the live requests, preempted and unscheduled ones included, each
+  popped when it finishes, 1184): the requests the worker's tracker keeps.
 
 What a skip leaves out besides the draft forward: ``prepare_next_token_ids_padded`` and
 ``_copy_valid_sampled_token_count``, which only matter under async scheduling (runner 938);

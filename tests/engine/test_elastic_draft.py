@@ -6,7 +6,7 @@ import shutil
 from types import SimpleNamespace
 
 import pytest
-from engine_helpers import running_engine
+from engine_helpers import KV_BLOCK_TOKENS, running_engine
 
 from specserve.models.prompts import OPENINGS
 from specserve.replicas import offline
@@ -133,6 +133,14 @@ def test_an_offload_reload_cycle_under_load_keeps_greedy_output_and_grows_the_po
     assert skipped_away == steps_away
     skipped = end.num_steps_draft_skipped - before.num_steps_draft_skipped
     assert worker_end["skipped"] - worker_before["skipped"] == skipped >= steps_away
+    # Preempted requests resume on their own cached blocks, and a reloaded draft catches everyone up: both processes
+    # caught up the same requests over the same tokens (each forgets a request that enters the batch again).
+    caught_up = end.num_requests_caught_up - before.num_requests_caught_up
+    assert caught_up == worker_end["caught_up"] - worker_before["caught_up"] > 0
+    assert (
+        end.num_catch_up_tokens - before.num_catch_up_tokens
+        == worker_end["catch_up_tokens"] - worker_before["catch_up_tokens"]
+    )
 
     # Every block below the grown region was held when the reload was asked: nothing could take the grown
     # region's live blocks, so the contraction waited for them to drain.
@@ -254,6 +262,55 @@ def test_a_failed_reload_leaves_speculation_off_and_serving_unharmed(engine, ref
     offline.reload_draft(engine.llm)
     assert offline.wait_for_draft(engine.llm, ("offloaded", "resident"))["state"] == "resident"
     assert engine.generate(PROMPTS + LATER, max_tokens=MAX_TOKENS) == reference
+
+
+def test_requests_preempted_at_k4_resume_on_their_cached_blocks_caught_up_alike_by_both_processes(engine):
+    """Prompts of a whole block and more, too many for this pool: vLLM preempts, and a preempted request resumes at
+    a prefix-cache hit on its first block (freed last, so it outlives the blocks the preemption handed over). Both
+    processes forget a request that enters the batch again and catch it up over its cached prefix. A scheduler that
+    kept its old complete prefix counted no catch-up at all while the worker, which had forgotten the request when
+    it left its batch, caught it up (measured: 0 requests against the worker's 8)."""
+    tokenizer = engine.llm.get_tokenizer()
+    prompts = []
+    for opening in PROMPTS:
+        prompt = opening
+        while len(tokenizer.encode(prompt)) < KV_BLOCK_TOKENS + 16:
+            prompt += "    total = total + 1\n"
+        prompts.append(prompt)
+    plain = engine.cold_turn("fixed:k=0", prompts, 160)
+    counters = engine.vllm_counters()
+    run = engine.cold_turn("fixed:k=4", prompts, 160)
+    assert engine.vllm_counters()["vllm:num_preemptions"].value > counters["vllm:num_preemptions"].value
+    assert run.tokens == plain.tokens
+    # At k = 4 no pass is skipped: the only lag is a resumed request's cached prefix, whole blocks of it.
+    assert run.caught_up == run.worker_caught_up > 0
+    assert run.catch_up_tokens == run.worker_catch_up_tokens
+    assert run.catch_up_tokens % KV_BLOCK_TOKENS == 0 and run.catch_up_tokens > 0
+
+
+def test_a_prefix_hit_on_blocks_filled_while_the_draft_was_away_is_caught_up(engine):
+    """A first turn decoded while the draft was offloaded: its blocks hold no draft KV (the draft's pages were lent
+    to the pool, and laid out again zeroed at the reload). Its second turn, after the reload, starts on those blocks;
+    its cached prefix counts as draft lag and is caught up, so it decodes as plain decoding does and speculates as
+    a second turn that hit nothing."""
+    assert engine.llm.reset_prefix_cache()
+    offline.offload_draft(engine.llm)
+    first = engine.turn(PROMPTS[:2], 280)  # two whole blocks each and part of a third
+    assert offline.reload_draft(engine.llm)["state"] == "reloading"  # idle: nothing to drain or move
+    offline.wait_for_draft(engine.llm, ("resident",))
+    second = engine.next_turn(first)
+    engine.set_policy("fixed:k=4")
+    hit = engine.turn(second, 96)
+    assert hit.num_cached_tokens == [2 * KV_BLOCK_TOKENS] * 2
+    assert hit.caught_up == hit.worker_caught_up == 2
+    assert hit.catch_up_tokens == hit.worker_catch_up_tokens == 4 * KV_BLOCK_TOKENS
+    plain = engine.cold_turn("fixed:k=0", second, 96)
+    cold = engine.cold_turn("fixed:k=4", second, 96)
+    assert hit.tokens == plain.tokens == cold.tokens
+    # Drafting on the zeroed draft KV as if it were complete: 0.46 against 0.52 at the first position.
+    assert cold.acceptance()[0] > 0.3
+    for pos, (ours, base) in enumerate(zip(hit.acceptance(), cold.acceptance(), strict=True)):
+        assert ours == pytest.approx(base, abs=0.05), f"position {pos}: {ours:.3f} after the hit vs {base:.3f} cold"
 
 
 @pytest.fixture(scope="module")

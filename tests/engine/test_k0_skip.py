@@ -33,7 +33,9 @@ def delta(after, before):
 def test_engine_reports_that_k0_skips_the_draft_pass(engine):
     assert engine.telemetry().max_k == 4
     counts = engine.draft_pass_counts()
-    assert set(counts) == {"skipped", "ran", "caught_up", "catch_up_tokens", "plain_steps"}
+    assert set(counts) == {
+        "skipped", "ran", "caught_up", "catch_up_tokens", "proposals", "proposals_not_k", "plain_steps"
+    }  # fmt: skip
 
 
 def test_k0_decode_steps_skip_the_draft_and_are_counted(engine):

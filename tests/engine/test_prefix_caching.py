@@ -13,12 +13,10 @@ from __future__ import annotations
 import pytest
 from engine_helpers import KV_BLOCK_TOKENS, PROMPTS
 
-from specserve.models.prompts import OPENINGS
-
 FIRST = PROMPTS[:2]
 # With an opening's few tokens: two whole blocks and part of a third, so a second turn hits two blocks.
 FIRST_TURN_TOKENS = 280
-SECOND_TURN_TOKENS = 64
+SECOND_TURN_TOKENS = 96
 
 
 @pytest.fixture(scope="module")
@@ -26,22 +24,11 @@ def engine(shared_engine):
     return shared_engine
 
 
-def suffix_ids(engine) -> list[int]:
-    return engine.llm.get_tokenizer().encode("\n\n" + OPENINGS[4], add_special_tokens=False)
-
-
-def cold_turn(engine, policy: str, prompts, max_tokens: int):
-    """``prompts`` under ``policy`` on an empty prefix cache."""
-    assert engine.llm.reset_prefix_cache(), "the engine is idle: nothing holds a block"
-    engine.set_policy(policy)
-    return engine.turn(prompts, max_tokens)
-
-
 def test_a_second_turn_on_a_k0_first_turns_blocks_catches_their_draft_kv_up(engine):
-    first = cold_turn(engine, "fixed:k=0", FIRST, FIRST_TURN_TOKENS)
+    first = engine.cold_turn("fixed:k=0", FIRST, FIRST_TURN_TOKENS)
     # Every step after the prefill skipped the draft's pass: the first turn's output has no draft KV in its blocks.
     assert first.skipped >= FIRST_TURN_TOKENS - len(FIRST)
-    second = first.next_turn(suffix_ids(engine))
+    second = engine.next_turn(first)
     assert all(len(p["prompt_token_ids"]) > 2 * KV_BLOCK_TOKENS for p in second)
 
     engine.set_policy("fixed:k=4")
@@ -53,14 +40,15 @@ def test_a_second_turn_on_a_k0_first_turns_blocks_catches_their_draft_kv_up(engi
     assert hit.catch_up_tokens == hit.worker_catch_up_tokens == sum(hit.num_cached_tokens)
 
     # The same second turns on an empty prefix cache: plain decoding, and k = 4.
-    plain = cold_turn(engine, "fixed:k=0", second, SECOND_TURN_TOKENS)
-    cold = cold_turn(engine, "fixed:k=4", second, SECOND_TURN_TOKENS)
+    plain = engine.cold_turn("fixed:k=0", second, SECOND_TURN_TOKENS)
+    cold = engine.cold_turn("fixed:k=4", second, SECOND_TURN_TOKENS)
     assert plain.num_cached_tokens == cold.num_cached_tokens == [0] * len(second)
     assert cold.catch_up_tokens == cold.worker_catch_up_tokens == 0
     assert hit.tokens == plain.tokens == cold.tokens
-    # Drafting on the first turn's blocks as they were (no draft KV for 250 of their 256 positions) lowers
-    # acceptance at every position; caught up, the hit drafts as the cold run does.
-    assert min(cold.acceptance()) > 0.2
+    # Drafting on the first turn's blocks as they were (no draft KV past the openings' few tokens) lowers acceptance
+    # at every position (taking a hit's prefix as complete: 0.39 against 0.52 at the first); caught up, the hit
+    # drafts as the cold run does.
+    assert cold.acceptance()[0] > 0.3
     for pos, (ours, base) in enumerate(zip(hit.acceptance(), cold.acceptance(), strict=True)):
         assert ours == pytest.approx(base, abs=0.05), f"position {pos}: {ours:.3f} after the hit vs {base:.3f} cold"
 
@@ -68,8 +56,8 @@ def test_a_second_turn_on_a_k0_first_turns_blocks_catches_their_draft_kv_up(engi
 def test_a_cache_salt_keeps_identical_prompts_apart(engine):
     """What `bench compare` relies on to give every policy of a round the same prompts: each run sends a
     ``cache_salt`` of its own, and a request hits only blocks filled under its own salt."""
-    first = cold_turn(engine, "fixed:k=0", FIRST[:1], FIRST_TURN_TOKENS)
-    (prompt,) = first.next_turn(suffix_ids(engine))
+    first = engine.cold_turn("fixed:k=0", FIRST[:1], FIRST_TURN_TOKENS)
+    (prompt,) = engine.next_turn(first)
 
     def cached(salt: str) -> int:
         (n,) = engine.turn([{**prompt, "cache_salt": salt}], 1).num_cached_tokens

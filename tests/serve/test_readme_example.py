@@ -11,7 +11,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pytest
 from serve_process import free_port, processes_under
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,10 +22,7 @@ def test_the_readme_shows_the_example_verbatim() -> None:
     assert f"```python\n{EXAMPLE.read_text()}```\n" in readme
 
 
-# Slow tier: a Ray cluster of its own for serve.run, which `specserve serve` (tests/serve/endpoint) and the serve
-# config test already deploy through; `make test-slow` runs it.
-@pytest.mark.slow
-def test_the_example_answers_a_completion_and_cleans_up(trained_pair) -> None:
+def test_the_example_answers_a_completion_starts_the_controller_and_cleans_up(trained_pair) -> None:
     # Ray's temporary folder (TMPDIR) is this test's own: its processes name it, which finds every one left behind.
     # Short, under /tmp: Ray's socket paths inside it must stay under the 107-byte AF_UNIX limit.
     scratch = Path(tempfile.mkdtemp(prefix="ss-example-", dir="/tmp"))
@@ -34,7 +30,10 @@ def test_the_example_answers_a_completion_and_cleans_up(trained_pair) -> None:
     env.pop("RAY_ADDRESS", None)
     code = (
         f"import sys; sys.path.insert(0, {str(EXAMPLE.parent)!r}); import ray_serve_llm; "
-        f"print('COMPLETION', repr(ray_serve_llm.main(port={free_port()})))"
+        f"print('COMPLETION', repr(ray_serve_llm.main(port={free_port()}))); "
+        # The replica started the cluster's controller (named, detached), which `specserve status` asks.
+        "import ray; from specserve.messages import CONTROLLER_NAME, CONTROLLER_NAMESPACE; "
+        "print('CONTROLLER', ray.get_actor(CONTROLLER_NAME, namespace=CONTROLLER_NAMESPACE) is not None)"
     )
     try:
         done = subprocess.run(
@@ -43,6 +42,7 @@ def test_the_example_answers_a_completion_and_cleans_up(trained_pair) -> None:
         assert done.returncode == 0, done.stderr[-4000:]
         line = next(line for line in done.stdout.splitlines() if line.startswith("COMPLETION "))
         assert ast.literal_eval(line.removeprefix("COMPLETION ")), "the model wrote nothing"
+        assert "CONTROLLER True" in done.stdout.splitlines()
         assert not processes_under(scratch), "the example's Ray cluster stops with it"
     finally:
         for process in processes_under(scratch):

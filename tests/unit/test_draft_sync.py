@@ -129,6 +129,23 @@ def test_unknown_requests_lag_once_past_position_0_and_finished_ones_are_forgott
     assert list(t.draft_upto) == ["b"]
 
 
+def test_a_request_entering_at_a_prefix_cache_hit_lags_over_its_whole_cached_prefix():
+    # Worked example: a new request's prompt of 300 tokens hits two cached KV blocks of 128; the step computes
+    # positions [256, 300). Whoever filled those blocks may have skipped the draft's passes over them.
+    t = DraftKVTracker()
+    t.forget(["new"])
+    assert t.lag("new", 256) == 256
+    plan = catch_up_plan({"new": t.lag("new", 256)}, room=1000)
+    t.observe_step(False, [ScheduledRequest("new", 256, 300, True)], plan)
+    assert plan == {"new": 256} and t.draft_upto["new"] == 301 and not t.lagging("new", 300)
+    # Preempted at 320 and resumed at a hit on its first two blocks, which another request may have refilled since:
+    # what this request's own passes wrote no longer says anything about them.
+    step(t, False, ("new", 300, 320, True), ("other", 0, 4, True))
+    assert t.lag("new", 256) == 0  # kept, the old prefix would pass the hit as complete
+    t.forget(["new"])
+    assert t.lag("new", 256) == 256 and t.draft_upto == {"other": 5}
+
+
 @pytest.mark.parametrize("run", range(0, 6))
 def test_a_run_of_m_skipped_steps_leaves_m_minus_1_holes(run):
     t = DraftKVTracker()

@@ -48,9 +48,9 @@ BUCKETINGS = ("log2", "exact")
 
 @dataclass(frozen=True, slots=True)
 class BanditParams:
-    # K_max; the arms are 0..min(max_k, engine max_k), or 0..engine max_k where unset. The paper never states it;
-    # the authors' scripts use 3, 4 or 5.
-    max_k: int | None = None
+    # K_max; the arms are 0..min(max_k, engine max_k) (None: the engine's). The paper never states it; the authors'
+    # scripts use 3, 4 or 5, and the reproductions run 4.
+    max_k: int | None = 4
     # Seeds the bin-type draws and the exploration arms; the same seed replays the same k sequence.
     seed: int = 0
     # p_i: "inv_sqrt" = i^-1/2 (authors' code, Appendix A.4's reading) or "inv" = 1/i.

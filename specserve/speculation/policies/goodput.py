@@ -38,8 +38,8 @@ from specserve.speculation.types import Decision, EngineTraits, StepContext, Ste
 
 @dataclass(frozen=True, slots=True)
 class GoodputParams:
-    # MAX_LEN of Listing 2; the search is 0..min(max_k, engine max_k), or 0..engine max_k where unset.
-    max_k: int | None = None
+    # MAX_LEN of Listing 2, the paper's 4; the search is 0..min(max_k, engine max_k) (None: the engine's).
+    max_k: int | None = 4
     # Acceptance EWMA half-life in speculative steps. TurboSpec's moving average (§4.1.3) has no stated window;
     # tens of steps follow a drifting workload without chasing one step's noise.
     ema_half_life_steps: float = 20.0

@@ -61,8 +61,8 @@ from specserve.speculation.types import Decision, EngineTraits, StepContext, Ste
 @dataclass(frozen=True, slots=True)
 class SloParams:
     # K_max, the most draft passes per step: 8 in every AdaSpec run (§7.4, Fig. 13: "preset maximum value of 8");
-    # capped by the engine's max_k, which it is where unset.
-    max_k: int | None = None
+    # capped by the engine's max_k (None: the engine's).
+    max_k: int | None = 8
     # c-bar before any confidence is seen: default_confidence in the authors' released code.
     default_confidence: float = 0.6
     # Run the confidence prior verifier (§5.2): true is AdaSpec, false is the AdaSpec- ablation (§7.3, Table 2).

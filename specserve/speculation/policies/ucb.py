@@ -27,9 +27,8 @@ from specserve.speculation.types import Decision, EngineTraits, StepContext, Ste
 
 @dataclass(frozen=True, slots=True)
 class UcbParams:
-    # Largest arm; the arms are 0..min(max_k, engine max_k), or 0..engine max_k where unset. BanditSpec's code uses
-    # gamma 1..4.
-    max_k: int | None = None
+    # Largest arm; the arms are 0..min(max_k, engine max_k) (None: the engine's). BanditSpec's code uses gamma 1..4.
+    max_k: int | None = 4
     # The constant under UCB1's square root: 2 is Auer et al.'s UCB1.
     exploration: float = 2.0
 

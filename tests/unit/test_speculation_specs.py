@@ -118,12 +118,18 @@ def test_k_max_is_not_renamed_for_a_policy_without_max_k() -> None:
         make_policy("fixed:k_max=2", TRAITS)
 
 
+# The papers' policies keep their papers' caps (TurboSpec's MAX_LEN 4, AdaSpec's preset 8, the bandits' 4);
+# adaptive, ours, follows the engine's.
+DEFAULT_CAPS = {"adaptive": None, "goodput": 4, "slo": 8, "bandit": 4, "ucb": 4}
+
+
 @pytest.mark.parametrize("name", CAPPED)
-def test_max_k_defaults_to_the_engines_and_a_given_one_is_capped_by_it(name: str) -> None:
+def test_max_k_defaults_to_the_papers_or_the_engines_and_a_given_one_is_capped_by_the_engine(name: str) -> None:
     engine = EngineTraits(max_k=10)
-    assert make_policy(name, engine).params.max_k is None
+    default = DEFAULT_CAPS[name]
+    assert make_policy(name, engine).params.max_k == default
     searched = [make_policy(spec, engine).max_k for spec in (name, f"{name}:max_k=3", f"{name}:max_k=12")]
-    assert searched == [10, 3, 10]
+    assert searched == [10 if default is None else default, 3, 10]
     with pytest.raises(ValueError, match="max_k=-1 "):
         make_policy(f"{name}:max_k=-1", engine)
 

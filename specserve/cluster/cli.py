@@ -203,6 +203,12 @@ def _render(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     path = engine_path(resolved.on_gpu)
     print(f"engine path: {path}", file=sys.stderr)
+    for name in redact_secrets(document):
+        print(
+            f"specserve config render: runtime_env.env_vars.{name} not printed; set it in the nodes' environment "
+            "(ray start, or the pod's Secret) rather than in a Serve config",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(document, indent=2))
     else:
@@ -222,6 +228,23 @@ def _doctor(args: argparse.Namespace) -> int:
         return doctor.main(config)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
+
+
+_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY")
+
+
+def redact_secrets(document: dict[str, Any]) -> list[str]:
+    """Blank the values of environment variables that look like credentials (HF_TOKEN, AWS_SECRET_ACCESS_KEY, ...)
+    in a rendered Serve config, in place; returns their names. A rendered file is meant to be shared and deployed."""
+    names = []
+    for app in document.get("applications", []):
+        for llm in app.get("args", {}).get("llm_configs", []):
+            env = (llm.get("runtime_env") or {}).get("env_vars") or {}
+            for name in env:
+                if any(word in name.upper() for word in _SECRET_WORDS):
+                    env[name] = "<not printed>"
+                    names.append(name)
+    return names
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -169,3 +169,36 @@ def test_config_render_prints_a_serve_config_and_names_a_bad_flag_with_exit_stat
         done = render(*flags, *bad)
         assert done.returncode == 2 and done.stdout == ""
         assert message in done.stderr
+
+
+def test_config_render_never_prints_a_credential_from_the_config(tmp_path) -> None:
+    path = tmp_path / "gpu.yaml"
+    config = {
+        "model_loading_config": {"model_source": "org/t"},
+        "speculation": {"draft": "o/d"},
+        "runtime_env": {"env_vars": {"HF_TOKEN": "hf_secret_value_1", "HF_HUB_OFFLINE": "1"}},
+    }
+    path.write_text(yaml.safe_dump(config))
+    done = render("--config", str(path), "--device", "gpu", "--json")
+    assert done.returncode == 0, done.stderr
+    assert "hf_secret_value_1" not in done.stdout + done.stderr
+    env = json.loads(done.stdout)["applications"][0]["args"]["llm_configs"][0]["runtime_env"]["env_vars"]
+    assert env["HF_TOKEN"] == "<not printed>" and env["HF_HUB_OFFLINE"] == "1"
+    assert "runtime_env.env_vars.HF_TOKEN not printed" in done.stderr
+
+
+def test_doctor_exits_1_and_names_the_check_that_failed(monkeypatch, capsys) -> None:
+    from specserve.cluster import doctor
+    from specserve.replicas.calibration import Calibration
+    from specserve.speculation.startup_checks import CheckResult
+
+    checks = (
+        CheckResult("k_honoured", "every draft proposal as wide as its step's k", "12 of 40 another width", False),
+        CheckResult("k0_no_draft_pass", "skipped on 9", "skipped 9", True),
+    )
+    monkeypatch.setattr(doctor, "run_doctor", lambda config: Calibration(checks, (), "fixed:k=4", 1.0))
+    assert doctor.main(ServeConfig()) == 1
+    out = capsys.readouterr()
+    row = next(line for line in out.out.splitlines() if line.startswith("k_honoured"))
+    assert row.split("  ")[-1] == "FAILED" and "12 of 40 another width" in row
+    assert "failed: k_honoured" in out.err

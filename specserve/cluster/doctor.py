@@ -22,8 +22,7 @@ from specserve.speculation.startup_checks import cost_table
 def run_doctor(config: ServeConfig) -> Calibration:
     """The calibration on an engine built from ``config`` (the bundled tiny pair without a model)."""
     from specserve.replicas import engine_env
-    from specserve.replicas.calibration import OfflineEngine, calibrate
-    from specserve.replicas.engine_args import ADDITIONAL_CONFIG_KEY, EngineControlConfig
+    from specserve.replicas.calibration import OfflineEngine, calibrate_engine
     from specserve.replicas.offline import offline_llm
 
     scratch = tempfile.mkdtemp(prefix="specserve-doctor-")
@@ -37,19 +36,10 @@ def run_doctor(config: ServeConfig) -> Calibration:
                 f"object storage ({source.get('bucket_uri')})"
             )
         engine_kwargs = dict(fields["engine_kwargs"])
-        control = EngineControlConfig.from_additional_config(engine_kwargs["additional_config"][ADDITIONAL_CONFIG_KEY])
         env = fields["runtime_env"].get("env_vars", {})
         with engine_env.applied(env), offline_llm(model=source, **engine_kwargs) as llm:
-            return asyncio.run(
-                calibrate(
-                    OfflineEngine(llm),
-                    policy=control.policy,
-                    max_k=engine_kwargs["speculative_config"]["num_speculative_tokens"],
-                    max_num_seqs=llm.llm_engine.vllm_config.scheduler_config.max_num_seqs,
-                    skips_k0_draft_pass=control.skip_k0_draft_pass,
-                    signals=control.draft_signals,
-                )
-            )
+            max_num_seqs = llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
+            return asyncio.run(calibrate_engine(OfflineEngine(llm), engine_kwargs, max_num_seqs))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from specserve.replicas.engine_args import (
+    ADDITIONAL_CONFIG_KEY,
     CHECK_COUNTS_UTILITY,
     END_CALIBRATION_UTILITY,
     SET_POLICY_UTILITY,
     STEP_LOG_UTILITY,
+    EngineControlConfig,
 )
 from specserve.speculation.startup_checks import (
     DEFAULT_BATCH_SIZES,
@@ -107,6 +109,22 @@ async def calibrate(
     if bad:
         logger.warning("specserve: serving under %s, the fallback, until the engine restarts", serving)
     return Calibration(checks, tuple(results), serving, time.monotonic() - started)
+
+
+async def calibrate_engine(
+    engine: CalibrationEngine, engine_kwargs: dict[str, Any], max_num_seqs: int, on_failure: str = "fallback"
+) -> Calibration:
+    """``calibrate`` with the policy, max_k, skip and signals the engine was built with (its vLLM arguments)."""
+    control = EngineControlConfig.from_additional_config(engine_kwargs["additional_config"][ADDITIONAL_CONFIG_KEY])
+    return await calibrate(
+        engine,
+        policy=control.policy,
+        max_k=engine_kwargs["speculative_config"]["num_speculative_tokens"],
+        max_num_seqs=max_num_seqs,
+        skips_k0_draft_pass=control.skip_k0_draft_pass,
+        signals=control.draft_signals,
+        on_failure=on_failure,
+    )
 
 
 def describe(check: CheckResult) -> tuple[str, str, str]:

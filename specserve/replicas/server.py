@@ -29,12 +29,11 @@ from specserve.messages import (
     EngineTelemetry,
     ReplicaSnapshot,
 )
-from specserve.replicas.calibration import AsyncLLMEngine, calibrate
+from specserve.replicas.calibration import AsyncLLMEngine, calibrate_engine
 from specserve.replicas.controller_link import ControllerLink
 from specserve.replicas.cpu_affinity import parse_cpu_list, pin_engine_processes
 from specserve.replicas.engine import SpecVLLMEngine
 from specserve.replicas.engine_args import (
-    ADDITIONAL_CONFIG_KEY,
     CONTROLLER_KEY,
     ENGINE_CPUS_KEY,
     MEMORY_COORDINATED_UTILITY,
@@ -43,7 +42,6 @@ from specserve.replicas.engine_args import (
     SET_POLICY_UTILITY,
     STARTUP_CHECKS_KEY,
     TELEMETRY_UTILITY,
-    EngineControlConfig,
 )
 from specserve.replicas.metrics import ReplicaMetrics
 
@@ -80,18 +78,13 @@ class SpecLLMServer(LLMServer):
     async def _calibrate(self) -> None:
         """The start-up checks and step timings (calibration.py), unless the config turns them off."""
         mode = self._llm_config.experimental_configs.get(STARTUP_CHECKS_KEY, "fallback")
-        engine_kwargs = self._llm_config.engine_kwargs
-        control = EngineControlConfig.from_additional_config(engine_kwargs["additional_config"][ADDITIONAL_CONFIG_KEY])
         if mode == "off":
             return
         client = self.engine._engine_client
-        result = await calibrate(
+        result = await calibrate_engine(
             AsyncLLMEngine(client),
-            policy=control.policy,
-            max_k=engine_kwargs["speculative_config"]["num_speculative_tokens"],
-            max_num_seqs=client.vllm_config.scheduler_config.max_num_seqs,
-            skips_k0_draft_pass=control.skip_k0_draft_pass,
-            signals=control.draft_signals,
+            self._llm_config.engine_kwargs,
+            client.vllm_config.scheduler_config.max_num_seqs,
             on_failure=mode,
         )
         logger.info(

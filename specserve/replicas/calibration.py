@@ -84,6 +84,11 @@ async def calibrate(
 ) -> Calibration:
     """Run the probes, judge the checks, and leave the engine serving under ``policy`` (or the fallback)."""
     started = time.monotonic()
+    # A warm-up request first: an engine's first steps pay one-off work (the CPU engine lays its KV cache out in a
+    # reserve on its first step, seconds), which no later step costs and which the policy must not learn as a step's.
+    await engine.call(SET_POLICY_UTILITY, "fixed:k=0", False)
+    await engine.run(dummy_prompts(-1, 1), 4)
+    warmed_up = CheckCounts(**await engine.call(CHECK_COUNTS_UTILITY)).num_steps
     results = []
     for index, probe in enumerate(plan(max_k, max_num_seqs, batch_sizes)):
         await engine.call(SET_POLICY_UTILITY, f"fixed:k={probe.k}", False)
@@ -105,7 +110,7 @@ async def calibrate(
             "specserve: start-up checks failed: "
             + "; ".join(f"{c.name}: expected {c.expected}, seen {c.seen}" for c in checks if not c.ok)
         )
-    serving = await engine.call(END_CALIBRATION_UTILITY, serving, list(bad))
+    serving = await engine.call(END_CALIBRATION_UTILITY, serving, list(bad), warmed_up)
     if bad:
         logger.warning("specserve: serving under %s, the fallback, until the engine restarts", serving)
     return Calibration(checks, tuple(results), serving, time.monotonic() - started)

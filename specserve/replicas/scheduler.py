@@ -432,12 +432,12 @@ class AdaptiveKScheduler(Scheduler):
             "num_proposals_not_k": worker["proposals_not_k"],
         }
 
-    def end_calibration(self, spec: str, failed_checks: Sequence[str]) -> str:
+    def end_calibration(self, spec: str, failed_checks: Sequence[str], since_step: int = 0) -> str:
         """After the start-up calibration's dummy runs: serve under ``spec``, its cost model warm-started from the
-        calibration's steps, their acceptance left out (dummy prompts say nothing of real traffic's), and every
-        counter and estimate starting from zero, as if those steps had never run. ``failed_checks`` stay in the
-        telemetry."""
-        history = [without_acceptance(r) for r in self.counters.records_since(0)]
+        calibration's steps after ``since_step`` (its warm-up left out), their acceptance left out too (dummy prompts
+        say nothing of real traffic's), and every counter and estimate starting from zero, as if those steps had never
+        run. ``failed_checks`` stay in the telemetry."""
+        history = [without_acceptance(r) for r in self.counters.records_since(since_step)]
         self.counters = StepCounters(max_k=self.num_spec_tokens)
         self.acceptance = PositionAcceptance(max_k=max(self.num_spec_tokens, 1))
         self.failed_checks = tuple(failed_checks)
@@ -550,8 +550,8 @@ def _check_counts(self: EngineCore) -> dict[str, int]:
     return _scheduler(self).check_counts(self)
 
 
-def _end_calibration(self: EngineCore, spec: str, failed_checks: list[str]) -> str:
-    return _scheduler(self).end_calibration(spec, failed_checks)
+def _end_calibration(self: EngineCore, spec: str, failed_checks: list[str], since_step: int = 0) -> str:
+    return _scheduler(self).end_calibration(spec, failed_checks, since_step)
 
 
 def _elastic(core: EngineCore) -> ElasticDraft:

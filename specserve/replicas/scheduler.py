@@ -186,8 +186,8 @@ class AdaptiveKScheduler(Scheduler):
         super().update_draft_token_ids(draft_token_ids)
         self.forget_draft_signals()
         # The requests still running that got drafts (one that finished this step has none to verify).
-        live = [r for r in map(self.requests.get, draft_token_ids.req_ids) if r is not None and r.spec_token_ids]
-        self.counters.num_draft_lists += len(live)
+        requests = map(self.requests.get, draft_token_ids.req_ids)
+        self.counters.num_draft_lists += sum(1 for r in requests if r is not None and r.spec_token_ids)
         if not isinstance(draft_token_ids, SignalledDraftTokenIds):
             return
         for req_id, confidences, entropies in zip(

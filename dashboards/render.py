@@ -24,7 +24,7 @@ from matplotlib.ticker import FuncFormatter, PercentFormatter  # noqa: E402
 from dashboards.build import all_dashboards  # noqa: E402
 from dashboards.panels import PanelQueries, legend, panels_of, resolve  # noqa: E402
 
-# Small files: they are committed and shown in the README.
+# Small files: they are committed and shown in docs/observability/dashboards.md.
 FIGSIZE_IN = (6.4, 3.2)
 DPI = 80
 # About as many points as a Grafana panel of half the screen asks for.

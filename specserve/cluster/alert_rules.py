@@ -30,6 +30,9 @@ REPO = Path(__file__).resolve().parents[2]
 RULES_FILE = REPO / "deploy" / "prometheus" / "specserve-alerts.yml"
 OPERATOR_FILE = REPO / "deploy" / "kuberay" / "prometheusrule.yaml"
 GROUP = "specserve"
+# Each alert's runbook: a section of the docs site's alerts page, anchored by the alert's name in lower case.
+# The site's address is a placeholder until the project is published (mkdocs.yml's site_url; a test keeps them equal).
+RUNBOOKS = "https://specserve.readthedocs.io/en/latest/observability/alerts/"
 BY_REPLICA = f"{catalog.MODEL}, {catalog.REPLICA}"
 
 # Thresholds, each the reason it is where it is.
@@ -55,13 +58,17 @@ class Alert:
     summary: str
     description: str
 
+    @property
+    def runbook_url(self) -> str:
+        return f"{RUNBOOKS}#{self.name.lower()}"
+
     def rule(self) -> dict[str, Any]:
         return {
             "alert": self.name,
             "expr": self.expr,
             "for": self.for_,
             "labels": {"severity": self.severity},
-            "annotations": {"summary": self.summary, "description": self.description},
+            "annotations": {"summary": self.summary, "description": self.description, "runbook_url": self.runbook_url},
         }
 
 

@@ -8,6 +8,7 @@ JSON of `models`. Progress, logs, notes and errors go to stderr, so `specserve s
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import sys
@@ -32,8 +33,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def version() -> str:
+    """The installed distribution's version; a source tree run without installing has none."""
+    try:
+        return importlib.metadata.version("specserve")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specserve", description="LLM serving with adaptive speculative decoding.")
+    parser.add_argument("--version", action="version", version=f"specserve {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser(

@@ -1,6 +1,6 @@
 """Serve tier: faults injected into the real stack under load. A replica's engine process is killed, then the
 cluster controller actor is killed, then it hangs. One `specserve serve --replicas 1` for the module; the tests
-run in order and print the recovery times they measure (README, Reliability)."""
+run in order and print the recovery times they measure (docs/user-guide/reliability.md)."""
 
 from __future__ import annotations
 

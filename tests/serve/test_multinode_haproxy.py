@@ -1,5 +1,6 @@
 """Cluster tier: the multi-node cluster of `test_multinode.py` in Ray Serve's throughput-optimized mode with its
-HAProxy ingress, switched on as the README says for a joined cluster: `RAY_SERVE_THROUGHPUT_OPTIMIZED=1` and
+HAProxy ingress, switched on as docs/deployment/cluster.md says for a joined cluster:
+`RAY_SERVE_THROUGHPUT_OPTIMIZED=1` and
 `RAY_SERVE_ENABLE_HA_PROXY=1` in the environment of every node's `ray start`. HAProxy on the head takes HTTP and
 hands each request to a replica's own HTTP port on a worker node (Serve's direct ingress). Then a worker fails
 under load and a new one joins, as in the default mode. One cluster for the module: the tests run in order."""

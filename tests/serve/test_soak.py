@@ -1,7 +1,7 @@
 """Slow tier (`make test-slow`): the soak. One `specserve serve` under closed-loop clients whose number changes
 every phase, mixing streaming and plain chat and completions, while the policy is switched every few minutes.
 
-    SPECSERVE_SOAK_S=600 (the default; the README's figure) SPECSERVE_SOAK_OUT=bench/results \
+    SPECSERVE_SOAK_S=600 (the default; the figure in docs/user-guide/reliability.md) SPECSERVE_SOAK_OUT=bench/results \
         .venv/bin/python -m pytest -q -m slow tests/serve/test_soak.py
 
 Expectations: every request answered 200 (no 5xx, no client error, no hang); every process's memory bounded

@@ -1,7 +1,7 @@
 """Property-based bad input for the surfaces that take text from users without a cluster: the serve config file,
 `policy set` specs and simulator scenario files. Every input either builds or raises the surface's own error
 (ConfigError, ValueError/CommandError, ScenarioError) with a message naming the bad part; never another exception.
-The counts of inputs tried are the ``max_examples`` below (the README's Reliability section states them)."""
+The counts of inputs tried are the ``max_examples`` below (docs/user-guide/reliability.md states them)."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ def test_histogram_series_names_and_the_ones_a_gauge_lacks():
         catalog.STEP_DURATION.series("_total")
 
 
-# What Prometheus scrapes today: dashboards, alerts and the README's table name these, so a rename breaks them.
+# What Prometheus scrapes today: dashboards, alerts and docs/reference/metrics.md name these, so a rename breaks them.
 EXPORTED_NAMES = {
     "ray_specserve_speculation_k",
     "ray_specserve_speculation_max_k",

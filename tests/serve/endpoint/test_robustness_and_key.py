@@ -20,7 +20,7 @@ from request_bodies import CHAT_BODIES, COMPLETION_BODIES
 from serve_process import API_KEY as KEY
 
 MODEL = "specserve-tiny"
-# Bodies per endpoint; the README's Reliability section states these numbers.
+# Bodies per endpoint; docs/user-guide/reliability.md states these numbers.
 FUZZ_EXAMPLES = 1000
 
 

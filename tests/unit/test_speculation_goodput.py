@@ -308,15 +308,3 @@ def test_prefill_chunk_is_not_charged_to_k() -> None:
         num_context_tokens=CONTEXT_PER_REQUEST * 240,
     )
     assert policy.choose(decode_only).k == policy.choose(with_chunk).k == 0
-
-
-def test_every_nth_step_down_goes_to_zero() -> None:
-    explorer = NeighbourExplorer(interval_s=1.0, zero_every=2)
-    chosen = [explorer.neighbour(float(t), 3, max_k=4) for t in range(10)]
-    # The clock starts, then down, up, down, ...: every second step down runs k = 0.
-    assert chosen == [3, 2, 4, 0, 4, 2, 4, 0, 4, 2]
-    assert explorer.num_explorations == 9
-    at_one = NeighbourExplorer(interval_s=1.0, zero_every=1)
-    assert [at_one.neighbour(float(t), 1, max_k=4) for t in range(3)] == [1, 0, 2]  # k - 1 is 0 already
-    with pytest.raises(ValueError, match="zero_every=-1"):
-        NeighbourExplorer(interval_s=1.0, zero_every=-1)

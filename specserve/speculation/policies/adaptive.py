@@ -1,97 +1,63 @@
-"""``adaptive``: the project's own policy, TurboSpec's goodput argmax with seven changes.
+"""``adaptive``: the project's own policy, TurboSpec's goodput argmax with the changes below, one rule each.
 
-1. **A step cost that bends** (``StepLatencyModel`` with ``HINGED`` features). The batched-token cost is a
-   linear spline, so the policy sees that drafts are nearly free below the GPU's ridge point and cost their
-   FLOPs above it. TurboSpec's straight line (goodput.py) overprices k at small batches and underprices it at
-   large ones. Where the engine times a step's parts (the target's pass, the draft's passes), the fit learns each
-   on its own (``StepFeatures.parts``): held at one k, a whole step cannot say which of its costs grow with k.
-   Where the target verifies by batch expansion (``EngineTraits.batch_expansion``) its pass reads each request's
-   context once per scored position, so the fit's context is those reads (AdaSpec's Eq. 4, as ``slo`` counts
-   them); learned as one k's plain context, the target's part priced every other k's reads as that k's, and on
-   AdaSpec's trace at 3.3-3.5 QPS the simulator's mean E2E rose 4 % over the best rival's.
-2. **Prefill priced at the margin.** A chunked-prefill step carries P prompt tokens whatever k is. Charging
-   the whole step to the decodes makes speculation look like it amortises a fixed cost (goodput.py's
-   docstring: a runaway to max_k under overload); ignoring P (goodput) misses that P pushes the step past the
-   ridge point, where every draft token costs compute. We charge the decodes the step's time minus what
-   the prefill would take on its own, beyond the fixed per-step cost:
-   ``D(k) = T(P + B(k + 1), passes(k)) - (T(P, 0) - T(0, 0))``, and maximise ``B * l(k) / D(k)``.
-   Where drafts are made a step ahead of their verification (vLLM), a step's prefill does not stop speculation by
-   itself (``hold_stops_on_prefill``): a stop on a step that carries prompt tokens must also win on the decodes alone.
-   There a step at k = 0 throws away the drafts made for it and makes none for the next, which then verifies
-   nothing whatever its k, so a stop lasts two steps however briefly the prices favour it. Served at 48 clients on
-   a CPU, where the fit priced the decodes riding on a prompt at less than half their price alone, k went to 0 on
-   the steps that carried the replacing requests' prompts and back to 2 on the next, every 1-3 steps for 20 s: a
-   third of its k = 2 steps verified no drafts, and it served 0.79-0.85 x `fixed:k=1`.
-   Moves between two k > 0 throw nothing away, so they stand: holding every change of k (the rule's first form)
-   also kept k = 2 at 8 clients on perf pair S, where k = 3 was best and the prompt-carrying steps' prices said so
-   (replayed on one run's steps: 186 steps at k = 3 with stops held alone, 137 with every change held).
-3. **A correction per batch bucket and k** (``estimators.bucket_correction``): the fit's out-of-sample miss,
-   as a ratio per power-of-two batch bucket, as Nightjar keeps its statistics per batch size (§5.2), so a
-   bias the global fit cannot shed (the ridge point moves with the context) does not decide k. It is split
-   into a level common to every k, which follows the machine's phases, and per k an offset from it, so a
-   k measured in a slow minute is not priced by that minute afterwards. Outliers are
-   bounded and thinly measured cells shrunk toward their bucket: on a served CPU engine, stalls otherwise
-   priced a rarely run k far off. The fit's first ``CORRECTION_AFTER_STEPS`` steps teach it nothing: their
-   miss is the cold prior's. On a served CPU engine the first step (a 32-token prefill at k = 0, 1.33 s where
-   the prior said a few ms) put k = 0's factor at batch 1 at 1.33-1.42 against k = 2's 0.93-0.97. k = 0 never
-   ran again at one request, so nothing brought it down: k = 0 was priced at about 125 ms where it measured
-   68, and half the one-request steps ran k = 2 (8.8 tok/s, against 14.1 at k = 1).
-   (Projecting the corrected costs onto a sequence non-decreasing in k was tried
-   and dropped: pooling a violating pair prices both alike, which hands the tie to the deeper k; on DSDE's
-   offline batches it raised mean k from 5.2 to 6.0 and mean E2E by 4-6 %.)
-4. **Hysteresis.** A new k must beat the current one by ``switch_margin``, and so must k = 0 when the policy
-   speculates: every switch re-sizes the draft's batch and, in vLLM, cuts drafts already proposed, and a stop
-   is followed by a resume's catch-up. Leaving k = 0 has its own bar (``min_gain`` and the resume's payback,
-   5); while stopping had none, the two were one threshold, and predictions straddling it moved a served CPU
-   engine at 16 clients across k = 0 nine times per 100 steps (replayed from its step log; three with this
-   rule). Exploration of neighbouring k (needed by any
-   online fit, ``parts.probe.NeighbourExplorer``) runs every ``explore_interval_s``, less often than goodput's, and
-   backs off (doubling, up to ``explore_backoff_max`` x) while the explorations leave k where it is; with
-   ``explore_zero_every`` every n-th step down goes to k = 0, which a policy settled at k >= 2 otherwise never
-   measures (its cost is then the fit's extrapolation to zero draft passes). Where drafts
-   are made a step ahead of their verification (vLLM), a step up lasts two steps: the first verifies only the k
-   drafts made before it.
-5. **Resuming priced** where k = 0 skips the draft pass (``EngineTraits.resume_s_per_token``): leaving k = 0
-   costs one catch-up of the draft over the tokens it skipped (``parts.switching.DraftLag``), so the policy
-   resumes only if the predicted gain over k = 0 repays that within ``resume_payback_s``. Nightjar prices the
-   same switch per token in its Eq. 4; a payback time keeps it in the goodput objective's units.
-6. **Confidence-driven draft length** (``parts.early_stop``), where the engine asks after each draft pass
-   (``EngineTraits.asks_stop_drafting``; the simulator): the step is granted up to ``early_stop_extra`` drafts
-   beyond k, and its ``Decision.draft_stop`` ends the loop once the drafts' confidences say further passes lower
-   the same objective. AdaSpec's execute-correct loop (§5.1) stops early only; letting sure drafts run on is
-   where a batch of one gains most. vLLM drafts a step ahead of verifying (``verifies_confident_prefix``): there
-   the same rule, priced with the step's k passes whatever it verifies, can cut the drafts before verification
-   to their confident prefix (SpecDec++'s threshold, here the objective's own), but only when asked
-   (``verify_confident_prefix``): k is chosen as if every draft were verified, so a rule that then cuts them
-   pays for passes whose drafts it throws away. On a served CPU engine in a burst, k = 3 steps at 8-16 requests
-   verified 1.01 drafts per request: three passes for one draft, 25 % slower steps than k = 1 for the same
-   tokens. A confidence is read as the
-   acceptance drafts of that confidence have had (``estimators.confidence_calibration``), not as AdaSpec's Eq. 7
-   takes it: real drafts are rarely calibrated (the tiny trained draft's 0.05 was accepted 65 % of the time).
+The design for a user, and how each rule was measured and chosen, are in docs/policies/adaptive.md.
 
-7. **No k that preempts** (``parts.kv_fit``). When the KV pool is nearly full, the k it runs is cut to the largest
-   whose new KV blocks fit the free ones (the engine counts them per k, ``StepContext.kv_blocks_needed``): a
-   preempted request recomputes its whole context, which no draft's gain repays. The goodput argmax prices a
-   step's time and tokens, not the pool. The oracle (specserve/sim/oracle.py) rules out such k too. In three of the
-   simulator's saturated cells (6 seeds) the cut took 56-65 % of the preemptions and 4-17 % of the mean E2E off.
+**Price with a step cost that bends.** The step-cost fit (``StepLatencyModel`` with ``HINGED`` features) is a
+linear spline in batched tokens, so drafts are nearly free below the GPU's ridge point and cost their FLOPs above
+it; goodput's straight line overprices k at small batches and underprices it at large ones. Where the engine times
+a step's parts (the target's pass, the draft's passes) each is learned on its own, since a step held at one k
+cannot say which of its costs grow with k. The fit's pull toward its prior is weighed by this engine's own steps
+(``data_scales``), so a CPU's small steps are not priced like a GPU's. Where the target verifies by batch
+expansion (``EngineTraits.batch_expansion``) the fit's context is the reads it makes (AdaSpec, Eq. 4).
 
-No separate SLO guard: for a fixed batch, maximising B * l(k) / D(k) is minimising the decodes' TPOT
-D(k) / l(k), which is what AdaSpec's SLO-aware efficiency (§5.3) protects.
-Cold start and k = 0 behave as in goodput (the shared ``parts.goodput_core``): a prior acceptance of 0.5, a
-periodic probe while k is 0. With ``probe_backoff_max`` > 1 the probe interval backs off as the explorations do
-(doubling while the probes leave k at 0, back to ``probe_interval_s`` once the policy speculates): where k = 0 is
-best for good, a probe every 2 s pays a draft pass and, where k = 0 skips the draft, a catch-up over every token
-it skipped. Off by default: on the simulator's overload tuning scenario the probes are how the policy learns
-that k = 1 pays again, and 8 x the interval cost 2 % of the mean E2E (4 x: nothing). With ``probe_on_turnover``
-(on by default) a probe also starts once every request the acceptance estimate last learned from has left the
-batch, and the estimate forgets their evidence down to the prior's weight: at one request a time, one request with
-a poor draft otherwise holds its successors at k = 0, each clock probe's single verdict moving the estimate by 3 %.
+**Charge the decodes only what they add to a prefill.** A chunked-prefill step carries P prompt tokens whatever k
+is. The decodes pay ``D(k) = T(P + B(k + 1), passes(k)) - (T(P, 0) - T(0, 0))`` and k maximises ``B * l(k) /
+D(k)``: charging the whole step makes speculation look like it amortises a fixed cost, ignoring P misses that P
+pushes the step past the ridge point.
+
+**Correct the fit per batch bucket and k** (``estimators.bucket_correction``): its out-of-sample miss, as a
+ratio per power-of-two batch bucket (Nightjar, §5.2), split into a level common to every k, which follows the
+machine's phases, and per k an offset from it. The correction learns only once the fit has seen
+``CORRECTION_AFTER_STEPS`` steps: a cold fit's miss is its prior's, and kept as the offset of a k that does not
+run again it would price that k for good.
+
+**Pick with margins.** Speculating at all must add ``min_gain`` over k = 0; leaving the current k > 0 (for k = 0
+too) must gain ``switch_margin``, since every switch re-sizes the draft's batch and cuts drafts already made.
+Where k = 0 skips the draft pass (``EngineTraits.resume_s_per_token``), resuming must repay the draft's catch-up
+over the tokens it skipped within ``resume_payback_s`` (Nightjar prices the same switch per token, Eq. 4).
+
+**Hold a stop that only a prompt asks for.** Where drafts are made a step ahead of their verification (vLLM), a
+stop on a step carrying prompt tokens stands only if the decodes alone would stop too: such a stop throws away the
+drafts made for this step and makes none for the next, so it lasts two steps however briefly the prices favour it.
+Moves between two k > 0 throw nothing away and are not held.
+
+**Keep learning: explorations and probes** (``parts.goodput_core``, shared with ``goodput``). A settled k > 0 is
+left for one step at a neighbouring k every ``explore_interval_s``, backing off (doubling, up to
+``explore_backoff_max`` x) while the explorations leave k where it is; where drafts are made a step ahead a step up
+lasts two steps. Cold, acceptance starts from ``prior_alpha``; at k = 0 a probe at ``probe_k`` runs every
+``probe_interval_s``, and at once when none of the requests the estimate learned from is still running, the
+estimate then forgetting their evidence down to the prior's weight.
+
+**Never run a k that preempts** (``parts.kv_fit``). When the KV pool is nearly full the k that runs is cut to the
+largest whose new blocks fit the free ones (``StepContext.kv_blocks_needed``): a preempted request recomputes its
+whole context, which no draft repays. The policy's own k is kept, so it returns once the pool has room.
+
+**Let confidences end the draft loop** (``parts.early_stop``) where the engine asks after each draft pass
+(``EngineTraits.asks_stop_drafting``): the step is granted ``early_stop_extra`` drafts beyond k and stops once the
+drafts' confidences say further passes lower the same objective (AdaSpec's execute-correct loop, §5.1, stops early
+only). A confidence is read as the acceptance drafts of that confidence have had
+(``estimators.confidence_calibration``), not as the acceptance itself (AdaSpec, Eq. 7): real drafts are rarely
+calibrated. Where drafts are verified a step after they were made (vLLM) there is no loop to stop, and every draft
+made is verified.
+
+No separate SLO guard: for a fixed batch, maximising ``B * l(k) / D(k)`` is minimising the decodes' TPOT
+``D(k) / l(k)``, which is what AdaSpec's SLO-aware efficiency (§5.3) protects.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -101,22 +67,24 @@ from specserve.speculation.estimators.confidence_calibration import ConfidenceCa
 from specserve.speculation.estimators.slo_efficiency import batch_expansion_context
 from specserve.speculation.estimators.step_latency import HINGED, StepLatencyModel
 from specserve.speculation.policies.parts.early_stop import ConfidenceStop, StopCounter
-from specserve.speculation.policies.parts.goodput_core import MIN_STEP_S, GoodputCore
+from specserve.speculation.policies.parts.goodput_core import MIN_STEP_S, GoodputCore, check_ranges, core_checks
 from specserve.speculation.policies.parts.kv_fit import largest_fitting_k
-from specserve.speculation.policies.parts.probe import up_steps_for
 from specserve.speculation.policies.parts.switching import DraftLag, measured_resume_s
 from specserve.speculation.policy import Policy, largest_k, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
 # Steps at each of two draft-pass counts or more that a warm-start history needs to teach step costs.
 WARM_MIN_STEPS_PER_K = 16
-# Steps the step-cost fit has seen before its misses teach the per-k correction (module docstring, 3).
+# Steps the step-cost fit has seen before its misses teach the per-k correction (module docstring).
 CORRECTION_AFTER_STEPS = 8
+# Refit the step-cost fit every this many steps: a 21-coefficient solve per step would cost more than the rest of
+# the policy.
+REFIT_EVERY_STEPS = 8
 
 
 def backed_off(interval_s: float, base_s: float, max_factor: float, reset: bool, ran: bool) -> float:
-    """The next interval of an occasional step (exploration, probe): back to ``base_s`` on ``reset``, else doubled,
-    up to ``max_factor`` x ``base_s``, each time one ``ran`` and left the policy where it was."""
+    """The next interval of an occasional step (an exploration): back to ``base_s`` on ``reset``, else doubled, up
+    to ``max_factor`` x ``base_s``, each time one ``ran`` and left the policy where it was."""
     if reset:
         return base_s
     return min(2.0 * interval_s, base_s * max_factor) if ran else interval_s
@@ -127,86 +95,38 @@ class AdaptiveParams:
     # Largest k searched, capped by the engine's max_k (the engine's where unset). Deep positions are learned from
     # exploration steps.
     max_k: int | None = None
+    # Acceptance EWMA half-life in speculative steps (``parts.goodput_core``).
     ema_half_life_steps: float = 20.0
+    # Acceptance assumed before any sample: a cautious cold start.
     prior_alpha: float = 0.5
+    # Seconds at k = 0 between probes, and the k a probe runs.
     probe_interval_s: float = 2.0
     probe_k: int = 1
-    # Each probe after which k stays 0 doubles the probe interval, up to this many times the base (module docstring,
-    # last paragraph); the policy choosing k > 0 resets it. 1: a probe every ``probe_interval_s``, as in goodput.
-    probe_backoff_max: float = 1.0
-    # At k = 0, probe as soon as none of the requests the acceptance estimate last learned from is running, and let
-    # the probe's verdicts outweigh their evidence (``parts.probe.ZeroProbe``), not only on the clock. On: served at
-    # one client it ended a 4 s lock-in at k = 0; the simulator's leaderboard and tuning scenarios never fire it.
-    probe_on_turnover: bool = True
+    # Step-cost fit half-life in steps: step cost drifts slowly.
     latency_half_life_steps: float = 1000.0
     # Relative gain over k = 0 needed to speculate at all (``GoodputCore.best_k``).
     min_gain: float = 0.02
     # Relative gain over the current k > 0 needed to move to another k, 0 included.
     switch_margin: float = 0.03
-    # Where drafts are made a step ahead (vLLM), stop speculating on a step carrying prefill only if the decodes alone
-    # agree (module docstring, 2). Off: each step's prefill, priced at the margin, may stop it on its own.
-    hold_stops_on_prefill: bool = True
+    # Seconds of a settled k between explorations of a neighbouring k.
     explore_interval_s: float = 2.0
     # Each exploration after which k still holds doubles the interval, up to this many times the base: a k
     # that keeps winning needs less checking (Nightjar's exploration probability decays too, §5.2).
     explore_backoff_max: float = 8.0
-    # Steps an exploration up to k + 1 lasts; 0: what the engine needs to verify a draft at k + 1 (2 where drafts are
-    # made a step ahead of their verification, as in vLLM, else 1).
-    explore_up_steps: int = 0
-    # Every n-th exploration down goes to k = 0 (``parts.probe.NeighbourExplorer``), so the step-cost fit measures a
-    # step without draft passes instead of extrapolating to one; 0: never (the default until the simulator's
-    # leaderboard has been re-run with it).
-    explore_zero_every: int = 0
-    # Samples each (batch bucket, k) offset remembers (``estimators.bucket_correction``).
-    correction_memory: float = 20.0
-    # Samples the per-bucket level common to every k remembers (``estimators.bucket_correction``); inf: none.
-    level_memory: float = 4.0
-    # Let draft confidences end the draft loop where the engine asks (module docstring, 6); false prices k as on an
-    # engine that cannot stop early (vLLM today), for comparing like with like.
-    confidence_stop: bool = True
-    # Drafts granted beyond k when confidences may stop the loop.
+    # Drafts granted beyond k where the engine lets confidences stop the draft loop.
     early_stop_extra: int = 2
-    # Where drafts are verified a step after they were made (vLLM), cut them to their confident prefix before
-    # verification (module docstring, 6). Off: k is priced as if all were verified, and cutting wastes passes.
-    verify_confident_prefix: bool = False
-    # Read a confidence as the acceptance drafts of that confidence have had (``estimators.confidence_calibration``)
-    # rather than as the acceptance itself; false is AdaSpec's Eq. 7 as written.
-    calibrate_confidence: bool = True
-    # Seconds within which the predicted gain of resuming must repay the draft's catch-up (module docstring, 5).
+    # Seconds within which the predicted gain of resuming must repay the draft's catch-up.
     resume_payback_s: float = 1.0
-    # Never pick a k whose KV slots would make the step preempt (module docstring, 7; ``parts.kv_fit``).
-    kv_fit: bool = True
-    # Learn each timed part of a step on its own, where the engine times them (module docstring, 1): off, the fit
-    # learns whole steps only, as before the parts were timed.
-    timed_parts: bool = True
-    # Weigh the step-cost fit's pull toward its prior by the steps this engine runs rather than a GPU-typical step
-    # (``StepLatencyModel``'s ``data_scales``): on a compute-bound engine at a few requests the fixed scales keep the
-    # target's per-token cost near the prior's, and k stays where the prior puts it. Off: the GPU-typical scales.
-    latency_data_scales: bool = True
 
     def __post_init__(self) -> None:
-        checks = {
-            "max_k": self.max_k is None or self.max_k >= 0,
-            "ema_half_life_steps": self.ema_half_life_steps > 0,
-            "prior_alpha": 0.0 <= self.prior_alpha <= 1.0,
-            "probe_interval_s": self.probe_interval_s > 0,
-            "probe_k": self.probe_k >= 1,
+        checks = core_checks(self) | {
             "latency_half_life_steps": self.latency_half_life_steps > 0,
-            "min_gain": 0.0 <= self.min_gain < 1.0,
             "switch_margin": 0.0 <= self.switch_margin < 1.0,
-            "explore_interval_s": self.explore_interval_s > 0,
-            "correction_memory": self.correction_memory >= 1.0,
-            "level_memory": self.level_memory >= 1.0,
             "explore_backoff_max": self.explore_backoff_max >= 1.0,
-            "probe_backoff_max": self.probe_backoff_max >= 1.0,
-            "explore_up_steps": self.explore_up_steps >= 0,
-            "explore_zero_every": self.explore_zero_every >= 0,
             "early_stop_extra": self.early_stop_extra >= 0,
             "resume_payback_s": self.resume_payback_s >= 0,
         }
-        for name, ok in checks.items():
-            if not ok:
-                raise ValueError(f"{name}={getattr(self, name)} is out of range")
+        check_ranges(self, checks)
 
 
 @register
@@ -220,37 +140,20 @@ class AdaptivePolicy(Policy):
         super().__init__(params, traits)
         # Largest k searched: the engine's buffers cap what the user asked for.
         self.max_k = largest_k(params.max_k, traits)
-        self.core = GoodputCore(
-            self.max_k,
-            ema_half_life_steps=params.ema_half_life_steps,
-            prior_alpha=params.prior_alpha,
-            probe_interval_s=params.probe_interval_s,
-            probe_k=params.probe_k,
-            min_gain=params.min_gain,
-            explore_interval_s=params.explore_interval_s,
-            explore_up_steps=params.explore_up_steps or up_steps_for(traits.drafts_ahead),
-            explore_zero_every=params.explore_zero_every,
-            probe_on_turnover=params.probe_on_turnover,
-        )
-        # Refitted every 8 steps: a 21-coefficient solve per step would cost more than the rest of the policy.
-        features = HINGED if params.timed_parts else replace(HINGED, parts=False)
+        self.core = GoodputCore.from_params(self.max_k, params, traits, probe_on_turnover=True)
         self.latency = StepLatencyModel(
-            features,
-            half_life_steps=params.latency_half_life_steps,
-            refit_every=8,
-            data_scales=params.latency_data_scales,
+            HINGED, half_life_steps=params.latency_half_life_steps, refit_every=REFIT_EVERY_STEPS, data_scales=True
         )
-        self.correction = BucketCorrection(params.correction_memory, level_memory=params.level_memory)
-        self.calibration = ConfidenceCalibration() if params.calibrate_confidence else None
+        self.correction = BucketCorrection()
+        self.calibration = ConfidenceCalibration()
         # The k the policy itself chose last (exploration and probe steps aside).
         self._k = 0
         self._explorations_seen = 0
-        self._probes_seen = 0
         # Shared with every draft-loop rule handed out, so describe() can report their early stops.
         self._early_stops = StopCounter()
         self._lag = DraftLag()
         self.num_resumes_deferred = 0
-        # Steps whose k was cut so that their KV slots fit the free blocks (module docstring, 7).
+        # Steps whose k was cut so that their KV slots fit the free blocks.
         self.num_kv_cuts = 0
 
     def choose(self, ctx: StepContext) -> Decision:
@@ -262,42 +165,10 @@ class AdaptivePolicy(Policy):
             return Decision(k=self._k)
         seconds, goodputs = self._prices(ctx)
         current = min(self._k, self.max_k)
-        k, deferred = self._pick(ctx, goodputs, current)
-        stopping_on_a_prompt = k == 0 < current and ctx.num_prefill_tokens > 0
-        if stopping_on_a_prompt and self.traits.drafts_ahead and self.params.hold_stops_on_prefill:
-            alone = replace(ctx, num_prefill_tokens=0)
-            held = self._pick(alone, self._prices(alone)[1], current)
-            if held[0] > 0:
-                k, deferred = held
-        self.num_resumes_deferred += int(deferred)
-        self._back_off_exploration(k)
-        self._back_off_probe(k)
-        self._k = k
-        run_k = self.core.run(ctx.now_s, k, goodputs, ctx.request_ids)
-        if self.params.kv_fit:
-            # Only what runs is cut: the policy's own k stays, so it returns once the pool has room.
-            fitting = largest_fitting_k(ctx, run_k)
-            self.num_kv_cuts += int(fitting < run_k)
-            run_k = fitting
-        # A probe (k = 0 chosen) or an exploration down to 0 runs as it is; a speculating step may run on.
-        if k > 0 and run_k > 0 and self.params.confidence_stop and self.traits.asks_stop_drafting:
-            budget = min(run_k + self.params.early_stop_extra, self.max_k)
-            if self.params.kv_fit:
-                budget = largest_fitting_k(ctx, budget)
-            stop = ConfidenceStop(
-                ctx.num_running, seconds, self.core.acceptance.alphas(), budget, self._early_stops, self._calibrate
-            )
-            return Decision(k=budget, draft_stop=stop)
-        verify_prefix = self.params.verify_confident_prefix and self.traits.verifies_confident_prefix
-        if k > 0 and run_k > 0 and self.params.confidence_stop and verify_prefix:
-            # The drafts to verify were made last step; this step drafts run_k whatever it verifies, so the rule
-            # prices verifying n of them with run_k passes in every row.
-            verify = np.maximum(self.decode_seconds_all(ctx, passes=run_k), MIN_STEP_S).tolist()
-            stop = ConfidenceStop(
-                ctx.num_running, verify, self.core.acceptance.alphas(), run_k, self._early_stops, self._calibrate
-            )
-            return Decision(k=run_k, draft_stop=stop)
-        return Decision(k=run_k)
+        k, deferred = self._hold_stop(ctx, current, self._pick(ctx, goodputs, current))
+        self._settle(k, deferred)
+        run_k = self._fit_to_kv(ctx, self.core.run(ctx.now_s, k, goodputs, ctx.request_ids))
+        return self._stop_rule(ctx, k, run_k, seconds)
 
     def _prices(self, ctx: StepContext) -> tuple[list[float], list[float]]:
         """Per k = 0 .. max_k, the decodes' seconds and their predicted tokens per second."""
@@ -312,6 +183,39 @@ class AdaptivePolicy(Policy):
         if k > 0 and current == 0 and not self._resume_pays(ctx, goodputs[k] - goodputs[0], goodputs[0]):
             return 0, True
         return k, False
+
+    def _hold_stop(self, ctx: StepContext, current: int, picked: tuple[int, bool]) -> tuple[int, bool]:
+        """Where drafts are made a step ahead, a stop (``current`` > 0 to 0) on a step carrying prompt tokens stands
+        only if the decodes alone would stop too: it throws away the drafts made for this step and the next."""
+        stopping_on_a_prompt = picked[0] == 0 < current and ctx.num_prefill_tokens > 0
+        if not (stopping_on_a_prompt and self.traits.drafts_ahead):
+            return picked
+        alone = replace(ctx, num_prefill_tokens=0)
+        held = self._pick(alone, self._prices(alone)[1], current)
+        return held if held[0] > 0 else picked
+
+    def _settle(self, k: int, deferred: bool) -> None:
+        """Make ``k`` the policy's own, backing exploration off while it confirms the k the policy keeps."""
+        self.num_resumes_deferred += int(deferred)
+        self._back_off_exploration(k)
+        self._k = k
+
+    def _fit_to_kv(self, ctx: StepContext, run_k: int) -> int:
+        """``run_k`` cut to the largest k whose KV blocks fit; only what runs is cut, so the policy's own k stays
+        and it returns once the pool has room."""
+        fitting = largest_fitting_k(ctx, run_k)
+        self.num_kv_cuts += int(fitting < run_k)
+        return fitting
+
+    def _stop_rule(self, ctx: StepContext, k: int, run_k: int, seconds: list[float]) -> Decision:
+        """The step's decision: ``run_k``, or where the engine asks after each draft pass, a budget beyond it with
+        the confidence rule that ends the loop. A probe (``k`` = 0) or an exploration down to 0 runs as it is."""
+        if not (k > 0 and run_k > 0 and self.traits.asks_stop_drafting):
+            return Decision(k=run_k)
+        budget = largest_fitting_k(ctx, min(run_k + self.params.early_stop_extra, self.max_k))
+        alphas = self.core.acceptance.alphas()
+        stop = ConfidenceStop(ctx.num_running, seconds, alphas, budget, self._early_stops, self.calibration.acceptance)
+        return Decision(k=budget, draft_stop=stop)
 
     def _resume_pays(self, ctx: StepContext, gain_tokens_per_s: float, k0_tokens_per_s: float) -> bool:
         """Whether the gain over k = 0 repays, within ``resume_payback_s``, the tokens the catch-up step costs."""
@@ -331,12 +235,6 @@ class AdaptivePolicy(Policy):
             explorer.interval_s, params.explore_interval_s, params.explore_backoff_max, k != self._k, grew
         )
         self._explorations_seen = explorer.num_explorations
-
-    def _back_off_probe(self, k: int) -> None:
-        probe, params = self.core.probe, self.params
-        grew = probe.num_probes > self._probes_seen
-        probe.interval_s = backed_off(probe.interval_s, params.probe_interval_s, params.probe_backoff_max, k > 0, grew)
-        self._probes_seen = probe.num_probes
 
     def warm_start(self, history: Sequence[StepRecord]) -> None:
         """Learn acceptance from the engine's earlier steps, and step costs only from a history that ran two k or
@@ -358,12 +256,12 @@ class AdaptivePolicy(Policy):
         # The residual is taken before the fit sees the step: out of sample, like the predictions it corrects.
         fitted = record
         if self.traits.batch_expansion and record.num_drafted_per_request:
-            # The target read each request's context once per scored position (module docstring, 1).
+            # The target read each request's context once per scored position (module docstring).
             drafting = len(record.num_drafted_per_request)
             reads = batch_expansion_context(record.num_context_tokens, drafting, record.num_drafted / drafting)
             fitted = replace(record, num_context_tokens=round(reads))
         # A cold fit's miss is the prior's, not a bias the fit keeps: left in, it stays in the offset of a k that
-        # does not run again in that bucket (module docstring, 3).
+        # does not run again in that bucket (module docstring).
         warm = self.latency.num_samples >= CORRECTION_AFTER_STEPS
         predicted_s = self.latency.observe(fitted)
         if warm:
@@ -375,34 +273,24 @@ class AdaptivePolicy(Policy):
     def _observe_acceptance(self, record: StepRecord) -> None:
         """What a step says besides its cost: acceptance, the confidences' calibration, the draft's lag."""
         self.core.observe(record)
-        if self.calibration is not None:
-            self.calibration.observe(record)
+        self.calibration.observe(record)
         self._lag.observe(record.k, record.num_draft_passes, record.num_batched_tokens, record.num_running)
 
-    def decode_seconds_all(self, ctx: StepContext, passes: int | None = None) -> np.ndarray:
+    def decode_seconds_all(self, ctx: StepContext) -> np.ndarray:
         """Per k = 0 .. max_k, the step's time the decodes are charged with: all of it minus the prefill's own
-        marginal cost. ``passes``: every row runs that many draft passes (k drafts verified each), else k."""
+        marginal cost."""
         batch, prefill = ctx.num_running, ctx.num_prefill_tokens
         ks = np.arange(self.max_k + 1)
-        if passes is None:
-            draft_passes = np.where(ks > 0, ks, int(self.traits.k0_runs_draft_pass))
-        else:
-            draft_passes = np.full_like(ks, passes)
+        draft_passes = np.where(ks > 0, ks, int(self.traits.k0_runs_draft_pass))
         context: float | np.ndarray = ctx.num_context_tokens
         if self.traits.batch_expansion:
             context = np.array([batch_expansion_context(ctx.num_context_tokens, batch, k) for k in ks.tolist()])
         step_s = self.latency.predict_many(context, prefill + batch * (ks + 1), draft_passes, batch)
         prefill_s = self.latency.batched_token_seconds(prefill) if prefill else 0.0
         factors = np.array(self.correction.factors(batch, self.max_k + 1))
-        if passes is not None:  # the offset is kept per k run; here that is ``passes`` in every row
-            factors = np.full_like(factors, factors[min(passes, self.max_k)])
         # Learned on whole steps, the factors scale the decodes' part only: a few per cent on a long prefill
         # chunk would outweigh what the drafts riding on it cost.
         return (step_s - prefill_s) * factors
-
-    @property
-    def _calibrate(self) -> Callable[[float], float] | None:
-        return self.calibration.acceptance if self.calibration is not None else None
 
     def decode_seconds(self, ctx: StepContext, k: int) -> float:
         return float(self.decode_seconds_all(ctx)[k])
@@ -410,8 +298,7 @@ class AdaptivePolicy(Policy):
     def describe(self) -> dict[str, float]:
         out = self.core.describe(self.latency)
         out["num_early_stops"] = float(self._early_stops.count)
-        if self.calibration is not None:
-            out["calibration_drafts_seen"] = self.calibration.seen()
+        out["calibration_drafts_seen"] = self.calibration.seen()
         out["draft_lag_tokens"] = float(self._lag.tokens)
         out["num_resumes_deferred"] = float(self.num_resumes_deferred)
         out["num_kv_cuts"] = float(self.num_kv_cuts)

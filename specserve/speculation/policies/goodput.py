@@ -30,8 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specserve.speculation.estimators.step_latency import StepLatencyModel
-from specserve.speculation.policies.parts.goodput_core import GoodputCore
-from specserve.speculation.policies.parts.probe import up_steps_for
+from specserve.speculation.policies.parts.goodput_core import GoodputCore, check_ranges, core_checks
 from specserve.speculation.policy import Policy, largest_k, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
 
@@ -62,22 +61,7 @@ class GoodputParams:
     explore_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.max_k is not None and self.max_k < 0:
-            raise ValueError(f"max_k={self.max_k} must be non-negative")
-        if not self.ema_half_life_steps > 0:
-            raise ValueError(f"ema_half_life_steps={self.ema_half_life_steps} must be positive")
-        if not 0.0 <= self.prior_alpha <= 1.0:
-            raise ValueError(f"prior_alpha={self.prior_alpha} must lie in [0, 1]")
-        if not self.probe_interval_s > 0:
-            raise ValueError(f"probe_interval_s={self.probe_interval_s} must be positive")
-        if self.probe_k < 1:
-            raise ValueError(f"probe_k={self.probe_k} must be at least 1")
-        if not self.latency_half_life_steps > 0:
-            raise ValueError(f"latency_half_life_steps={self.latency_half_life_steps} must be positive")
-        if not 0.0 <= self.min_gain < 1.0:
-            raise ValueError(f"min_gain={self.min_gain} must lie in [0, 1)")
-        if not self.explore_interval_s > 0:
-            raise ValueError(f"explore_interval_s={self.explore_interval_s} must be positive")
+        check_ranges(self, core_checks(self) | {"latency_half_life_steps": self.latency_half_life_steps > 0})
 
 
 @register
@@ -92,16 +76,7 @@ class GoodputPolicy(Policy):
         super().__init__(params, traits)
         # Largest k searched: the engine's buffers cap what the user asked for.
         self.max_k = largest_k(params.max_k, traits)
-        self.core = GoodputCore(
-            self.max_k,
-            ema_half_life_steps=params.ema_half_life_steps,
-            prior_alpha=params.prior_alpha,
-            probe_interval_s=params.probe_interval_s,
-            probe_k=params.probe_k,
-            min_gain=params.min_gain,
-            explore_interval_s=params.explore_interval_s,
-            explore_up_steps=up_steps_for(traits.drafts_ahead),
-        )
+        self.core = GoodputCore.from_params(self.max_k, params, traits)
         # Injectable so a profiled fit (profiles are data) can seed the prior; the default is generic. Every
         # observed step re-solves the fit (refit_every=1): its five coefficients are cheap to solve.
         if latency is None:

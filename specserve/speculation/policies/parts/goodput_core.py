@@ -12,16 +12,57 @@ probe while at k = 0 (``ZeroProbe``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from specserve.speculation.estimators.acceptance import PositionAcceptance
 from specserve.speculation.estimators.step_latency import StepLatencyModel
-from specserve.speculation.policies.parts.probe import NeighbourExplorer, ZeroProbe
+from specserve.speculation.policies.parts.probe import NeighbourExplorer, ZeroProbe, up_steps_for
 from specserve.speculation.policies.parts.ties import argmax_smallest
-from specserve.speculation.types import StepRecord
+from specserve.speculation.types import EngineTraits, StepRecord
 
 # Seconds below which a predicted step counts as this long: a fit with every coefficient clipped to 0 would
 # predict a free step, and goodput must stay finite.
 MIN_STEP_S = 1e-9
+
+
+class CoreParams(Protocol):
+    """The parameters ``GoodputCore`` reads, named alike in every policy built on it."""
+
+    @property
+    def max_k(self) -> int | None: ...
+    @property
+    def ema_half_life_steps(self) -> float: ...
+    @property
+    def prior_alpha(self) -> float: ...
+    @property
+    def probe_interval_s(self) -> float: ...
+    @property
+    def probe_k(self) -> int: ...
+    @property
+    def min_gain(self) -> float: ...
+    @property
+    def explore_interval_s(self) -> float: ...
+
+
+def check_ranges(params: object, checks: dict[str, bool]) -> None:
+    """Raise ValueError naming the first parameter whose range check (name -> in range) failed: a Params class's
+    ``__post_init__`` lists its checks once instead of an ``if``/``raise`` per field."""
+    for name, ok in checks.items():
+        if not ok:
+            raise ValueError(f"{name}={getattr(params, name)} is out of range")
+
+
+def core_checks(params: CoreParams) -> dict[str, bool]:
+    """Per parameter ``GoodputCore`` reads, whether its value is in range (for ``check_ranges``)."""
+    return {
+        "max_k": params.max_k is None or params.max_k >= 0,
+        "ema_half_life_steps": params.ema_half_life_steps > 0,
+        "prior_alpha": 0.0 <= params.prior_alpha <= 1.0,
+        "probe_interval_s": params.probe_interval_s > 0,
+        "probe_k": params.probe_k >= 1,
+        "min_gain": 0.0 <= params.min_gain < 1.0,
+        "explore_interval_s": params.explore_interval_s > 0,
+    }
 
 
 class GoodputCore:
@@ -38,7 +79,6 @@ class GoodputCore:
         min_gain: float,
         explore_interval_s: float,
         explore_up_steps: int = 1,
-        explore_zero_every: int = 0,
         probe_on_turnover: bool = False,
     ) -> None:
         # The largest k searched: the policy's max_k capped by the engine's.
@@ -47,11 +87,29 @@ class GoodputCore:
             max_k=max(1, max_k), half_life_steps=ema_half_life_steps, prior_alpha=prior_alpha
         )
         self.probe = ZeroProbe(probe_interval_s, on_turnover=probe_on_turnover)
-        self.explorer = NeighbourExplorer(explore_interval_s, up_steps=explore_up_steps, zero_every=explore_zero_every)
+        self.explorer = NeighbourExplorer(explore_interval_s, up_steps=explore_up_steps)
         self.probe_k = probe_k
         self.min_gain = min_gain
         # Predicted goodput of the k the policy chose last (before exploration or probing), for ``describe``.
         self.last_goodput_tokens_per_s = 0.0
+
+    @classmethod
+    def from_params(
+        cls, max_k: int, params: CoreParams, traits: EngineTraits, *, probe_on_turnover: bool = False
+    ) -> GoodputCore:
+        """The core a policy's parameters describe, searching 0..``max_k`` (the policy's cap after the engine's).
+        An upward exploration lasts as long as the engine needs to verify a draft at its new depth."""
+        return cls(
+            max_k,
+            ema_half_life_steps=params.ema_half_life_steps,
+            prior_alpha=params.prior_alpha,
+            probe_interval_s=params.probe_interval_s,
+            probe_k=params.probe_k,
+            min_gain=params.min_gain,
+            explore_interval_s=params.explore_interval_s,
+            explore_up_steps=up_steps_for(traits.drafts_ahead),
+            probe_on_turnover=probe_on_turnover,
+        )
 
     def goodputs(self, num_running: int, decode_seconds: Sequence[float]) -> list[float]:
         """Predicted tokens per second of the decodes for k = 0..max_k, from their seconds per k."""

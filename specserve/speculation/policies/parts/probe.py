@@ -98,10 +98,6 @@ class NeighbourExplorer:
     not asked, and a policy whose k moves on its own varies the data already). Directions alternate, down
     first; at ``max_k`` only down.
 
-    With ``zero_every`` = n > 0, every n-th step down goes to k = 0 instead of k - 1. Without it a policy settled
-    at k >= 2 never measures a step without draft passes, and its step-cost fit prices k = 0 by extrapolation: on
-    the tiny trained pair served on a 2-core CPU, 37 ms at four requests against 13.8 ms measured there later.
-
     A step up lasts ``up_steps`` steps. Where drafts are verified a step after they were made
     (``EngineTraits.drafts_ahead``, vLLM) the first step at k + 1 verifies the k drafts made before it, and
     only a second one verifies k + 1: one step up would pay a pass and never show the acceptance at position
@@ -109,17 +105,13 @@ class NeighbourExplorer:
     shrinkage), and nothing would ever pull it back.
     """
 
-    def __init__(self, interval_s: float, up_steps: int = 1, zero_every: int = 0) -> None:
+    def __init__(self, interval_s: float, up_steps: int = 1) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s={interval_s} must be positive (math.inf turns exploration off)")
         if up_steps < 1:
             raise ValueError(f"up_steps={up_steps} must be at least 1")
-        if zero_every < 0:
-            raise ValueError(f"zero_every={zero_every} must be 0 (never) or more")
         self.interval_s = interval_s
         self.up_steps = up_steps
-        self.zero_every = zero_every
-        self._num_down = 0
         # Steps up still to run in the current exploration.
         self._up_left = 0
         # The k the policy has settled on, since when (or since its last exploration step), and the time of
@@ -154,5 +146,4 @@ class NeighbourExplorer:
         if up:
             self._up_left = self.up_steps - 1
             return k + 1
-        self._num_down += 1
-        return 0 if self.zero_every and self._num_down % self.zero_every == 0 else k - 1
+        return k - 1

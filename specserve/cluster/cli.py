@@ -33,6 +33,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+# Placeholders until the project is published: mkdocs.yml's site_url and repo_url (a unit test keeps them equal).
+DOCS_URL = "https://specserve.readthedocs.io/en/latest/"
+REPO_URL = "https://github.com/specserve/specserve"
+# The wheel carries the package only: the cluster files and dashboards are the repository's, so the help says where.
+EPILOG = f"""\
+docs: {DOCS_URL}
+deployment files (ray up, Serve, KubeRay, Prometheus, Grafana) are not installed with the package:
+  {REPO_URL}/tree/main/deploy
+Grafana dashboards (JSON, and the code that generates them):
+  {REPO_URL}/tree/main/dashboards"""
+
+
 def version() -> str:
     """The installed distribution's version; a source tree run without installing has none."""
     try:
@@ -42,7 +54,12 @@ def version() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specserve", description="LLM serving with adaptive speculative decoding.")
+    parser = argparse.ArgumentParser(
+        prog="specserve",
+        description="LLM serving with adaptive speculative decoding.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"specserve {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 

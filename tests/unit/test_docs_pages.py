@@ -1,15 +1,13 @@
-"""The docs site's generated pages match the code, every alert has its runbook, and `specserve --version`
-answers."""
+"""The docs site's generated pages match the code, and every alert has its runbook."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
-from specserve.cluster import alert_rules, cli, reference_pages
+from specserve.cluster import alert_rules, reference_pages
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,14 +31,6 @@ def test_the_cli_page_lists_every_command_and_the_metrics_page_every_series():
     metrics_page = reference_pages.metrics_page()
     for metric in reference_pages.catalog.ALL_METRICS:
         assert f"`{metric.exported}`" in metrics_page
-
-
-def test_version_prints_the_installed_version(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(["--version"])
-    assert exit_.value.code == 0
-    expected = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-    assert capsys.readouterr().out == f"specserve {expected}\n"
 
 
 def _site() -> dict:

@@ -42,7 +42,7 @@ DOCS_PINS = $(shell $(BIN)/python -c 'import tomllib; print(" ".join(tomllib.loa
 
 docs: $(STAMP)
 	$(BIN)/python -m pip install -q --progress-bar off $(DOCS_PINS)
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The serve and cluster tiers (tests/serve: live `specserve serve` processes, Ray clusters, Prometheus) run apart,
 # so that `make test` stays a half-hour loop on a 2-core CPU; CI runs both.

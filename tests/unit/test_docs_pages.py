@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,14 @@ def test_every_alert_has_a_runbook_section_its_annotation_points_at():
         section = page.split(f"### {alert.name}\n", 1)[1].split("\n### ", 1)[0]
         for part in ("**What it means.**", "**What to look at.**", "**What to do.**"):
             assert part in section, (alert.name, part)
+
+
+def test_every_relative_link_in_the_lab_notebook_resolves():
+    # The notebook is not part of the docs site, so mkdocs' strict build does not check its citations.
+    broken = []
+    for page in sorted((REPO / "lab" / "notebook").glob("*.md")):
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if "://" not in target and not target.startswith("#"):
+                if not (page.parent / target.partition("#")[0]).exists():
+                    broken.append(f"{page.name}: {target}")
+    assert not broken

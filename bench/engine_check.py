@@ -10,7 +10,7 @@ for perf-S-clients a closed loop of 1 -> 8 -> 1 clients. A policy that chooses k
 a fixed one in the first round only (its k cannot differ) except under the closed loop, where its throughput is
 the test and every policy runs every round. Then one CPU step-time model is fitted to all their
 busy steps and the simulator replays the same load under each policy with it
-(specserve/experiments/engine_check.py). Writes engine-check[-PAIR].md/.png/.json, the trace (if any) and
+(lab/experiments/engine_check.py). Writes engine-check[-PAIR].md/.png/.json, the trace (if any) and
 the raw step log under --out. --steps re-fits and re-simulates a step log an earlier run wrote (the trace beside
 it), without the engine: for a change to the fit or to the simulator.
 """
@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specserve.experiments import engine_check, engine_check_report
+from lab.experiments import engine_check, engine_check_report
 from specserve.speculation import EngineTraits, make_policy, split_specs
 
 MAX_K = 4
@@ -77,11 +77,12 @@ def main() -> int:
             make_policy(spec, EngineTraits(max_k=MAX_K))
         except ValueError as exc:
             parser.error(f"--policies: {spec!r}: {exc}")
+    from lab.harness.replay import replay, replay_clients
     from specserve.models import cached_pair
     from specserve.models.training import native_bf16
-    from specserve.replicas import engine_env, offline
-    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
-    from specserve.replicas.replay import replay, replay_clients
+    from specserve.replicas.config import engine_env
+    from specserve.replicas.config.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.tools import offline
 
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [] if setup.closed else engine_check.make_trace(args.seed, setup.segments)

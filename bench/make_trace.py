@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lab.experiments.engine_check import TraceRow, write_trace
 from specserve.bench.load import parse_rate
-from specserve.experiments.engine_check import TraceRow, write_trace
 from specserve.sim.config import RateSegment
 from specserve.sim.workload import poisson_arrivals
 

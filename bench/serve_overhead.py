@@ -14,7 +14,7 @@ Ways to serve the same pair at the same fixed k:
 - ``uni`` / ``mp``: ``specserve serve --config CONFIG --policy fixed:k=K --max-k K`` in its own session
   (stopped by its PID with SIGINT), loaded by ``specserve bench run``'s closed loop over HTTP (run in this
   process): Ray Serve's proxy and OpenAI ingress, the replica, our scheduler and policy, streaming. ``uni`` and
-  ``mp`` are the two ``cpu.executor`` settings (``specserve/replicas/engine.py``): the worker inside the
+  ``mp`` are the two ``cpu.executor`` settings (``specserve/replicas/serve/engine.py``): the worker inside the
   EngineCore process, or in a process of its own. ``uni1``: ``uni`` with ``cpu.threads: 1``, the one OpenMP
   thread Ray gives a replica that reserves no CPU, against the config's own ``cpu.threads``. ``fast``: ``uni``
   with ``server.throughput_optimized: true``, Ray Serve's throughput-optimized mode (gRPC between deployments,
@@ -43,7 +43,7 @@ different token streams: at 4 clients on perf pair S 0.20 of the drafts accepted
 showed it).
 Each round starts each way once, the order alternating between rounds; the JSON gives output
 tokens/s and mean end-to-end latency per way and concurrency, each served way's paired ratio to bare, and the
-CPU time per output token of every process involved, by role (``specserve.bench.cpu_share``).
+CPU time per output token of every process involved, by role (``lab.instruments.cpu_share``).
 On a machine with few cores the client, Ray's processes and the engine share them, so the ratio there is an
 upper bound on the overhead a GPU node with spare cores would see. ``--pin-engine CORES`` measures that node
 instead: once each way's engine has started, every thread of its engine processes is pinned to CORES (one
@@ -74,10 +74,10 @@ from typing import Any
 import psutil
 import yaml
 
-from specserve.bench.cpu_share import CpuTally, cores_by_role, pin_engine
+from lab.experiments.report_io import emit_report
+from lab.instruments.cpu_share import CpuTally, cores_by_role, pin_engine
 from specserve.bench.stats import spread
-from specserve.experiments.report_io import emit_report
-from specserve.replicas.cpu_affinity import set_cores, spans, split_cores
+from specserve.replicas.config.cpu_affinity import set_cores, spans, split_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -168,7 +168,7 @@ def parse_env(text: str) -> tuple[str, str]:
 
 def bare_kwargs(config: dict[str, Any], k: int, specserve: bool = False, step_log: str | None = None) -> dict[str, Any]:
     from specserve.cluster.app import CPU_ENGINE_DEFAULTS
-    from specserve.replicas.engine_args import EngineSpec, plain_vllm_kwargs, speculative_engine_kwargs
+    from specserve.replicas.config.engine_args import EngineSpec, plain_vllm_kwargs, speculative_engine_kwargs
 
     # The served ways' CPU engine: the config's engine_kwargs over specserve's CPU defaults; so must the engines
     # they are compared with be (sizes and dtype).
@@ -238,7 +238,7 @@ def run_bare(config: dict[str, Any], args: argparse.Namespace, specserve: bool =
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from specserve.bench.prompts import Prompter
-    from specserve.replicas import engine_env
+    from specserve.replicas.config import engine_env
 
     results: dict[int, dict[str, float]] = {}
     windows: dict[int, tuple[float, float]] = {}
@@ -287,7 +287,7 @@ def run_served(config: dict[str, Any], way: str, args: argparse.Namespace) -> di
     """``uni`` / ``mp``: ``specserve serve`` with that executor; ``vllm``: vLLM's own OpenAI server, no Ray."""
     env = None
     if way == "vllm":
-        from specserve.replicas import engine_env
+        from specserve.replicas.config import engine_env
 
         kwargs = bare_kwargs(config, args.k)
         cmd = [

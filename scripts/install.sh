@@ -21,8 +21,9 @@ pip_quiet() {
 started=$(date +%s)
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 pip_quiet install --progress-bar off --upgrade pip
-echo "install.sh: installing specserve[$EXTRA,test] into $VENV (first time: a few minutes)" >&2
-pip_quiet install --progress-bar off -e ".[$EXTRA,test]"
+# lab: the lab's and the benchmarks' plots and progress bars (matplotlib, tqdm), which the tests run too.
+echo "install.sh: installing specserve[$EXTRA,test,lab] into $VENV (first time: a few minutes)" >&2
+pip_quiet install --progress-bar off -e ".[$EXTRA,test,lab]"
 
 if [ "$EXTRA" = cpu ]; then
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: importing them on a CPU-only machine

@@ -348,8 +348,16 @@ def _load_note(args: argparse.Namespace) -> str:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from specserve.bench.compare import Comparison, Settings, default_headline, run_cache_salt, write_results
+    from specserve.bench.compare import (
+        Comparison,
+        Settings,
+        default_headline,
+        require_plots,
+        run_cache_salt,
+        write_results,
+    )
 
+    require_plots()
     url = base_url(args.url)
     backend: PolicyBackend = args.policy_backend
     specs = backend.parse(args.policies)
@@ -465,8 +473,9 @@ def _restore(cluster: PolicySwitch, original: str | None) -> None:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from specserve.bench.compare import merge, read_results, write_results
+    from specserve.bench.compare import merge, read_results, require_plots, write_results
 
+    require_plots()
     if len(args.results) > 1 and not args.out:
         raise BenchError("--out: several results make a new page; say where (a path prefix)")
     documents = [(path, read_results(path)) for path in args.results]

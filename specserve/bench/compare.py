@@ -22,6 +22,7 @@ bookkeeping are testable without a server.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -454,9 +455,19 @@ def markdown(document: dict[str, Any], summary: list[dict[str, Any]], headline_m
     return lines
 
 
+def require_plots() -> None:
+    """Fail before any request is sent where the page's plots cannot be drawn: matplotlib is not a runtime
+    dependency (it comes with the ``lab`` extra), and a comparison takes minutes to hours."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise BenchError(
+            "the results page's plots need matplotlib, which is not installed: pip install 'specserve[lab]'"
+        )
+
+
 def write_results(document: dict[str, Any], prefix: Path, headline_metric: str) -> list[Path]:
     """``PREFIX.json`` (every run's report), ``PREFIX.md`` and the plots; returns the paths written."""
-    from specserve.bench import plots  # matplotlib: slow to import
+    require_plots()
+    from specserve.bench import plots  # matplotlib: slow to import, and not a runtime dependency
 
     prefix.parent.mkdir(parents=True, exist_ok=True)
     json_path, md_path = prefix.with_name(prefix.name + ".json"), prefix.with_name(prefix.name + ".md")

@@ -128,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
     add_model_commands(models, dest="models_command")
     models.set_defaults(run=_models)
 
-    from specserve.experiments import cli as sim_cli  # the kernel's and the campaign's; no Ray or vLLM
+    from specserve.sim import cli as sim_cli  # the simulator's commands; no Ray or vLLM
 
     sim = commands.add_parser("sim", help="discrete-event serving simulator driving the same policies")
     sim_cli.add_commands(sim, dest="sim_command")

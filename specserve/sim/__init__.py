@@ -7,7 +7,8 @@ objects that run inside vLLM choose k here, step by step, in virtual time.
     run_scenario("turbospec-h100-qps-sweep", "adaptive", seed=0)["throughput_tok_s"]
 
 This package is the kernel. The paper campaign built on it (reproduce, leaderboard, latency-check, their
-reports and the papers' numbers) is ``specserve.experiments``, which imports this package and never the reverse.
+reports and the papers' numbers) is the lab's (``lab/experiments``, outside the installed package), which imports
+this package and never the reverse.
 """
 
 from specserve.sim.config import Scenario

@@ -1,6 +1,5 @@
-"""``python -m specserve.sim scenarios|compare|mlp-samples|train-mlp ...``: the kernel's commands without the main
-command line. The paper campaign's (reproduce, leaderboard, latency-check) are under ``specserve sim`` and
-``python -m specserve.experiments``."""
+"""``python -m specserve.sim scenarios|compare ...``: the kernel's commands without the main command line. The paper
+campaign's (reproduce, leaderboard, latency-check, gpu-fit) and SpecKV training's are the lab's: ``python -m lab``."""
 
 import argparse
 import sys

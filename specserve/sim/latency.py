@@ -16,7 +16,7 @@ Each forward pass is priced by a ``ForwardCost``:
 The per-layer cost t_layer is work every layer does whatever its size: under CUDA graphs the small kernels
 (norms, rotary, activation, residual adds), 5 us; in an eager engine (vLLM enforce_eager) the Python
 dispatch of each layer's kernels, 90 us, added rather than overlapped. Both are fitted to the papers' step
-times by ``specserve sim latency-check`` (latency_check.py, bench/results/latency-check.md): SpecKV's five
+times by ``python -m lab latency-check`` (latency_check.py, bench/results/latency-check.md): SpecKV's five
 eager step times (SpecKV §5.1) sat at 0.73-0.76 of the measured without it and 0.98-1.04 with it; under CUDA graphs
 the fit is flat from 0 to about 10 us, bounded by a vLLM V1 batch-1 decode rate (vLLM PR #16937).
 """
@@ -34,7 +34,7 @@ from specserve.sim.profiles import HardwareProfile, LinearFit, ModelProfile
 
 
 class ForwardCost(Protocol):
-    # Token counts may be fractional: latency-check prices mean batches and contexts (experiments/).
+    # Token counts may be fractional: latency-check prices mean batches and contexts (lab/experiments/).
     def forward_s(self, num_context_tokens: float, num_batched_tokens: float) -> float: ...
 
 

@@ -9,7 +9,8 @@
   mlp); ``policies.parts`` holds the pieces only policies use.
 - ``estimators``: what policies learn online: acceptance per draft position, step latency, the per-bucket
   correction of step latency, AdaSpec's SLO-aware efficiency.
-- ``speckv``: SpecKV's acceptance predictor (the MLP, its training, samples, synthetic data, default weights).
+- ``speckv``: SpecKV's acceptance predictor (the MLP and its default weights; its training is in the lab,
+  ``lab/speckv``).
 
 ``make_policy("goodput:max_k=4", EngineTraits(max_k=4))`` builds one by name; ``adaptive`` is the project's
 default (TurboSpec's goodput argmax with a piecewise-linear step cost, prefill priced at the margin, and
@@ -31,7 +32,6 @@ from specserve.speculation.policies.slo import SloParams, SloPolicy
 from specserve.speculation.policies.static_table import StaticTableParams, StaticTablePolicy
 from specserve.speculation.policies.ucb import UcbParams, UcbPolicy
 from specserve.speculation.policy import Policy, alias, make_policy, parse_spec, policy_names, register, split_specs
-from specserve.speculation.speckv.training import train_mlp
 from specserve.speculation.types import Decision, DraftStop, EngineTraits, StepContext, StepRecord
 
 __all__ = [
@@ -71,5 +71,4 @@ __all__ = [
     "policy_names",
     "register",
     "split_specs",
-    "train_mlp",
 ]

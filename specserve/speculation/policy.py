@@ -132,7 +132,7 @@ def make_policy(spec: str, traits: EngineTraits) -> Policy:
     if name in SIMULATOR_ONLY:
         raise ValueError(
             f"policy {name!r} runs only in the simulator: {SIMULATOR_ONLY[name]} (use it with `specserve sim compare` "
-            "or `specserve sim leaderboard`)"
+            "or `python -m lab leaderboard`)"
         )
     resolved = _ALIASES.get(name, name)
     if resolved not in _REGISTRY:

@@ -1,10 +1,10 @@
 """One engine step as a JSON line: the context its policy chose k from, and the record of what the step ran.
 
 An engine started with a step log (``step_log`` in the serve config) appends one line per step; a policy's
-decisions can then be replayed offline exactly (``bench/policy_replay.py``): the same contexts in, the same
-records observed, so a fresh policy of the same spec chooses the k the engine's did, and every prediction it
-made along the way can be read. The policy spec travels in each line, so the runs of a ``bench compare`` that
-switched policies on one engine split apart again.
+decisions can then be replayed offline exactly (the lab's ``lab/studies/policy_replay/policy_replay.py``): the same
+contexts in, the same records observed, so a fresh policy of the same spec chooses the k the engine's did, and every
+prediction it made along the way can be read. The policy spec travels in each line, so the runs of a
+``bench compare`` that switched policies on one engine split apart again.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def test_an_offline_batch_at_max_num_seqs_announces_each_prompt_once(trained_pai
 
 
 def test_the_step_log_replays_every_k_the_engine_chose(shared_engine):
-    from specserve.experiments.policy_replay import replay_run, runs
+    from lab.experiments.policy_replay import replay_run, runs
 
     engine = shared_engine
     first = engine.telemetry().num_steps

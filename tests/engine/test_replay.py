@@ -1,9 +1,9 @@
 """The engine half of the simulator-vs-engine check: a trace and a closed loop of clients driven into a real
-engine in real time (``replicas.replay``), on the tiny trained pair."""
+engine in real time (``lab.harness.replay``), on the tiny trained pair."""
 
 from __future__ import annotations
 
-from specserve.replicas.replay import replay, replay_clients
+from lab.harness.replay import replay, replay_clients
 from specserve.sim.config import ClientPhase
 from specserve.sim.workload import clients_at
 

@@ -1,6 +1,6 @@
 """``adaptive`` judged by what it achieves in the simulator, not by the k sequence it happens to choose.
 
-The full bar (every built-in scenario, every rival, three seeds) is ``specserve sim leaderboard``, minutes of
+The full bar (every built-in scenario, every rival, three seeds) is ``python -m lab leaderboard``, minutes of
 runs; here two 10 s scenarios below saturation, where the policy's choice shows in latency: the linear H100 fit
 (speculation pays, k = 2 is best) and a roofline RTX 4090 7B pair at 20 QPS (k = 3 is best, k = 0 costs 80%).
 """

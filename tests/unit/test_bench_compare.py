@@ -276,6 +276,17 @@ def test_results_page_plots_and_json_regenerate(tmp_path: Path):
     )
 
 
+def test_without_matplotlib_the_commands_that_draw_fail_first_naming_the_extra(tmp_path: Path, monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    results = tmp_path / "missing.json"  # never read: the check comes before the input
+    assert main(["bench", "report", str(results), "--out", str(tmp_path / "page")]) == 2
+    assert "pip install 'specserve[lab]'" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 def test_comparisons_of_different_loads_and_policies_merge_into_one_page(tmp_path: Path, capsys):
     # One comparison per load, each with the fixed k that can win there (as on a slow machine one would run
     # them): the merged page has both loads, each point ranked among its own policies.

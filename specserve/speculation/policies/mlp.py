@@ -17,7 +17,7 @@ Choices the paper leaves open (it evaluates offline, at batch size 1):
   instead of one per request; the batch shares one k). Per-request gamma is not produced.
 - Until a step with draft signals has been observed the policy behaves exactly like ``goodput:max_k=4``,
   which it feeds every record. The vLLM engine reports both signals from the draft's logits
-  (``replicas/draft_signals.py``). If the candidates include 0 and the policy picks it, the features go stale
+  (``replicas/worker/draft_signals.py``). If the candidates include 0 and the policy picks it, the features go stale
   until the latency fit or the batch moves the choice.
 - The cost objective's T(gamma) leaves out the step's prefill chunk, as ``goodput`` does (its module docstring):
   the chunk runs whatever gamma is, and charged to T it makes long drafts look like they amortise it.
@@ -25,8 +25,8 @@ Choices the paper leaves open (it evaluates offline, at batch size 1):
 What the engine must provide: per drafted token the draft's probability of the drafted token and the
 draft distribution's entropy (``StepRecord.draft_confidence_per_request``, ``draft_entropy_per_request``,
 nats); per-request gamma needs per-request draft lengths. The default weights are synthetic
-(``speckv.synthetic``) until retrained on real step logs with ``specserve sim train-mlp``; the ``weights``
-parameter names the file.
+(the lab's ``lab/speckv/synthetic.py``) until retrained on real step logs with ``python -m lab train-mlp``; the
+``weights`` parameter names the file.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class MlpParams:
     objective: str = "cost"
     # The target's weight quantization, fp16 / int8 / nf4: the compression feature (SpecKV §4.1).
     compression: str = "fp16"
-    # Path of a weights JSON from ``specserve sim train-mlp``; empty means the packaged synthetic defaults.
+    # Path of a weights JSON from ``python -m lab train-mlp``; empty means the packaged synthetic defaults.
     weights: str = ""
     # Latency fit half-life in steps, as in ``goodput``.
     latency_half_life_steps: float = 1000.0

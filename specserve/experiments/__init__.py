@@ -1,7 +1,0 @@
-"""The paper campaign on top of the simulator kernel (``specserve.sim``): reproduce each paper's comparisons, the
-leaderboard that sets one policy against the whole zoo, and the latency model checked against the papers' step
-times, with their reports and plots. The papers' numbers are data with citations under ``papers/``.
-
-This package imports the kernel; the kernel never imports it (tests/sim/test_layering.py). Its commands join the
-kernel's under ``specserve sim`` (``specserve.experiments.cli``).
-"""

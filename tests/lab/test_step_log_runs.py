@@ -1,4 +1,5 @@
-"""``bench/step_log_runs.py``: each run of a step log summarised, and with ``--phases`` split by time."""
+"""``lab/studies/step_costs/step_log_runs.py``: each run of a step log summarised, and with ``--phases`` split
+by time."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from bench_scripts import run_bench
+from lab_scripts import run_script
 from speculation_synthetic import make_record
 
 from specserve.speculation import EngineTraits, StepContext, step_log
@@ -35,7 +36,7 @@ def write_log(path: Path) -> list[list[int]]:
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_bench("step_log_runs.py", *args)
+    return run_script("lab/studies/step_costs/step_log_runs.py", *args)
 
 
 def test_phases_split_each_runs_tokens_and_batch_by_time(tmp_path: Path) -> None:

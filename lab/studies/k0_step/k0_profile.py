@@ -1,12 +1,13 @@
 """Where a k = 0 step's time goes: cProfile of greedy decoding on an engine built in this process.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/k0_profile.py [--engine skip|no_spec] [--batch 8] [--tokens 200]
+    PYTHONPATH=$PWD .venv/bin/python lab/studies/k0_step/k0_profile.py \
+        [--engine skip|no_spec] [--batch 8] [--tokens 200]
         [--pair trained | --pair perf --size S --agreement 0.6] [--against-plain] [--out FILE]
 
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the profiler sees the scheduler, the
 runner and specserve's hooks together. After a warm-up generation, one generation of ``--batch`` prompts x
 ``--tokens`` tokens at k = 0 is profiled. Printed: the steps' profiled time, the self time of specserve's own
-functions per step (the cost `bench/k0_step.py` cannot separate from noise), and the largest of them. The
+functions per step (the cost `lab/studies/k0_step/k0_step.py` cannot separate from noise), and the largest of them. The
 profiler inflates Python-heavy code two to three times, so read the shares, not the absolute times.
 
 ``--against-plain`` then profiles an engine without speculation the same way and adds what the speculative
@@ -26,7 +27,7 @@ from typing import Any
 
 from k0_step import PROMPTS, engine_kwargs, generation_s
 
-from specserve.experiments.report_io import emit_report
+from lab.experiments.report_io import emit_report
 from specserve.models.arguments import add_perf_options
 
 OURS = os.sep + "specserve" + os.sep
@@ -69,7 +70,7 @@ def beyond(spec: pstats.Stats, plain: pstats.Stats, steps: int, top: int) -> dic
 
 def profile_engine(name: str, target: str, draft: str, batch: int, tokens: int) -> tuple[float, pstats.Stats]:
     """Seconds of one unprofiled generation after a warm-up, and the profile of the next."""
-    from specserve.replicas import offline
+    from specserve.replicas.tools import offline
 
     with offline.offline_llm(**engine_kwargs(name, target, draft)) as llm:
         generation_s(llm, batch, tokens)  # warm-up
@@ -99,7 +100,7 @@ def main() -> None:
         parser.error("--against-plain compares a speculative --engine (skip or no_skip) with no_spec")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from specserve.models import cached_pair
-    from specserve.replicas import engine_env
+    from specserve.replicas.config import engine_env
 
     options = {"size": args.size, "agreement": args.agreement} if args.pair == "perf" else {}
     pair = cached_pair(args.pair, **options)

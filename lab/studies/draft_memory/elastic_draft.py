@@ -1,7 +1,8 @@
 """Elastic draft memory on a real vLLM engine (CPU): one offload -> expand -> contract -> reload cycle while
 requests stream, against the same requests decoded without speculation.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/elastic_draft.py [--pair perf --size S --agreement 0.6 | --pair trained]
+    PYTHONPATH=$PWD .venv/bin/python lab/studies/draft_memory/elastic_draft.py \
+        [--pair perf --size S --agreement 0.6 | --pair trained]
         [--requests 16] [--max-tokens 160] [--blocks 40] [--block-size 128] [--dtype bfloat16] [--out FILE]
 
 One engine (fixed k = 4, a KV pool of ``--blocks`` blocks so the requests press on it). The requests arrive
@@ -27,7 +28,7 @@ import tempfile
 import time
 from typing import Any
 
-from specserve.experiments.report_io import emit_report
+from lab.experiments.report_io import emit_report
 from specserve.models.arguments import add_perf_options
 from specserve.models.prompts import OPENINGS
 
@@ -113,8 +114,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from specserve.models import cached_pair
-    from specserve.replicas import engine_env, offline
-    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.config import engine_env
+    from specserve.replicas.config.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.tools import offline
 
     options = {"size": args.size, "agreement": args.agreement} if args.pair == "perf" else {}
     pair = cached_pair(args.pair, **options)

@@ -1,6 +1,7 @@
 """Does a minimum dwell after a reload (``memory.min_resident_s``) cut offload/reload cycles in the simulator?
 
-    .venv/bin/python bench/memory_dwell.py [--seeds 0,1,2] [--policies bandit,adaptive] [--out bench/results]
+    .venv/bin/python lab/studies/draft_memory/memory_dwell.py \
+        [--seeds 0,1,2] [--policies bandit,adaptive] [--out bench/results]
 
 Runs bench/scenarios/memory/nightjar-4090-7b-burst.yaml (Nightjar's 7B burst-spike setting) and the same setting
 under a high/low oscillation (Nightjar App. C's other stress shape: 20 QPS for 12 s, then 0 QPS for 12 s, over
@@ -69,7 +70,7 @@ def main() -> None:
                 runs[name][policy][dwell] = [one_run(dwelt, policy, seed, name) for seed in seeds]
 
     out.mkdir(parents=True, exist_ok=True)
-    command = " ".join([".venv/bin/python bench/memory_dwell.py", *sys.argv[1:]])
+    command = " ".join([".venv/bin/python lab/studies/draft_memory/memory_dwell.py", *sys.argv[1:]])
     serial = {name: {p: {str(d): r for d, r in by.items()} for p, by in c.items()} for name, c in runs.items()}
     (out / "memory-dwell.json").write_text(json.dumps({"command": command, "reload_s": reload_s, "runs": serial}))
     lines = [

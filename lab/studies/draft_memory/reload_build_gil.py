@@ -1,7 +1,8 @@
 """Does rebuilding the draft hold the engine's interpreter? The draft's rebuild (``draft_memory.DraftLoader``) runs
 on a thread beside the engine's steps; while a C call holds Python's GIL, the step loop cannot run its Python.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/reload_build_gil.py [--size S] [--dtype float32] [--rounds 3] [--out FILE]
+    PYTHONPATH=$PWD .venv/bin/python lab/studies/draft_memory/reload_build_gil.py \
+        [--size S] [--dtype float32] [--rounds 3] [--out FILE]
 
 One engine in this process (no EngineCore process, so its worker is reachable), perf pair S. Each round drops the
 draft and rebuilds it on the loader's thread while a ticker thread sleeps 1 ms at a time and records how late it
@@ -19,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from specserve.experiments.report_io import emit_report
+from lab.experiments.report_io import emit_report
 from specserve.models.arguments import add_perf_options
 
 
@@ -44,7 +45,7 @@ def wrap_phases(phases: list[tuple[str, float, float]]) -> None:
 
 
 def one_round(runner: Any, phases: list[tuple[str, float, float]]) -> dict[str, Any]:
-    from specserve.replicas import draft_memory
+    from specserve.replicas.draft_memory import worker as draft_memory
 
     draft_memory.drop_draft(runner)
     wakes: list[tuple[float, float]] = []
@@ -90,8 +91,9 @@ def main() -> None:
     from vllm import SamplingParams
 
     from specserve.models import cached_pair
-    from specserve.replicas import engine_env, offline
-    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.config import engine_env
+    from specserve.replicas.config.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.tools import offline
 
     pair = cached_pair("perf", size=args.size, agreement=args.agreement)
     spec = EngineSpec(

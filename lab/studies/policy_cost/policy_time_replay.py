@@ -1,13 +1,15 @@
 """The policy's own time on an engine's logged steps, outside the engine: the same choose and observe calls on the
 same contexts and records, timed in a process that does nothing else.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/policy_cost.py --pair perf --size S --agreement 0.6 \\
+    PYTHONPATH=$PWD .venv/bin/python lab/studies/policy_cost/policy_cost.py --pair perf --size S --agreement 0.6 \\
         --policies adaptive,fixed:k=2 --step-log /tmp/steps.jsonl
-    PYTHONPATH=$PWD .venv/bin/python bench/policy_time_replay.py /tmp/steps.jsonl [--policy adaptive] [--profile 12]
+    PYTHONPATH=$PWD .venv/bin/python lab/studies/policy_cost/policy_time_replay.py /tmp/steps.jsonl \
+        [--policy adaptive] [--profile 12]
 
 One JSON line per run (one engine, one policy spec): steps, microseconds per step in choose + observe (median over
 ``--repeats`` replays, each from a fresh policy warm-started as the engine warm-starts one), and with ``--profile N``
-the N functions with the most cumulative time under choose and observe. Beside ``bench/policy_cost.py``'s
+the N functions with the most cumulative time under choose and observe. Beside
+``lab/studies/policy_cost/policy_cost.py``'s
 in-engine figure this tells the policy's own work from what running inside the engine adds.
 """
 
@@ -23,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from specserve.experiments.policy_replay import load_log_arg, runs, warm_policy
+from lab.experiments.policy_replay import load_log_arg, runs, warm_policy
 
 
 def timed_replay(steps, start: int, stop: int, profiler: cProfile.Profile | None = None) -> float:

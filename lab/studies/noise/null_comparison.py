@@ -1,13 +1,13 @@
 """What `bench compare` reads for a policy exactly as good as the best fixed k, given this machine's noise.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/null_comparison.py \
+    PYTHONPATH=$PWD .venv/bin/python lab/studies/noise/null_comparison.py \
         --pages bench/results/cpu-perf-S-c*-30s*.json [--sigma S] [--tied 1,2,3] [--rounds 5,8,16,32] \
         [--trials 1000] [--bar 0.97] [--out bench/results/null_comparison]
 
 Every run's rate is its policy's true rate times independent log-normal noise of spread ``sigma`` (estimated,
 unless given, from committed comparisons: the spread over rounds of the log ratio of two fixed policies in the
 same round, divided by sqrt 2, median over every pair of every page). ``tied`` fixed policies share the best
-rate, and the policy under test has that rate too. ``specserve.bench.noise`` then applies the statistics of
+rate, and the policy under test has that rate too. ``lab.instruments.noise`` then applies the statistics of
 every results page (the best fixed picked within rounds, the median per-round ratio and its paired bootstrap
 interval). With more than one tied fixed policy the one picked as best is the one the noise favoured, so an
 equal policy reads below 1 on average (the winner's curse), and below ``--bar`` in some share of invocations.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specserve.bench.noise import equal_policy_readings, per_run_spreads
+from lab.instruments.noise import equal_policy_readings, per_run_spreads
 
 
 def main() -> int:
@@ -70,7 +70,7 @@ def main() -> int:
             )
     prefix = Path(args.out)
     document = {
-        "command": "PYTHONPATH=$PWD .venv/bin/python bench/null_comparison.py " + " ".join(sys.argv[1:]),
+        "command": "PYTHONPATH=$PWD .venv/bin/python lab/studies/noise/null_comparison.py " + " ".join(sys.argv[1:]),
         "sigma": sigma,
         "sigma_from_pairs": pairs,
         "pages": args.pages,

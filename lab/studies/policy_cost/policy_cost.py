@@ -6,11 +6,11 @@ machine move by +-20 %; the share is what to read. 256 tokens give each policy a
 (about 40 steps) showed `adaptive` at 370 us a step against 237-253 us over 150, which points to a one-off
 cost after each switch that short runs spread over too few steps.
 
-    .venv/bin/python bench/policy_cost.py [--policies adaptive,goodput,fixed:k=4]
+    .venv/bin/python lab/studies/policy_cost/policy_cost.py [--policies adaptive,goodput,fixed:k=4]
         [--pair trained | --pair perf --size S --agreement 0.6] [--step-log FILE]
 
 With ``--step-log`` the engine logs every step (the log's own writes fall outside the policy's timer), and
-``bench/policy_time_replay.py FILE`` times the same policy on the same steps outside the engine.
+``lab/studies/policy_cost/policy_time_replay.py FILE`` times the same policy on the same steps outside the engine.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def main() -> None:
     from vllm import SamplingParams
 
     from specserve.models import cached_pair
-    from specserve.replicas import engine_env
-    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
-    from specserve.replicas.offline import offline_llm, read_telemetry, set_policy
+    from specserve.replicas.config import engine_env
+    from specserve.replicas.config.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.tools.offline import offline_llm, read_telemetry, set_policy
 
     options = {"size": args.size, "agreement": args.agreement} if args.pair == "perf" else {}
     pair = cached_pair(args.pair, **options)

@@ -1,4 +1,5 @@
-"""``bench/k_slope.py``: a step-cost fit trained on one fixed-k run, beside what the fixed runs of each k measured."""
+"""``lab/studies/step_costs/k_slope.py``: a step-cost fit trained on one fixed-k run, beside what the fixed runs of
+each k measured."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bench_scripts import run_bench
+from lab_scripts import run_script
 from speculation_synthetic import make_record
 
 from specserve.speculation import EngineTraits, StepContext, step_log
@@ -47,7 +48,7 @@ def fixed_log(path: Path, ks: list[int], steps_per_run: int = 240, timed: bool =
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_bench("k_slope.py", *args)
+    return run_script("lab/studies/step_costs/k_slope.py", *args)
 
 
 def test_it_reports_each_k_as_measured_and_as_each_fit_prices_it(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ of every k at one batch size; beside it the step times the fixed runs of each k 
 
     specserve serve --config CONFIG   # with  step_log: /tmp/steps.jsonl  in CONFIG
     specserve bench compare ... --policies fixed:k=2,fixed:k=3,fixed:k=4,...
-    PYTHONPATH=$PWD .venv/bin/python bench/k_slope.py /tmp/steps.jsonl --batch 4 [--json OUT]
+    PYTHONPATH=$PWD .venv/bin/python lab/studies/step_costs/k_slope.py /tmp/steps.jsonl --batch 4 [--json OUT]
 
 Only decode steps count as measured (no prefill chunk, every request verifying k drafts), at the batch size given;
 the fit predicts at their median context. A fit that prices each further k as the fixed runs measure it needs no
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specserve.experiments.policy_replay import load_log_arg, runs
+from lab.experiments.policy_replay import load_log_arg, runs
 from specserve.speculation import StepRecord
 from specserve.speculation.estimators.step_latency import HINGED, StepLatencyModel
 from specserve.speculation.step_log import LoggedStep

@@ -1,7 +1,7 @@
 """Time of a k = 0 decode step: speculative engine skipping the draft pass, not skipping it, and an
 engine started without speculation (the tiny trained pair, CPU, bf16, eager).
 
-    PYTHONPATH=$PWD .venv/bin/python bench/k0_step.py [--rounds 3] [--reps 5] [--out FILE] [--together]
+    PYTHONPATH=$PWD .venv/bin/python lab/studies/k0_step/k0_step.py [--rounds 3] [--reps 5] [--out FILE] [--together]
         [--pair trained | --pair perf --size S --agreement 0.6]
 
 By default one engine runs at a time. Each round starts each engine once (the order rotates between rounds) and
@@ -26,8 +26,8 @@ import tempfile
 import time
 from typing import Any
 
+from lab.experiments.report_io import emit_report
 from specserve.bench.stats import spread
-from specserve.experiments.report_io import emit_report
 from specserve.models.arguments import add_perf_options
 from specserve.models.prompts import OPENINGS
 
@@ -41,7 +41,7 @@ IDLE_S = 1.5
 
 
 def engine_kwargs(name: str, target: str, draft: str) -> dict[str, Any]:
-    from specserve.replicas.engine_args import EngineSpec, plain_vllm_kwargs, speculative_engine_kwargs
+    from specserve.replicas.config.engine_args import EngineSpec, plain_vllm_kwargs, speculative_engine_kwargs
 
     spec = EngineSpec(target=target, draft=draft, policy="fixed:k=0", max_k=4, skip_k0_draft_pass=name == "skip")
     return plain_vllm_kwargs(spec, speculative=False) if name == "no_spec" else speculative_engine_kwargs(spec)
@@ -66,7 +66,7 @@ def step_ms(llm: Any, batch: int, reps: int) -> float:
 
 
 def report_skips(name: str, llm: Any) -> None:
-    from specserve.replicas import offline
+    from specserve.replicas.tools import offline
 
     if name != "no_spec":
         telemetry = offline.read_telemetry(llm)
@@ -78,7 +78,7 @@ def report_skips(name: str, llm: Any) -> None:
 
 def time_engine(name: str, target: str, draft: str, reps: int) -> dict[int, float]:
     """Median ms per decode step for each batch size, for one engine start."""
-    from specserve.replicas import offline
+    from specserve.replicas.tools import offline
 
     with offline.offline_llm(**engine_kwargs(name, target, draft)) as llm:
         generation_s(llm, 8, SHORT)  # warm-up
@@ -94,7 +94,7 @@ def time_together(target: str, draft: str, rounds: int, reps: int) -> list[dict[
     An engine's worker polls its queue for ``IDLE_S`` after its last call before it sleeps; each turn waits that
     out first, or the engine just measured would poll on the cores of the next one.
     """
-    from specserve.replicas import offline
+    from specserve.replicas.tools import offline
 
     with contextlib.ExitStack() as stack:
         llms = {
@@ -130,7 +130,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from specserve.models import cached_pair
-    from specserve.replicas import engine_env
+    from specserve.replicas.config import engine_env
 
     options = {"size": args.size, "agreement": args.agreement} if args.pair == "perf" else {}
     pair = cached_pair(args.pair, **options)

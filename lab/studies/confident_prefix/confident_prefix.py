@@ -7,7 +7,8 @@ verification (``num_drafts_cut_by_confidence``). Prints one JSON line per run an
 policy and batch of the per-round ratio to the first policy; writes all of it to ``--out``.json and a plot to
 ``--out``.png.
 
-    .venv/bin/python bench/confident_prefix.py [--pair perf --size S --agreement 0.6] [--batches 1,4,8]
+    .venv/bin/python lab/studies/confident_prefix/confident_prefix.py \
+        [--pair perf --size S --agreement 0.6] [--batches 1,4,8]
         [--policies adaptive,adaptive:verify_confident_prefix=true,slo] [--rounds 3] [--max-tokens 128]
         [--out bench/results/confident_prefix]
 """
@@ -42,9 +43,9 @@ def main() -> None:
     from vllm import SamplingParams
 
     from specserve.models import cached_pair
-    from specserve.replicas import engine_env
-    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
-    from specserve.replicas.offline import offline_llm, read_telemetry, set_policy
+    from specserve.replicas.config import engine_env
+    from specserve.replicas.config.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.tools.offline import offline_llm, read_telemetry, set_policy
 
     options = {"size": args.size, "agreement": args.agreement} if args.pair == "perf" else {}
     pair = cached_pair(args.pair, **options)

@@ -1,8 +1,8 @@
 """What each k cost an engine and what changing k cost it, from its step log
-(specserve/experiments/step_costs.py).
+(lab/experiments/step_costs.py).
 
     specserve serve --config CONFIG   # with  step_log: /tmp/steps.jsonl  in CONFIG
-    PYTHONPATH=$PWD .venv/bin/python bench/step_costs.py /tmp/steps.jsonl [--min-steps 20] \
+    PYTHONPATH=$PWD .venv/bin/python lab/studies/step_costs/step_costs.py /tmp/steps.jsonl [--min-steps 20] \
         [--switches-of adaptive]
 
 Prints two Markdown tables: pure decode steps per (batch, k) over every run in the log, and the steps after a
@@ -15,8 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from specserve.experiments.policy_replay import load_log_arg
-from specserve.experiments.step_costs import decode_cells, format_report, switch_excess
+from lab.experiments.policy_replay import load_log_arg
+from lab.experiments.step_costs import decode_cells, format_report, switch_excess
 
 
 def main() -> int:

@@ -1,7 +1,8 @@
 """Draft offload in the simulator: Nightjar's Table 8 / App. C shape (offload vs not, bursty 7B) and App. E
 (four replicas on one node reloading together, coordinated by the cluster planner or not).
 
-    .venv/bin/python bench/memory_sim.py [--seeds 0,1,2] [--policies bandit,adaptive] [--out bench/results]
+    .venv/bin/python lab/studies/draft_memory/memory_sim.py \
+        [--seeds 0,1,2] [--policies bandit,adaptive] [--out bench/results]
 
 Part 1 runs bench/scenarios/memory/nightjar-4090-7b-burst.yaml with and without draft offload under each policy.
 "Saturated" throughput is output tokens over the steps that ran with requests waiting (the burst's backlog), each
@@ -238,7 +239,7 @@ def main() -> None:
         for n in (2, NUM_REPLICAS, 2 * NUM_REPLICAS)
         for mode in ("local", "planner")
     }
-    command = "python bench/memory_sim.py " + " ".join(sys.argv[1:])
+    command = "python lab/studies/draft_memory/memory_sim.py " + " ".join(sys.argv[1:])
     results = {"table8": table8, "coordination": coordination, "storms": storms}
     (out / "memory.json").write_text(json.dumps(results, indent=1))
     write_report(out, command.strip(), base, cluster, table8, coordination, storms, seeds, policies[0])

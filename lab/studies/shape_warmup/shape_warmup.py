@@ -1,7 +1,7 @@
 """What the first decode step at a new (batch, k) costs on a CPU engine, with and without specserve's decode-shape
-warm-up (specserve/replicas/shape_warmup.py).
+warm-up (specserve/replicas/worker/shape_warmup.py).
 
-    PYTHONPATH=$PWD .venv/bin/python bench/shape_warmup.py [--rounds 3] [--out FILE]
+    PYTHONPATH=$PWD .venv/bin/python lab/studies/shape_warmup/shape_warmup.py [--rounds 3] [--out FILE]
         [--pair trained | --pair perf --size S --agreement 0.6]
 
 One engine at a time (warm-up off, then on, each started afresh), 8 seats, max_k 4. Each round runs every batch
@@ -20,7 +20,7 @@ import sys
 import tempfile
 from typing import Any
 
-from specserve.experiments.report_io import emit_report
+from lab.experiments.report_io import emit_report
 from specserve.models.arguments import add_perf_options
 from specserve.models.prompts import OPENINGS
 
@@ -32,8 +32,9 @@ MAX_TOKENS = 12
 def run(target: str, draft: str, rounds: int) -> list[dict[str, float]]:
     from vllm import SamplingParams
 
-    from specserve.replicas import engine_env, offline
-    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.config import engine_env
+    from specserve.replicas.config.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.tools import offline
 
     spec = EngineSpec(target, draft, policy="fixed:k=0", max_k=max(KS), max_num_seqs=max(BATCHES))
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -77,7 +78,7 @@ def main() -> int:
     if args.rounds < 1:
         parser.error(f"--rounds: {args.rounds} is not a positive number")
     from specserve.models import cached_pair
-    from specserve.replicas.shape_warmup import ENV_SWITCH
+    from specserve.replicas.worker.shape_warmup import ENV_SWITCH
 
     options = {"size": args.size, "agreement": args.agreement} if args.pair == "perf" else {}
     pair = cached_pair(args.pair, **options)

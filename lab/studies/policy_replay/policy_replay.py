@@ -1,8 +1,9 @@
 """Replay a policy's decisions from an engine's step log: what it predicted for every k, beside what the engine
-measured, per decode batch size (specserve/experiments/policy_replay.py).
+measured, per decode batch size (lab/experiments/policy_replay.py).
 
     specserve serve --config CONFIG   # with  step_log: /tmp/steps.jsonl  in CONFIG
-    PYTHONPATH=$PWD .venv/bin/python bench/policy_replay.py /tmp/steps.jsonl [--policy adaptive] [--warm-steps 1024] \
+    PYTHONPATH=$PWD .venv/bin/python lab/studies/policy_replay/policy_replay.py /tmp/steps.jsonl \
+        [--policy adaptive] [--warm-steps 1024] \
         [--trace-batch 4 [--trace-every 60]]
 
 Every run of consecutive steps under one policy spec on one engine is replayed (``--policy``: only runs whose
@@ -17,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specserve.experiments.policy_replay import (
+from lab.experiments.policy_replay import (
     format_prices,
     format_run,
     load_log_arg,

@@ -2,9 +2,11 @@
 decode steps at each k (mean duration, tokens per request, the target's and the draft's parts), and with
 ``--sequence`` the k it ran as runs of equal k with their start times, and with ``--phases`` each phase of a
 ``bench compare --clients`` schedule apart (seconds from the run's first step). The where-did-it-go view of a served
-comparison run with ``step_log:`` in its config (``bench/policy_replay.py`` replays the policy's prices instead).
+comparison run with ``step_log:`` in its config
+(``lab/studies/policy_replay/policy_replay.py`` replays the policy's prices instead).
 
-    PYTHONPATH=$PWD .venv/bin/python bench/step_log_runs.py /tmp/steps.jsonl [--policy P] [--batch 1] [--sequence] \\
+    PYTHONPATH=$PWD .venv/bin/python lab/studies/step_costs/step_log_runs.py /tmp/steps.jsonl \\
+        [--policy P] [--batch 1] [--sequence] \\
         [--phases 30,30,30]
 """
 
@@ -17,7 +19,7 @@ from collections import defaultdict
 from itertools import groupby, pairwise
 from pathlib import Path
 
-from specserve.experiments.policy_replay import load_log_arg, runs
+from lab.experiments.policy_replay import load_log_arg, runs
 
 
 def summary(steps, start: int, stop: int, batch: int) -> str:

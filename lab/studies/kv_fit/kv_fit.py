@@ -3,7 +3,7 @@ saturated simulator cells, each a scenario held at one rate as the leaderboard's
 arrivals), over several seeds. Prints one line per cell and policy (means over seeds: mean and p99 E2E, mean
 TTFT, throughput, mean k, preemptions) and writes them to ``--out`` as JSON.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/kv_fit.py [--seeds 6] [--out bench/results/kv_fit.json]
+    PYTHONPATH=$PWD .venv/bin/python lab/studies/kv_fit/kv_fit.py [--seeds 6] [--out bench/results/kv_fit.json]
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import statistics
 from concurrent.futures import ProcessPoolExecutor
 
-from specserve.experiments.leaderboard import at_static_rate
+from lab.experiments.leaderboard import at_static_rate
 from specserve.sim import simulate, summarize
 from specserve.sim.scenario import load_scenario
 
@@ -53,7 +53,7 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     with open(args.out, "w") as f:
-        json.dump({"command": f"bench/kv_fit.py --seeds {args.seeds}", "cells": rows}, f, indent=2)
+        json.dump({"command": f"lab/studies/kv_fit/kv_fit.py --seeds {args.seeds}", "cells": rows}, f, indent=2)
         f.write("\n")
 
 

@@ -1,7 +1,8 @@
 """What resuming speculation costs: the draft's catch-up over the tokens it skipped at k = 0, against batch
 size and lag (the tiny trained pair, CPU, one engine).
 
-    PYTHONPATH=$PWD .venv/bin/python bench/catch_up_cost.py [--rounds 3] [--out specserve/replicas/catch_up_cpu.json]
+    PYTHONPATH=$PWD .venv/bin/python lab/studies/catch_up/catch_up_cost.py \
+        [--rounds 3] [--out specserve/replicas/catch_up_cpu.json]
 
 For each batch B and lag L, B requests decode at k = 0 for L + 1 steps (L positions left unwritten), then
 at k = 4 for 8 steps. The worker times every call of the drafter's propose (``draft_skip``); the catch-up's
@@ -33,7 +34,7 @@ def measure(llm, batch: int, lag: int) -> float | None:
     """Seconds the catch-up added to one pass, or None if no step caught up (it must: the budget has room)."""
     from vllm import SamplingParams
 
-    from specserve.replicas import offline
+    from specserve.replicas.tools import offline
 
     engine = llm.llm_engine
     # Long enough that no request ends inside the measured steps, even accepting every draft.
@@ -66,8 +67,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("specserve/replicas/catch_up_cpu.json"))
     args = parser.parse_args()
     from specserve.models import cached_pair
-    from specserve.replicas import engine_env, offline
-    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.config import engine_env
+    from specserve.replicas.config.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.tools import offline
 
     pair = cached_pair("trained")
     kwargs = speculative_engine_kwargs(
@@ -92,7 +94,7 @@ def main() -> int:
     y = np.array([r["seconds"] for r in rows])
     (slope, intercept), *_ = np.linalg.lstsq(x, y, rcond=None)
     result = {
-        "command": "PYTHONPATH=$PWD .venv/bin/python bench/catch_up_cost.py",
+        "command": "PYTHONPATH=$PWD .venv/bin/python lab/studies/catch_up/catch_up_cost.py",
         "pair": "trained (tiny, CPU, bf16, eager)",
         "points": rows,
         "fit": {"s_per_token": max(float(slope), 0.0), "intercept_s": float(intercept)},

@@ -7,7 +7,7 @@ position), one seeded with the donor's evidence (``seed_acceptance``); the order
 Per engine it records output tokens/s of that first run, the k of its first steps and the mean k. Prints one
 JSON line per engine and a summary, writes ``--out``.json and a plot of k over the first steps to ``--out``.png.
 
-    .venv/bin/python bench/acceptance_prior.py [--pair perf --size S --agreement 0.8] [--batch 4]
+    .venv/bin/python lab/studies/acceptance_prior/acceptance_prior.py [--pair perf --size S --agreement 0.8] [--batch 4]
         [--max-tokens 64] [--rounds 3] [--out bench/results/acceptance_prior]
 """
 
@@ -71,9 +71,9 @@ def run_engine(pair: Any, prompts: list[str], max_tokens: int, prior: Any, repea
     """One fresh engine under ``adaptive``, seeded with ``prior`` if given; the workload ``repeats`` times."""
     from vllm import SamplingParams
 
-    from specserve.replicas import engine_env
-    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
-    from specserve.replicas.offline import offline_llm, read_step_log, read_telemetry, seed_acceptance
+    from specserve.replicas.config import engine_env
+    from specserve.replicas.config.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.tools.offline import offline_llm, read_step_log, read_telemetry, seed_acceptance
 
     spec = EngineSpec(
         target=str(pair.target), draft=str(pair.draft), policy="adaptive", max_k=4, max_num_seqs=len(prompts)

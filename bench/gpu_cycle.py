@@ -59,8 +59,8 @@ from specserve.memory import (
     StartOffload,
     StartReload,
 )
-from specserve.replicas.draft_vmm import ParkedWeights
-from specserve.replicas.kv_reserve import KvReserve, plain_layout
+from specserve.replicas.draft_memory.draft_vmm import ParkedWeights
+from specserve.replicas.draft_memory.kv_reserve import KvReserve, plain_layout
 
 BLOCK = 16  # tokens a block
 KV_HEADS, HEAD_DIM = 8, 128

@@ -4,10 +4,10 @@ the CUDA driver only (no vLLM). What the GPU path of elastic draft memory would 
     PYTHONPATH=. python3 bench/gpu_vmm.py --out vmm.jsonl [--sizes-gb 0.5,1,2] [--chunks-mb 0,64] [--base-gb 4]
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONPATH=. python3 bench/gpu_vmm.py --only full --out x.jsonl
 
-The buffer (``specserve.replicas.cuda_vmm``, what the KV reserve stands on on a GPU) reserves address space for
-the largest pool once (``cuMemAddressReserve``) and maps physical chunks at its tail to grow (``cuMemCreate`` +
-``cuMemMap`` + ``cuMemSetAccess``, then zeroes them) and unmaps them to shrink, so its address never moves and a
-CUDA graph captured over it stays valid. One JSON object per line:
+The buffer (``specserve.replicas.draft_memory.cuda_vmm``, what the KV reserve stands on on a GPU) reserves address
+space for the largest pool once (``cuMemAddressReserve``) and maps physical chunks at its tail to grow
+(``cuMemCreate`` + ``cuMemMap`` + ``cuMemSetAccess``, then zeroes them) and unmaps them to shrink, so its address
+never moves and a CUDA graph captured over it stays valid. One JSON object per line:
 
 - ``granularity``: the driver's minimum and recommended chunk.
 - ``resize``: seconds to grow a mapped ``base`` by S bytes and to shrink it back, per chunk size
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from specserve.replicas.cuda_vmm import Driver, VmmBuffer
+from specserve.replicas.draft_memory.cuda_vmm import Driver, VmmBuffer
 
 GB = 1e9
 MB = 1 << 20

@@ -37,7 +37,7 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def engine_kwargs(target: str, draft: str, *, speculative: bool, max_num_seqs: int) -> dict[str, Any]:
-    from specserve.replicas.engine_args import EngineSpec, plain_vllm_kwargs, speculative_engine_kwargs
+    from specserve.replicas.config.engine_args import EngineSpec, plain_vllm_kwargs, speculative_engine_kwargs
 
     spec = EngineSpec(target=target, draft=draft, policy="fixed:k=0", max_k=MAX_K, max_num_seqs=max_num_seqs)
     return speculative_engine_kwargs(spec) if speculative else plain_vllm_kwargs(spec, speculative=False)
@@ -56,7 +56,7 @@ def timed_generate(llm: Any, prompts: list[str], max_tokens: int) -> float:
 
 def measure(pair: Any, args: argparse.Namespace) -> dict[str, Any]:
     from specserve.models.measure import PROMPTS
-    from specserve.replicas import offline
+    from specserve.replicas.tools import offline
 
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(max(args.concurrency))]
     names = ["no_spec", *(f"k={k}" for k in args.ks)]
@@ -151,7 +151,7 @@ def main() -> None:
 
     from specserve.models import PairPaths, cached_pair
     from specserve.models.build import BUILD_INFO_FILE
-    from specserve.replicas import engine_env
+    from specserve.replicas.config import engine_env
 
     pair = PairPaths.under(args.pair) if args.pair else cached_pair("perf", size=args.size, agreement=args.agreement)
     info = json.loads((pair.target.parent / BUILD_INFO_FILE).read_text())

@@ -39,7 +39,7 @@ def run_round(llm, prompts: list[list[int]], turns: int, max_tokens: int) -> tup
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from specserve.replicas.offline import read_telemetry
+    from specserve.replicas.tools.offline import read_telemetry
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     before = read_telemetry(llm)
@@ -83,9 +83,9 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from specserve.models import cached_pair
-    from specserve.replicas import engine_env
-    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
-    from specserve.replicas.offline import offline_llm, set_policy
+    from specserve.replicas.config import engine_env
+    from specserve.replicas.config.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.tools.offline import offline_llm, set_policy
 
     pair = cached_pair("trained")
     tokenizer = AutoTokenizer.from_pretrained(str(pair.target))

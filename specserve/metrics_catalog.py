@@ -1,6 +1,6 @@
 """Every metric specserve exports, and the Ray and vLLM names its dashboards read: defined once, here.
 
-Pure (no ray, vllm or prometheus_client): ``replicas/metrics.py`` and ``controller/actor.py`` build their
+Pure (no ray, vllm or prometheus_client): ``replicas/serve/metrics.py`` and ``controller/actor.py`` build their
 ``ray.util.metrics`` objects from these definitions, and ``dashboards/`` builds its PromQL from them.
 
 Ray prepends ``ray_`` on export (``Metric.exported``) and adds its own labels (``RayLabel``) to every series;
@@ -103,7 +103,7 @@ def _replica(name: str, kind: Kind, description: str, *extra: str, boundaries: t
 # Step times on CPU are milliseconds to a few hundred ms; on GPU tens of ms.
 STEP_BOUNDARIES_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 
-# -- per replica (replicas/metrics.py) ----------------------------------------------------------------------
+# -- per replica (replicas/serve/metrics.py) ----------------------------------------------------------------------
 
 SPECULATION_K = _replica("specserve_speculation_k", Kind.GAUGE, "Speculation length k chosen for the latest step.")
 SPECULATION_MAX_K = _replica("specserve_speculation_max_k", Kind.GAUGE, "Largest k the engine was started with.")

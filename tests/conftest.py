@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specserve.replicas import engine_env
+from specserve.replicas.config import engine_env
 
 # vLLM reads these at import and in the processes it spawns, so they are set before any test runs:
 # the same settings as `specserve serve`'s engines, with vLLM's caches and ZMQ socket files in a

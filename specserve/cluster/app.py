@@ -20,8 +20,8 @@ from pydantic import Field, SecretStr, ValidationError, model_validator
 from specserve.cluster.config import ConfigError, ServeConfig, describe
 from specserve.cluster.sections import check_engine_cpus
 from specserve.llm import openai_app_args, speculative_llm_config
-from specserve.replicas.engine_args import GPU_ENGINE_ENV, GPU_ENGINE_KWARGS
-from specserve.replicas.engine_env import engine_env
+from specserve.replicas.config.engine_args import GPU_ENGINE_ENV, GPU_ENGINE_KWARGS
+from specserve.replicas.config.engine_env import engine_env
 
 #: The bundled tiny pair's name for clients, and the sizes its CPU engine is measured with.
 TINY_MODEL_ID = "specserve-tiny"
@@ -39,7 +39,7 @@ class ResolvedServe:
     target: Any
     draft: str
     on_gpu: bool
-    # Environment for every Ray worker that may host an engine (specserve.replicas.engine_env); variables
+    # Environment for every Ray worker that may host an engine (specserve.replicas.config.engine_env); variables
     # vLLM's CPU backend needs and the caller left out are added by speculative_llm_config.
     env_vars: dict[str, str]
 

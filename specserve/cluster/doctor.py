@@ -2,7 +2,7 @@
 
 The first command to run on a new GPU node: it builds the engine a replica of the config would run (the same engine
 arguments, environment and engine path), in this process, with no Ray cluster, runs the calibration every replica
-runs before it serves (``replicas/calibration.py``), and prints one table of checks and one of step costs. Exit
+runs before it serves (``replicas/serve/calibration.py``), and prints one table of checks and one of step costs. Exit
 status 1 when a check fails.
 """
 
@@ -15,15 +15,15 @@ import tempfile
 
 from specserve.cluster.app import llm_config_fields, resolve_serve
 from specserve.cluster.config import ConfigError, ServeConfig
-from specserve.replicas.calibration import Calibration
+from specserve.replicas.serve.calibration import Calibration
 from specserve.speculation.startup_checks import cost_table
 
 
 def run_doctor(config: ServeConfig) -> Calibration:
     """The calibration on an engine built from ``config`` (the bundled tiny pair without a model)."""
-    from specserve.replicas import engine_env
-    from specserve.replicas.calibration import OfflineEngine, calibrate_engine
-    from specserve.replicas.offline import offline_llm
+    from specserve.replicas.config import engine_env
+    from specserve.replicas.serve.calibration import OfflineEngine, calibrate_engine
+    from specserve.replicas.tools.offline import offline_llm
 
     scratch = tempfile.mkdtemp(prefix="specserve-doctor-")
     try:

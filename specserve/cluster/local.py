@@ -22,7 +22,7 @@ from specserve.cluster import alert_rules
 from specserve.cluster.app import ResolvedServe, build_app, engine_path, memory_params, resolve_serve
 from specserve.cluster.config import ConfigError, ServeConfig
 from specserve.cluster.prometheus import INSTALL_HINT, PrometheusError, PrometheusServer
-from specserve.replicas.cpu_affinity import spans, split_cores
+from specserve.replicas.config.cpu_affinity import spans, split_cores
 
 APP_NAME = "specserve"
 # Ray's metrics agent exports every replica's values about every 10 s (RAY_metrics_report_interval_ms). Scraping
@@ -192,7 +192,7 @@ def _start_ray(config: ServeConfig, resolved: ResolvedServe) -> bool:
 def _keep_serving_off_engine_cores(config: ServeConfig) -> None:
     """With ``engine_cpus``, this process moves to the other cores before it starts the local cluster, whose
     processes (Ray's, Serve's proxy and replicas, Prometheus) inherit them; each replica then moves its engine
-    onto ``engine_cpus`` (``replicas/server.py``)."""
+    onto ``engine_cpus`` (``replicas/serve/server.py``)."""
     if config.cpu.engine_cpus is None:
         return
     if config.num_replicas > 1:

@@ -5,7 +5,7 @@ Acceptance at draft position j is ``accepted_per_pos[j] / num_drafts``, from vLL
 every draft has k positions, so this is the probability that the first j+1 draft tokens are all
 accepted. Mean acceptance length is ``1 + accepted / drafts``: tokens emitted per target step.
 
-The engine itself runs in ``specserve.replicas.offline``, where every use of vLLM lives. A script
+The engine itself runs in ``specserve.replicas.tools.offline``, where every use of vLLM lives. A script
 calling this needs an ``if __name__ == "__main__":`` guard (vLLM spawns its EngineCore), and one
 measurement costs an engine start (about 15 s on a 2-core CPU).
 """
@@ -37,7 +37,7 @@ def measure_acceptance(pair: PairPaths, *, k: int = 4, num_prompts: int = 8, max
         raise ValueError(f"k must be at least 1, got {k}")
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be at least 1, got {num_prompts}")
-    from specserve.replicas.offline import measure_speculation
+    from specserve.replicas.tools.offline import measure_speculation
 
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(num_prompts)]
     run = measure_speculation(str(pair.target), str(pair.draft), prompts, k=k, max_tokens=max_tokens)

@@ -1,8 +1,6 @@
-"""The one k = 0 skip rule as both engine processes apply it to vLLM's objects (vLLM 0.32.0).
-
-The scheduler (EngineCore process, ``scheduler.py``) and the worker extension (worker processes,
-``draft_skip.py``) each call these two functions, so they agree on every step without talking: both
-read the same ``VllmConfig`` and the same ``SchedulerOutput``, and the rule itself is
+"""The k = 0 skip rule over vLLM's objects (vLLM 0.32.0): the switch both engine processes read from the config, and
+the step's numbers the scheduler (``core/scheduler.py``) decides each step's draft pass from. The worker applies what
+the scheduler decided (``signalled_drafts.step_plan``); the rule itself is
 ``specserve.speculation.draft_sync.skips_draft_pass``. No vLLM import at run time.
 
 Private vLLM interfaces read: ``VllmConfig.additional_config`` / ``speculative_config`` /
@@ -17,7 +15,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specserve.replicas.engine_args import ADDITIONAL_CONFIG_KEY, EngineControlConfig
+from specserve.replicas.config.engine_args import ADDITIONAL_CONFIG_KEY, EngineControlConfig
 from specserve.speculation.draft_sync import CPU_CATCH_UP_MAX_TOKENS, draft_pass_room, skips_draft_pass
 
 if TYPE_CHECKING:
@@ -54,7 +52,7 @@ def runner_skips(runner: Any) -> bool:
 def catch_up_cap(vllm_config: Any) -> int | None:
     """Most tokens a step's draft pass catches up over (``draft_sync.catch_up_plan``'s ``max_tokens``): the
     configured ``catch_up_max_tokens``, else ``draft_sync.CPU_CATCH_UP_MAX_TOKENS`` on a CPU engine and no cap
-    beyond the token budget elsewhere. The scheduler and the worker both call it, so their plans agree."""
+    beyond the token budget elsewhere."""
     data = (vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
     configured = EngineControlConfig.from_additional_config(data).catch_up_max_tokens
     if configured is not None:
@@ -63,19 +61,8 @@ def catch_up_cap(vllm_config: Any) -> int | None:
 
 
 def catch_up_room(token_budget: int, output: SchedulerOutput) -> int:
-    """``draft_sync.draft_pass_room`` for one step's ``SchedulerOutput``, as both processes compute it."""
+    """``draft_sync.draft_pass_room`` for one step's ``SchedulerOutput``."""
     return draft_pass_room(token_budget, output.total_num_scheduled_tokens, len(output.num_scheduled_tokens))
-
-
-_CAP_ATTR = "_specserve_catch_up_max_tokens"
-
-
-def runner_catch_up_cap(runner: Any) -> int | None:
-    """``catch_up_cap`` for a worker's model runner, read from its config once and kept on it."""
-    if not hasattr(runner, _CAP_ATTR):
-        setattr(runner, _CAP_ATTR, catch_up_cap(runner.vllm_config))
-    cap: int | None = getattr(runner, _CAP_ATTR)
-    return cap
 
 
 CATCH_UP_PROFILE = Path(__file__).with_name("catch_up_cpu.json")
@@ -92,7 +79,8 @@ def resume_cost(vllm_config: Any) -> float | None:
 
 def entering_request_ids(output: SchedulerOutput) -> list[str]:
     """The requests that enter the batch this step: new ones, and those resumed after preemption. Their first step
-    may start at a prefix-cache hit, so both trackers forget them before taking lags (``DraftKVTracker.forget``)."""
+    may start at a prefix-cache hit, so the scheduler's tracker forgets them before taking lags
+    (``DraftKVTracker.forget``)."""
     return [r.req_id for r in output.scheduled_new_reqs] + sorted(output.scheduled_cached_reqs.resumed_req_ids)
 
 

@@ -1,10 +1,10 @@
 """When a k = 0 step may skip the draft's forward pass, and which requests' draft KV is complete.
 
 A speculative vLLM engine normally runs the draft once per step even at k = 0, only to write the
-draft's KV for the step's tokens. specserve skips that pass on k = 0 decode steps. Two processes must
-then agree on which steps were skipped: the worker, which runs (or skips) the draft, and the
-scheduler, which keeps the draft's KV bookkeeping. Both call ``skips_draft_pass`` on the same
-numbers taken from the same ``SchedulerOutput``, so the rule exists once.
+draft's KV for the step's tokens. specserve skips that pass on k = 0 decode steps. The scheduler, which keeps
+the draft's KV bookkeeping, decides each step's pass once (``plan_step``: whether it runs, by ``skips_draft_pass``,
+and whom it catches up) and hands the worker, which runs (or skips) the draft, the frozen ``DraftPassPlan`` with
+the step's ``SchedulerOutput``; the worker only applies it.
 
 The draft pass writes KV at the positions of the target's scheduled tokens plus one extra slot, the
 token sampled this step. One skipped step therefore leaves no hole (the previous pass already wrote
@@ -13,12 +13,11 @@ Drafting on top of stale KV is lossless but lowers acceptance silently, so a req
 a hole drafts nothing (``DraftKVTracker.lagging``) until the draft's KV is caught up: the next step that
 runs the draft pass prepends the missed tokens to that request's part of the pass, as many lagging
 requests as fit in the step's unused token budget and the catch-up cap (``catch_up_plan``), and from then on the request
-drafts on a complete cache. The worker (which runs the pass) and the scheduler (which cuts the drafts
-of lagging requests) each keep a tracker and apply the same plan, so they agree without talking.
+drafts on a complete cache.
 
 Prefix caching: a request whose first step starts at a prefix-cache hit reads KV blocks another request
 filled, and their draft half may never have been written (that request's skipped passes, a draft offloaded
-then, a reloaded draft's zeroed pages). Neither process can tell, so a request entering the batch, new or
+then, a reloaded draft's zeroed pages). The scheduler cannot tell, so a request entering the batch, new or
 resumed after preemption, starts with no complete prefix (``DraftKVTracker.forget``): its lag is the whole
 cached prefix, caught up by the step's pass like any other lag. That re-drafts every hit over its cached
 tokens (a multiple of the KV block size), valid or not: lossless, and no draft on another request's holes.
@@ -174,3 +173,42 @@ class DraftKVTracker:
         live = set(live_request_ids)
         for request_id in [r for r in self.draft_upto if r not in live]:
             del self.draft_upto[request_id]
+
+
+@dataclass(frozen=True, slots=True)
+class DraftPassPlan:
+    """One step's draft pass as the scheduler decided it, for the worker to apply: whether the pass runs, and which
+    requests it catches up, over how many missed tokens from which position. Frozen, so that every tensor-parallel
+    rank applies the same plan; it crosses to the workers on the step's ``SchedulerOutput``."""
+
+    skip: bool = False
+    # Request -> missed tokens the pass prepends (``catch_up_plan``).
+    catch_up: dict[str, int] = field(default_factory=dict)
+    # Request -> its first stale position, for each request in ``catch_up``.
+    first_stale: dict[str, int] = field(default_factory=dict)
+    # The requests caught up over part of their lag (``is_partial``): the pass takes their chunk in place of their
+    # step's tokens.
+    partial: frozenset[str] = frozenset()
+
+
+def plan_step(
+    *,
+    skip: bool,
+    starts: Mapping[str, int],
+    tracker: DraftKVTracker,
+    room: int,
+    max_tokens: int | None,
+) -> DraftPassPlan:
+    """The step's ``DraftPassPlan``: ``skip`` from ``skips_draft_pass``; ``starts`` each scheduled request's first
+    position; ``tracker`` the draft KV before the step (requests entering the batch already forgotten); ``room`` from
+    ``draft_pass_room``; ``max_tokens`` the catch-up cap."""
+    if skip:
+        return DraftPassPlan(skip=True)
+    lags = {request_id: tracker.lag(request_id, start) for request_id, start in starts.items()}
+    plan = catch_up_plan(lags, room, max_tokens)
+    return DraftPassPlan(
+        skip=False,
+        catch_up=plan,
+        first_stale={request_id: starts[request_id] - lags[request_id] for request_id in plan},
+        partial=frozenset(request_id for request_id in plan if is_partial(plan, lags, request_id)),
+    )

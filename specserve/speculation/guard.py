@@ -13,7 +13,7 @@ nothing but speed. Swapping in a fallback after so many failures would hide a br
 that look healthy; the counter (``specserve_policy_errors_total``) and the log say it is broken, and
 ``specserve policy set`` replaces it.
 
-The engine (``replicas/scheduler.py``) and the simulator (``sim/replica.py``) both call their policy
+The engine (``replicas/core/scheduler.py``) and the simulator (``sim/replica.py``) both call their policy
 through this class, so a policy misbehaves the same way in both.
 """
 

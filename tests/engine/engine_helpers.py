@@ -10,8 +10,8 @@ from typing import Any
 from specserve.messages import EngineTelemetry
 from specserve.models import perf
 from specserve.models.prompts import OPENINGS
-from specserve.replicas import offline
-from specserve.replicas.engine_args import DraftOffload, EngineSpec, speculative_engine_kwargs
+from specserve.replicas.config.engine_args import DraftOffload, EngineSpec, speculative_engine_kwargs
+from specserve.replicas.tools import offline
 
 PROMPTS = list(OPENINGS[:4])
 # A perf pair in seconds: the real build (draft + extra layers of the same shape) at a toy width.

@@ -9,8 +9,8 @@ import pytest
 from engine_helpers import KV_BLOCK_TOKENS, running_engine
 
 from specserve.models.prompts import OPENINGS
-from specserve.replicas import offline
-from specserve.replicas.engine_args import DraftOffload
+from specserve.replicas.config.engine_args import DraftOffload
+from specserve.replicas.tools import offline
 
 PROMPTS = list(OPENINGS)
 # Requests that arrive while the pool contracts, and decode on after the draft is back.

@@ -18,7 +18,7 @@ def delta(after, before):
 
 def test_a_fresh_engine_starts_from_a_controllers_acceptance_prior_and_ignores_one_once_it_has_drafted(engine):
     # First in the module, on purpose: the prior is for an engine that has verified no draft yet.
-    from specserve.replicas.offline import seed_acceptance
+    from specserve.replicas.tools.offline import seed_acceptance
 
     assert not any(engine.telemetry().num_reached_per_pos), "runs before any test generates"
     engine.set_policy("adaptive")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from engine_helpers import running_engine
 
-from specserve.replicas.calibration import OfflineEngine, StartupCheckFailed, calibrate
+from specserve.replicas.serve.calibration import OfflineEngine, StartupCheckFailed, calibrate
 
 
 def run_calibration(engine, *, max_k: int, on_failure: str = "fallback", policy: str = "adaptive"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specserve.replicas.draft_vmm import ParkedWeights
+from specserve.replicas.draft_memory.draft_vmm import ParkedWeights
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

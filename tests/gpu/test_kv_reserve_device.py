@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specserve.replicas.kv_reserve import KvReserve, PlainLayout, plain_layout
+from specserve.replicas.draft_memory.kv_reserve import KvReserve, PlainLayout, plain_layout
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

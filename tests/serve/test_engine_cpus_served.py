@@ -10,7 +10,7 @@ import pytest
 from openai import OpenAI
 from serve_process import API_KEY, free_port, serving
 
-from specserve.replicas.cpu_affinity import cores_of, is_engine_process
+from specserve.replicas.config.cpu_affinity import cores_of, is_engine_process
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to split")
 

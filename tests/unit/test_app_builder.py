@@ -130,7 +130,7 @@ def test_a_gpu_config_renders_with_every_value_in_place_and_its_engine_path_set(
         "model_id": "meta-llama/Llama-3.1-8B-Instruct",
     }
     assert llm["accelerator_type"] == "H100" and llm["accelerator_config"] == {"kind": "gpu"}
-    assert app["args"]["ingress_cls_config"]["ingress_cls"] == "specserve.cluster.ingress:SpecServeIngress"
+    assert app["args"]["ingress_cls_config"]["ingress_cls"] == "specserve.replicas.serve.ingress:SpecServeIngress"
 
 
 def test_object_storage_becomes_ray_serve_llms_cloud_mirror() -> None:
@@ -189,7 +189,7 @@ def test_config_render_never_prints_a_credential_from_the_config(tmp_path) -> No
 
 def test_doctor_exits_1_and_names_the_check_that_failed(monkeypatch, capsys) -> None:
     from specserve.cluster import doctor
-    from specserve.replicas.calibration import Calibration
+    from specserve.replicas.serve.calibration import Calibration
     from specserve.speculation.startup_checks import CheckResult
 
     checks = (

@@ -1,10 +1,10 @@
-"""replicas/controller_link.py: when a replica's engine stops waiting for the controller's grants."""
+"""replicas/serve/controller_link.py: when a replica's engine stops waiting for the controller's grants."""
 
 from __future__ import annotations
 
 import pytest
 
-from specserve.replicas.controller_link import LOCAL_RULES_AFTER_ROUNDS, ControllerLink
+from specserve.replicas.serve.controller_link import LOCAL_RULES_AFTER_ROUNDS, ControllerLink
 
 
 def test_not_coordinated_before_the_first_answer_and_coordinated_from_it():

@@ -9,7 +9,7 @@ from telemetry_samples import engine_telemetry
 from specserve.controller.state import ControllerState
 from specserve.memory import ClusterMemoryParams, MemoryDirective
 from specserve.messages import EngineTelemetry, PolicyDirective, ReplicaSnapshot
-from specserve.replicas.telemetry import MAX_RECENT_DURATIONS, StepCounters
+from specserve.replicas.core.telemetry import MAX_RECENT_DURATIONS, StepCounters
 from specserve.speculation import StepRecord
 
 

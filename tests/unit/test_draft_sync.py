@@ -7,9 +7,11 @@ import pytest
 from specserve.speculation.draft_sync import (
     CPU_CATCH_UP_MAX_TOKENS,
     DraftKVTracker,
+    DraftPassPlan,
     ScheduledRequest,
     catch_up_plan,
     is_partial,
+    plan_step,
     skips_draft_pass,
 )
 
@@ -158,14 +160,14 @@ def test_a_run_of_m_skipped_steps_leaves_m_minus_1_holes(run):
 def test_both_engine_sides_read_one_switch_from_the_engine_config():
     from types import SimpleNamespace
 
-    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.config.engine_args import EngineSpec, speculative_engine_kwargs
     from specserve.replicas.k0_skip import skipping_enabled, step_skips_draft_pass
 
     def config(skip, async_scheduling=False, speculative=True):
         kwargs = speculative_engine_kwargs(
             EngineSpec(target="t", draft="d", policy="fixed:k=0", max_k=4, skip_k0_draft_pass=skip)
         )
-        assert kwargs["worker_extension_cls"] == "specserve.replicas.draft_skip.DraftSkipWorkerExtension"
+        assert kwargs["worker_extension_cls"] == "specserve.replicas.worker.extension.InstalledWorkerExtension"
         return SimpleNamespace(
             additional_config=kwargs["additional_config"],
             speculative_config=kwargs["speculative_config"] if speculative else None,
@@ -203,7 +205,12 @@ def test_while_the_draft_is_offloaded_every_step_with_tokens_skips_its_pass_pref
 
 
 def test_the_offload_triggers_reach_the_engine_through_its_config():
-    from specserve.replicas.engine_args import DraftOffload, EngineControlConfig, EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.config.engine_args import (
+        DraftOffload,
+        EngineControlConfig,
+        EngineSpec,
+        speculative_engine_kwargs,
+    )
 
     def control(offload):
         kwargs = speculative_engine_kwargs(
@@ -219,11 +226,11 @@ def test_the_offload_triggers_reach_the_engine_through_its_config():
     ("configured", "device", "cap"),
     [(None, "cpu", CPU_CATCH_UP_MAX_TOKENS), (None, "cuda", None), (64, "cuda", 64), (4096, "cpu", 4096)],
 )
-def test_both_engine_processes_read_one_catch_up_cap(configured, device, cap):
+def test_the_catch_up_cap_comes_from_the_engine_config(configured, device, cap):
     from types import SimpleNamespace
 
-    from specserve.replicas.engine_args import EngineSpec, speculative_engine_kwargs
-    from specserve.replicas.k0_skip import catch_up_cap, runner_catch_up_cap
+    from specserve.replicas.config.engine_args import EngineSpec, speculative_engine_kwargs
+    from specserve.replicas.k0_skip import catch_up_cap
 
     kwargs = speculative_engine_kwargs(
         EngineSpec(target="t", draft="d", policy="fixed:k=0", max_k=4, catch_up_max_tokens=configured)
@@ -231,5 +238,29 @@ def test_both_engine_processes_read_one_catch_up_cap(configured, device, cap):
     vllm_config = SimpleNamespace(
         additional_config=kwargs["additional_config"], device_config=SimpleNamespace(device_type=device)
     )
-    assert catch_up_cap(vllm_config) == cap  # the scheduler's
-    assert runner_catch_up_cap(SimpleNamespace(vllm_config=vllm_config)) == cap  # the worker's
+    assert catch_up_cap(vllm_config) == cap
+
+
+def test_the_scheduler_plans_each_pass_once_whom_it_catches_up_from_where():
+    tracker = DraftKVTracker()
+    tracker.observe_step(False, [ScheduledRequest("a", 0, 10, True), ScheduledRequest("b", 0, 40, True)])
+    # a: complete up to 11, lags 4 at 15; b: complete up to 41, lags 59 at 100, more than the room's 20.
+    plan = plan_step(skip=False, starts={"a": 15, "b": 100}, tracker=tracker, room=20, max_tokens=None)
+    assert plan == DraftPassPlan(skip=False, catch_up={"a": 4}, first_stale={"a": 11}, partial=frozenset())
+    plan = plan_step(skip=False, starts={"b": 100}, tracker=tracker, room=20, max_tokens=None)
+    assert plan == DraftPassPlan(skip=False, catch_up={"b": 20}, first_stale={"b": 41}, partial=frozenset({"b"}))
+    assert plan_step(skip=True, starts={"a": 15}, tracker=tracker, room=20, max_tokens=None) == DraftPassPlan(skip=True)
+
+
+def test_the_plan_reaches_the_worker_on_the_scheduler_output_pickled_as_the_mp_and_ray_executors_send_it():
+    import pickle
+
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    from specserve.replicas.signalled_drafts import UNPLANNED, attach_plan, step_plan
+
+    output = SchedulerOutput.make_empty()
+    assert step_plan(output) is UNPLANNED and not UNPLANNED.skip  # not our scheduler: vLLM's own pass
+    plan = DraftPassPlan(skip=False, catch_up={"a": 4}, first_stale={"a": 11}, partial=frozenset({"a"}))
+    attach_plan(output, plan)
+    assert step_plan(pickle.loads(pickle.dumps(output, protocol=pickle.HIGHEST_PROTOCOL))) == plan

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specserve.memory import ResidencyParams
-from specserve.replicas.elastic_draft import RESIDENT, ElasticDraft
+from specserve.replicas.draft_memory.elastic_draft import RESIDENT, ElasticDraft
 
 
 def scheduler_on(device: str, tmp_path) -> SimpleNamespace:
@@ -40,7 +40,7 @@ def test_a_cpu_engine_keeps_its_triggers_and_goes_on_to_its_own_checks(tmp_path)
 
 
 def test_parking_a_draft_that_is_not_on_a_gpu_is_refused_naming_its_device():
-    from specserve.replicas.draft_vmm import ParkedWeights
+    from specserve.replicas.draft_memory.draft_vmm import ParkedWeights
 
     with pytest.raises(ValueError, match=r"one CUDA device \(found \['cpu'\]\)"):
         ParkedWeights(torch.nn.Linear(4, 4))
@@ -48,7 +48,7 @@ def test_parking_a_draft_that_is_not_on_a_gpu_is_refused_naming_its_device():
 
 @pytest.mark.parametrize("num_bytes", [1, 3 << 20, 640_000_000, 7 << 30])
 def test_a_parked_draft_maps_in_few_chunks_of_the_drivers_granularity_wasting_at_most_one(num_bytes):
-    from specserve.replicas.draft_vmm import weights_chunk
+    from specserve.replicas.draft_memory.draft_vmm import weights_chunk
 
     granule, most = 2 << 20, 32
     chunk = weights_chunk(num_bytes, granule, most)
@@ -59,7 +59,7 @@ def test_a_parked_draft_maps_in_few_chunks_of_the_drivers_granularity_wasting_at
 
 
 def test_a_parked_drafts_chunk_refuses_sizes_that_are_not_positive():
-    from specserve.replicas.draft_vmm import weights_chunk
+    from specserve.replicas.draft_memory.draft_vmm import weights_chunk
 
     with pytest.raises(ValueError, match="num_bytes=0"):
         weights_chunk(0, 2 << 20)

@@ -13,9 +13,10 @@ from titled_processes import SLEEP, THREAD_ON_DEMAND, stop, titled
 from specserve import speculative_llm_config_kwargs
 from specserve.cluster import local
 from specserve.cluster.config import ConfigError, ServeConfig
-from specserve.replicas.cpu_affinity import parse_cpu_list, pin_engine_processes, split_cores
-from specserve.replicas.engine_args import ENGINE_CPUS_KEY
-from specserve.replicas.engine_env import engine_env
+from specserve.cpu_list import parse_cpu_list
+from specserve.replicas.config.cpu_affinity import pin_engine_processes, split_cores
+from specserve.replicas.config.engine_args import ENGINE_CPUS_KEY
+from specserve.replicas.config.engine_env import engine_env
 
 TWO_CORES = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to split")
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from request_bodies import CHAT_BODIES, COMPLETION_BODIES
 from starlette.testclient import TestClient
 
-from specserve.cluster.ingress import (
+from specserve.replicas.serve.ingress import (
     BoundedChatCompletionRequest,
     BoundedCompletionRequest,
     SpecServeIngress,

@@ -13,7 +13,7 @@ from ray.serve.exceptions import BackPressureError
 from starlette.responses import StreamingResponse
 from starlette.testclient import TestClient
 
-from specserve.cluster.ingress import answered, secure
+from specserve.replicas.serve.ingress import answered, secure
 
 # What Ray Serve LLM's ingress raised for a request in flight on a killed engine (a test_faults run), shortened.
 ENGINE_DEAD = (

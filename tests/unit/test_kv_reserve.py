@@ -12,7 +12,7 @@ import torch
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
-from specserve.replicas.kv_reserve import KvReserve
+from specserve.replicas.draft_memory.kv_reserve import KvReserve
 
 TARGET = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
 DRAFT = ["draft_model.model.layers.0.self_attn.attn"]

@@ -93,7 +93,7 @@ class _Recorder:
 
 
 def test_the_replica_registers_exactly_the_catalogs_replica_metrics(monkeypatch):
-    from specserve.replicas import metrics as replica_metrics
+    from specserve.replicas.serve import metrics as replica_metrics
 
     recorder = _Recorder()
     for kind in ("Gauge", "Counter", "Histogram"):
@@ -106,7 +106,7 @@ def test_the_replica_registers_exactly_the_catalogs_replica_metrics(monkeypatch)
 def test_drafts_cut_are_exported_as_deltas_by_reason(monkeypatch):
     from telemetry_samples import engine_telemetry
 
-    from specserve.replicas import metrics as replica_metrics
+    from specserve.replicas.serve import metrics as replica_metrics
 
     incs: list[tuple[str, float, dict]] = []
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from specserve.replicas.plain_step import without_draft_only_groups
+from specserve.replicas.worker.plain_step import without_draft_only_groups
 
 DRAFT = {"draft_model.layers.0.attn", "draft_model.layers.1.attn"}
 

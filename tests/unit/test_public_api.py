@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 import specserve
 from specserve.llm import OWNED_ENGINE_KWARGS, SERVER_CLS, Speculation
-from specserve.replicas.engine_args import (
+from specserve.replicas.config.engine_args import (
     CPU_EXECUTOR_KEY,
     DraftOffload,
     EngineControlConfig,
@@ -165,7 +165,7 @@ def test_the_old_spellings_still_work_this_release_with_a_warning() -> None:
 def test_build_openai_app_puts_specserves_ingress_in_front_and_writes_no_key() -> None:
     args = specserve.llm.openai_app_args([{"model_loading_config": {"model_id": "m"}}], retry_after_s=2.0)
     assert args["ingress_cls_config"] == {
-        "ingress_cls": "specserve.cluster.ingress:SpecServeIngress",
+        "ingress_cls": "specserve.replicas.serve.ingress:SpecServeIngress",
         "ingress_extra_kwargs": {"retry_after_s": 2.0},
     }
 
@@ -173,7 +173,7 @@ def test_build_openai_app_puts_specserves_ingress_in_front_and_writes_no_key() -
 def test_someone_elses_server_class_is_refused_and_a_subclass_of_ours_kept() -> None:
     from ray.serve.llm.deployment import LLMServer
 
-    from specserve.replicas.server import SpecLLMServer
+    from specserve.replicas.serve.server import SpecLLMServer
 
     class Mine(SpecLLMServer):
         pass
@@ -188,7 +188,7 @@ def test_someone_elses_server_class_is_refused_and_a_subclass_of_ours_kept() -> 
 def test_an_llm_config_comes_back_as_an_llm_config_with_our_replica_class() -> None:
     from ray.serve.llm import LLMConfig
 
-    from specserve.replicas.server import SpecLLMServer
+    from specserve.replicas.serve.server import SpecLLMServer
 
     mine = LLMConfig(
         model_loading_config={"model_id": "m", "model_source": "/t"},

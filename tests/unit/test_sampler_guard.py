@@ -1,5 +1,5 @@
 """A request's top_k on a step without draft tokens: vLLM's rejection sampler gets no rows and, unguarded,
-raises in the EngineCore (which then dies). The guard that the worker imports returns the empty logits."""
+raises in the EngineCore (which then dies). The guard that the worker installs returns the empty logits."""
 
 from __future__ import annotations
 
@@ -8,9 +8,14 @@ import torch
 from vllm.v1.sample import rejection_sampler
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p as vllm_apply_top_k_top_p
 
-from specserve.replicas import sampler_guard
+from specserve.replicas.worker import sampler_guard
 
 VOCAB = 32
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _installed() -> None:
+    sampler_guard.install()  # as the worker extension does; once per process
 
 
 def test_vllms_own_function_fails_on_a_step_without_draft_tokens() -> None:

@@ -16,7 +16,7 @@ from specserve.cluster.cli import status_table
 from specserve.cluster.config import ConfigError, load_config
 from specserve.cluster.local import SERVE_SWITCHES
 from specserve.messages import ReplicaSnapshot
-from specserve.replicas.engine_env import applied, engine_env
+from specserve.replicas.config.engine_env import applied, engine_env
 
 
 def test_defaults_and_override_order(tmp_path):

@@ -218,7 +218,7 @@ def targets(url: str) -> list[dict]:
 
 
 def test_a_one_rank_cpu_engine_runs_its_worker_inside_the_engine_core(server):
-    # Ray Serve LLM would start a worker process that the EngineCore spins on (replicas/engine.py).
+    # Ray Serve LLM would start a worker process that the EngineCore spins on (replicas/serve/engine.py).
     names = [p.name() for p in server.descendants()]
     assert any(name.startswith("VLLM::EngineCor") for name in names), names
     assert not any(name.startswith("VLLM::Worker") for name in names), names

@@ -17,23 +17,10 @@ import os
 
 import psutil
 
+from specserve.cpu_list import parse_cpu_list
+
 #: What vLLM titles its engine's processes after its prefix (``VLLM::EngineCore``, ``VLLM::Worker_TP0``).
 ENGINE_PROCESS_NAMES = ("EngineCore", "Worker")
-
-
-def parse_cpu_list(text: str) -> set[int]:
-    """``"0"``, ``"0-3"`` or ``"0,2-3"`` -> the set of cores; ``ValueError`` naming ``text`` otherwise."""
-    cores: set[int] = set()
-    try:
-        for part in text.split(","):
-            low, dash, high = part.strip().partition("-")
-            first, last = int(low), int(high if dash else low)
-            if first < 0 or last < first:
-                raise ValueError
-            cores |= set(range(first, last + 1))
-    except ValueError:
-        raise ValueError(f"{text!r}: expected cores such as 0, 0-3 or 0,2-3") from None
-    return cores
 
 
 def split_cores(engine_cpus: str, allowed: set[int] | None = None) -> tuple[set[int], set[int]]:

@@ -9,13 +9,15 @@ Nothing here crosses a process boundary on the hot path. Private vLLM interfaces
 ``Scheduler.schedule`` / ``update_from_output`` / ``has_unfinished_requests``,
 ``SchedulerOutput.num_spec_tokens_to_schedule`` and ``scheduled_spec_decode_tokens``,
 ``Request.spec_token_ids`` / ``num_computed_tokens``,
-``kv_cache_manager.block_pool``, ``Scheduler.requests``, ``EngineCore`` utility methods (added below), and
-``EngineCore.post_step`` (wrapped: it fetches the worker's drafts, which a skipped draft pass leaves empty,
-``vllm/v1/engine/core.py:689``).
+``kv_cache_manager.block_pool``, ``Scheduler.requests``, an attribute added to ``SchedulerOutput``
+(``signalled_drafts.PLAN_ATTR``); its ``__init__`` installs ``utilities.py`` (specserve's ``EngineCore`` utility
+methods and the ``EngineCore.post_step`` wrapper).
 
-k = 0 decode steps skip the draft's forward pass in the worker (``draft_skip.py``); this side applies
-the same rule (``k0_skip.py``) to keep each request's draft-KV bookkeeping (``DraftKVTracker``) and cuts
-the drafts of requests whose draft KV has a hole (the lag rule; see ``speculation/draft_sync.py``).
+Each step's draft pass is decided here, once (``_plan_draft_pass``): whether it runs (the k = 0 rule, ``k0_skip.py``)
+and which lagging requests it catches up (``draft_sync.plan_step``). The plan rides on the step's ``SchedulerOutput``
+to the worker (``worker/extension.py``), which applies it; this side keeps each request's draft-KV bookkeeping
+(``DraftKVTracker``) by the same plan and cuts the drafts of requests whose draft KV has a hole (the lag rule; see
+``speculation/draft_sync.py``).
 """
 
 from __future__ import annotations
@@ -31,27 +33,15 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
-from specserve.memory import ResidencyParams
 from specserve.messages import EngineTelemetry
-from specserve.replicas.elastic_draft import ElasticDraft
-from specserve.replicas.engine_args import (
+from specserve.replicas.config.engine_args import (
     ADDITIONAL_CONFIG_KEY,
-    CHECK_COUNTS_UTILITY,
-    DRAFT_MEMORY_UTILITY,
-    END_CALIBRATION_UTILITY,
-    MEMORY_COORDINATED_UTILITY,
-    MEMORY_DIRECTIVE_UTILITY,
-    OFFLOAD_DRAFT_UTILITY,
-    RELOAD_DRAFT_UTILITY,
-    SEED_ACCEPTANCE_UTILITY,
-    SET_POLICY_UTILITY,
-    STEP_LOG_FIELDS,
-    STEP_LOG_UTILITY,
-    TELEMETRY_UTILITY,
     EngineControlConfig,
 )
+from specserve.replicas.core.engine_path import require_engine_path
+from specserve.replicas.core.telemetry import StepCounters
+from specserve.replicas.draft_memory.elastic_draft import ElasticDraft, residency_params
 from specserve.replicas.engine_log import engine_logger
-from specserve.replicas.engine_path import require_engine_path
 from specserve.replicas.k0_skip import (
     catch_up_cap,
     catch_up_room,
@@ -60,8 +50,7 @@ from specserve.replicas.k0_skip import (
     skipping_enabled,
     step_skips_draft_pass,
 )
-from specserve.replicas.signalled_drafts import SignalledDraftTokenIds, step_timings
-from specserve.replicas.telemetry import StepCounters
+from specserve.replicas.signalled_drafts import SignalledDraftTokenIds, attach_plan, step_plan, step_timings
 from specserve.speculation import (
     Decision,
     DraftStop,
@@ -74,7 +63,7 @@ from specserve.speculation import (
 )
 from specserve.speculation.confident_prefix import confident_prefix
 from specserve.speculation.context import build_step_context, kv_blocks_needed, most_kv_blocks_per_decode
-from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan, is_partial
+from specserve.speculation.draft_sync import DraftKVTracker, DraftPassPlan, ScheduledRequest, plan_step
 from specserve.speculation.step_log import encode as encode_step
 from specserve.speculation.types import without_acceptance
 
@@ -95,13 +84,17 @@ class AdaptiveKScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         require_engine_path(self.vllm_config)
+        # EngineCore's utility methods and post_step wrapper read this class, so they live in utilities.py, which
+        # imports this module: hence the import here, at the one moment EngineCore needs them.
+        from specserve.replicas.core import utilities
+
+        utilities.install()
         control = EngineControlConfig.from_additional_config(
             self.vllm_config.additional_config.get(ADDITIONAL_CONFIG_KEY)
         )
-        # Read as the worker extension reads it, so both sides skip the same steps.
         self.skips_k0_draft_pass = skipping_enabled(self.vllm_config)
+        # Each request's draft KV: the worker keeps none, it applies the plan this side makes (_plan_draft_pass).
         self.draft_kv = DraftKVTracker()
-        # The worker reads the same key (k0_skip.runner_catch_up_cap), so both trackers apply the same plan.
         self.catch_up_max_tokens = catch_up_cap(self.vllm_config)
         for module in control.policy_modules:
             importlib.import_module(module)  # registers the user's policies in this process
@@ -123,7 +116,7 @@ class AdaptiveKScheduler(Scheduler):
         # Whether the last executed step skipped the draft pass, so that no drafts wait in the worker.
         self.last_step_drafted_nothing = False
         # Draft residency (elastic_draft.py): the draft may be offloaded and the KV pool grown into its bytes.
-        self.elastic = ElasticDraft(self, _residency_params(control)) if self.num_spec_tokens > 0 else None
+        self.elastic = ElasticDraft(self, residency_params(control)) if self.num_spec_tokens > 0 else None
         self._step_ctx: StepContext | None = None
         self._step_started_s = 0.0
         # When the last step ended with work left, so the engine loop went straight on to the next one: that
@@ -171,6 +164,7 @@ class AdaptiveKScheduler(Scheduler):
             output.num_spec_tokens_to_schedule = k
             self.k, self._step_ctx = k, ctx
             self.counters.num_prefill_tokens_announced += ctx.num_prefill_tokens
+            attach_plan(output, self._plan_draft_pass(output))
         else:
             self._step_ctx = None
         return output
@@ -201,7 +195,8 @@ class AdaptiveKScheduler(Scheduler):
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput):
         ended_s = time.monotonic()
         ctx = self._step_ctx
-        skipped = step_skips_draft_pass(self.skips_k0_draft_pass, scheduler_output, self.draft_resident)
+        plan = step_plan(scheduler_output)
+        skipped = plan.skip
         self.last_step_drafted_nothing = skipped
         if ctx is not None and scheduler_output.num_scheduled_tokens:
             record = self._record(ctx, scheduler_output, model_runner_output, skipped, ended_s)
@@ -215,15 +210,10 @@ class AdaptiveKScheduler(Scheduler):
                 os.write(self._step_log_fd, line.encode())
             self.counters.num_steps_draft_skipped += int(skipped)
             self._step_ctx = None
-        # vLLM advanced num_computed_tokens by the scheduled tokens at schedule time: the step's start.
-        starts = {
-            req_id: self.requests[req_id].num_computed_tokens - n
-            for req_id, n in scheduler_output.num_scheduled_tokens.items()
-            if req_id in self.requests
-        }
+        starts = self._starts(scheduler_output)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if self.skips_k0_draft_pass:
-            self._track_draft_kv(skipped, starts, scheduler_output, model_runner_output)
+            self._track_draft_kv(plan, starts, model_runner_output)
         self._busy_since_s = ended_s if self.get_num_unfinished_requests() else None
         return outputs
 
@@ -330,23 +320,35 @@ class AdaptiveKScheduler(Scheduler):
                 request.spec_token_ids = request.spec_token_ids[:keep]
                 self.counters.num_drafts_cut_by_confidence += 1
 
-    def _track_draft_kv(
-        self, skipped: bool, starts: dict[str, int], out: SchedulerOutput, result: ModelRunnerOutput
-    ) -> None:
-        # The worker prepended these requests' missed tokens to this step's pass (draft_skip.py): same plan,
-        # same numbers, so both trackers stay equal.
-        caught_up: dict[str, int] = {}
-        if not skipped:
+    def _starts(self, out: SchedulerOutput) -> dict[str, int]:
+        # vLLM advanced num_computed_tokens by the scheduled tokens in schedule(): each request's first position.
+        return {
+            req_id: self.requests[req_id].num_computed_tokens - n
+            for req_id, n in out.num_scheduled_tokens.items()
+            if req_id in self.requests
+        }
+
+    def _plan_draft_pass(self, out: SchedulerOutput) -> DraftPassPlan:
+        """The step's draft pass, decided once: whether it runs (the k = 0 rule) and whom it catches up. The plan
+        rides on the ``SchedulerOutput`` to every worker (``signalled_drafts.attach_plan``), which applies it."""
+        skip = step_skips_draft_pass(self.skips_k0_draft_pass, out, self.draft_resident)
+        if not self.skips_k0_draft_pass:
+            return DraftPassPlan(skip=skip)
+        if not skip:
             # A request entering the batch may start at a prefix-cache hit: its cached prefix counts as lag.
             self.draft_kv.forget(entering_request_ids(out))
-            lags = {req_id: self.draft_kv.lag(req_id, start) for req_id, start in starts.items()}
-            caught_up = catch_up_plan(
-                lags,
-                catch_up_room(self.scheduler_config.max_num_batched_tokens, out),
-                self.catch_up_max_tokens,
-            )
-            self.counters.num_requests_caught_up += sum(not is_partial(caught_up, lags, r) for r in caught_up)
-            self.counters.num_catch_up_tokens += sum(caught_up.values())
+        return plan_step(
+            skip=skip,
+            starts=self._starts(out),
+            tracker=self.draft_kv,
+            room=catch_up_room(self.scheduler_config.max_num_batched_tokens, out),
+            max_tokens=self.catch_up_max_tokens,
+        )
+
+    def _track_draft_kv(self, plan: DraftPassPlan, starts: dict[str, int], result: ModelRunnerOutput) -> None:
+        """After the step: the draft KV its pass wrote, by the plan the worker applied."""
+        self.counters.num_requests_caught_up += len(plan.catch_up) - len(plan.partial)
+        self.counters.num_catch_up_tokens += sum(plan.catch_up.values())
         sampled = result.sampled_token_ids
         steps = []
         for req_id, start in starts.items():
@@ -356,7 +358,7 @@ class AdaptiveKScheduler(Scheduler):
             index = result.req_id_to_index.get(req_id)
             produced = bool(sampled) and index is not None and bool(sampled[index])
             steps.append(ScheduledRequest(req_id, start, request.num_computed_tokens, produced))
-        self.draft_kv.observe_step(skipped, steps, caught_up)
+        self.draft_kv.observe_step(plan.skip, steps, plan.catch_up)
         self.draft_kv.keep_only(self.requests)
 
     def _record(
@@ -497,127 +499,3 @@ class AdaptiveKScheduler(Scheduler):
             failed_checks=self.failed_checks,
             **(self.elastic.telemetry() if self.elastic is not None else {}),
         )
-
-
-def _residency_params(control: EngineControlConfig) -> ResidencyParams | None:
-    """Nightjar's triggers as configured (drain-aware contraction with the default migration bounds), or None
-    (offload only when asked)."""
-    offload = control.draft_offload
-    if offload is None:
-        return None
-    return ResidencyParams(
-        low_free_ratio=offload.low_free_ratio,
-        window_steps=offload.window_steps,
-        min_resident_s=offload.min_resident_s,
-    )
-
-
-# EngineCore utility methods. They run between two steps in the engine's busy loop, so they are
-# cheap. Results cross the process boundary as plain dicts/strings.
-
-
-def _scheduler(core: EngineCore) -> AdaptiveKScheduler:
-    scheduler = core.scheduler
-    if not isinstance(scheduler, AdaptiveKScheduler):
-        raise TypeError(f"engine runs {type(scheduler).__name__}, not specserve's AdaptiveKScheduler")
-    return scheduler
-
-
-def _set_policy(self: EngineCore, spec: str, warm_start: bool = True) -> str:
-    return _scheduler(self).set_policy(spec, warm_start)
-
-
-def _seed_acceptance(self: EngineCore, accepted: list[float], reached: list[float]) -> None:
-    _scheduler(self).seed_acceptance(accepted, reached)
-
-
-def _telemetry(self: EngineCore, since_step: int = 0) -> dict[str, Any]:
-    scheduler = _scheduler(self)
-    if scheduler.elastic is not None:
-        scheduler.elastic.poll_reload(self)  # an idle engine runs no step to adopt a rebuilt draft
-    return scheduler.telemetry(since_step).to_dict()
-
-
-def _step_log(self: EngineCore, since_step: int = 0) -> list[dict[str, Any]]:
-    """The steps after ``since_step`` as far as the ring buffer reaches: what each ran and how long it took."""
-    return [
-        {name: getattr(r, name) for name in STEP_LOG_FIELDS}
-        for r in _scheduler(self).counters.records_since(since_step)
-    ]
-
-
-def _check_counts(self: EngineCore) -> dict[str, int]:
-    return _scheduler(self).check_counts(self)
-
-
-def _end_calibration(self: EngineCore, spec: str, failed_checks: list[str], since_step: int = 0) -> str:
-    return _scheduler(self).end_calibration(spec, failed_checks, since_step)
-
-
-def _elastic(core: EngineCore) -> ElasticDraft:
-    elastic = _scheduler(core).elastic
-    if elastic is None:
-        raise RuntimeError("this engine does not speculate: it has no draft to offload")
-    return elastic
-
-
-def _offload_draft(self: EngineCore) -> dict[str, Any]:
-    _elastic(self).offload(self)
-    return _draft_memory(self)
-
-
-def _reload_draft(self: EngineCore) -> dict[str, Any]:
-    _elastic(self).reload(self)
-    return _draft_memory(self)
-
-
-def _memory_directive(self: EngineCore, kind: str) -> None:
-    _elastic(self).apply_directive(kind)
-
-
-def _memory_coordinated(self: EngineCore, coordinated: bool) -> None:
-    _elastic(self).coordinate(coordinated)
-
-
-def _draft_memory(self: EngineCore) -> dict[str, Any]:
-    """The draft's memory state, with the step counts of the same moment (the engine steps on its own)."""
-    counters, elastic = _scheduler(self).counters, _elastic(self)
-    elastic.poll_reload(self)
-    return {
-        **elastic.describe(),
-        "num_steps": counters.num_steps,
-        "num_steps_k0": counters.num_steps_by_k[0],
-        "num_steps_draft_skipped": counters.num_steps_draft_skipped,
-    }
-
-
-_original_post_step = EngineCore.post_step
-
-
-def _post_step(self: EngineCore, model_executed: bool) -> None:
-    scheduler = self.scheduler
-    ours = isinstance(scheduler, AdaptiveKScheduler)
-    if ours and model_executed and scheduler.last_step_drafted_nothing:
-        # The worker skipped the draft pass (draft_skip.py, same rule): its drafts are empty, and vLLM's
-        # fetch of them (a worker call, then a pass over the batch) would only empty what ``schedule``
-        # already emptied. On a 2-3 ms CPU step that round trip was a few percent of a k = 0 step.
-        scheduler.forget_draft_signals()
-    else:
-        _original_post_step(self, model_executed)
-    if ours and scheduler.elastic is not None:
-        scheduler.elastic.tick(self)
-
-
-setattr(EngineCore, SET_POLICY_UTILITY, _set_policy)
-setattr(EngineCore, OFFLOAD_DRAFT_UTILITY, _offload_draft)
-setattr(EngineCore, RELOAD_DRAFT_UTILITY, _reload_draft)
-setattr(EngineCore, DRAFT_MEMORY_UTILITY, _draft_memory)
-setattr(EngineCore, MEMORY_DIRECTIVE_UTILITY, _memory_directive)
-setattr(EngineCore, MEMORY_COORDINATED_UTILITY, _memory_coordinated)
-if getattr(_original_post_step, "__name__", "") != _post_step.__name__:  # once per process
-    EngineCore.post_step = _post_step
-setattr(EngineCore, TELEMETRY_UTILITY, _telemetry)
-setattr(EngineCore, SEED_ACCEPTANCE_UTILITY, _seed_acceptance)
-setattr(EngineCore, STEP_LOG_UTILITY, _step_log)
-setattr(EngineCore, CHECK_COUNTS_UTILITY, _check_counts)
-setattr(EngineCore, END_CALIBRATION_UTILITY, _end_calibration)

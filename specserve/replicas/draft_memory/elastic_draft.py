@@ -40,7 +40,8 @@ from specserve.memory import (
     plan_migration,
 )
 from specserve.memory.cluster_plan import DirectiveKind
-from specserve.replicas import kv_pool
+from specserve.replicas.config.engine_args import EngineControlConfig
+from specserve.replicas.draft_memory import kv_pool
 from specserve.replicas.engine_log import engine_logger
 
 logger = engine_logger(__name__)
@@ -398,3 +399,16 @@ class ElasticDraft:
             # The latest transitions, oldest first, each "state: reason".
             "events": [event for _, event in c.history],
         }
+
+
+def residency_params(control: EngineControlConfig) -> ResidencyParams | None:
+    """Nightjar's triggers as configured (drain-aware contraction with the default migration bounds), or None
+    (offload only when asked)."""
+    offload = control.draft_offload
+    if offload is None:
+        return None
+    return ResidencyParams(
+        low_free_ratio=offload.low_free_ratio,
+        window_steps=offload.window_steps,
+        min_resident_s=offload.min_resident_s,
+    )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from specserve.replicas.cuda_vmm import Driver, VmmBuffer
+from specserve.replicas.draft_memory.cuda_vmm import Driver, VmmBuffer
 
 # Offsets of tensors inside the buffer: what cuBLAS and vectorised kernels expect of a tensor's start.
 _ALIGN = 256

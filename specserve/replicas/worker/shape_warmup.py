@@ -12,7 +12,7 @@ it priced k = 2 at batch 8 at 14.5 ms where a fixed k = 2 measured 8.9. A GPU en
 vLLM captures CUDA graphs for its decode sizes at start-up. On CPU it warms one size. With the warm-up, the first
 step at a new shape costs 0.35 ms more at the median, 0.8 ms on average.
 
-So on a CPU engine (``install``, run when the worker process imports this module with ``draft_skip``):
+So on a CPU engine (``install``, run in the worker process by the worker extension's ``install``):
 
 - each weight shape's primitive cache is made large enough to hold every decode row count beside the prefill
   sizes (``PRIMITIVE_CACHE_SIZE``); 32 would evict what the warm-up built;
@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from specserve.replicas import vllm_hooks
 from specserve.replicas.engine_log import engine_logger
 
 logger = engine_logger(__name__)
@@ -50,6 +51,11 @@ logger = engine_logger(__name__)
 PRIMITIVE_CACHE_SIZE = 512
 # Set to 0 to start without the warm-up (and with vLLM's cache size), as ``bench/shape_warmup.py`` does to compare.
 ENV_SWITCH = "SPECSERVE_WARM_DECODE_SHAPES"
+
+TARGETS = ("vllm._custom_ops:create_onednn_mm", "vllm.v1.worker.cpu_worker:CPUWorker.compile_or_warm_up_model")
+# vLLM's functions, kept by ``install``.
+_vllm_create_onednn_mm: Any = None
+_vllm_compile_or_warm_up_model: Any = None
 
 
 def warm_rows(max_num_seqs: int, max_k: int, token_budget: int) -> int:
@@ -76,33 +82,28 @@ def warm_decode_shapes(runner: Any) -> tuple[int, float]:
     return rows, time.perf_counter() - started
 
 
+def _create_onednn_mm(weight: torch.Tensor, primitive_cache_size: int = 128) -> Any:
+    return _vllm_create_onednn_mm(weight, max(primitive_cache_size, PRIMITIVE_CACHE_SIZE))
+
+
+def _compile_or_warm_up_model(self: Any) -> Any:
+    out = _vllm_compile_or_warm_up_model(self)
+    rows, seconds = warm_decode_shapes(self.model_runner)
+    logger.info("specserve: warmed decode row counts 1-%d in %.1f s", rows, seconds)
+    return out
+
+
 def install() -> None:
-    """Wrap vLLM's CPU GEMM cache size and CPU worker warm-up, once per process; nothing on other platforms."""
+    """Wrap vLLM's CPU GEMM cache size and CPU worker warm-up, once per process; nothing on other platforms.
+
+    The switch stays an environment variable rather than a key of the engine's control config: the cache size is
+    raised while the weights load, inside ``CPUWorker.load_model``, where the CPU worker holds no vLLM config in
+    context (it never enters ``set_current_vllm_config``), and ``install`` itself runs when the worker resolves its
+    extension, before the worker has its config."""
+    global _vllm_create_onednn_mm, _vllm_compile_or_warm_up_model
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu() or os.environ.get(ENV_SWITCH, "1") == "0":
         return
-    from vllm import _custom_ops
-    from vllm.v1.worker.cpu_worker import CPUWorker
-
-    create = _custom_ops.create_onednn_mm
-    if getattr(create, "__name__", "") != "_create_onednn_mm":
-
-        def _create_onednn_mm(weight: torch.Tensor, primitive_cache_size: int = 128) -> Any:
-            return create(weight, max(primitive_cache_size, PRIMITIVE_CACHE_SIZE))
-
-        _custom_ops.create_onednn_mm = _create_onednn_mm
-
-    warm = CPUWorker.compile_or_warm_up_model
-    if getattr(warm, "__name__", "") != "_compile_or_warm_up_model":
-
-        def _compile_or_warm_up_model(self: Any) -> Any:
-            out = warm(self)
-            rows, seconds = warm_decode_shapes(self.model_runner)
-            logger.info("specserve: warmed decode row counts 1-%d in %.1f s", rows, seconds)
-            return out
-
-        CPUWorker.compile_or_warm_up_model = _compile_or_warm_up_model
-
-
-install()
+    _vllm_create_onednn_mm = vllm_hooks.replace(TARGETS[0], _create_onednn_mm)
+    _vllm_compile_or_warm_up_model = vllm_hooks.replace(TARGETS[1], _compile_or_warm_up_model)

@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specserve.replicas.kv_reserve import DRAFT_PREFIX, KvReserve
+from specserve.replicas.draft_memory.kv_reserve import DRAFT_PREFIX, KvReserve
 
 # The dropped draft's attention layers, by name: their KV views are rebound (and resized) while it is away.
 _SAVED_LAYERS_ATTR = "_specserve_dropped_draft_layers"

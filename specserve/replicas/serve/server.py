@@ -21,6 +21,7 @@ import ray
 from ray import serve
 from ray.serve.llm.deployment import LLMServer
 
+from specserve.cpu_list import parse_cpu_list
 from specserve.memory import MemoryDirective
 from specserve.messages import (
     CONTROLLER_NAME,
@@ -29,21 +30,17 @@ from specserve.messages import (
     EngineTelemetry,
     ReplicaSnapshot,
 )
-from specserve.replicas.calibration import AsyncLLMEngine, calibrate_engine
-from specserve.replicas.controller_link import ControllerLink
-from specserve.replicas.cpu_affinity import parse_cpu_list, pin_engine_processes
-from specserve.replicas.engine import SpecVLLMEngine
-from specserve.replicas.engine_args import (
+from specserve.replicas.config.cpu_affinity import pin_engine_processes
+from specserve.replicas.config.engine_args import (
     CONTROLLER_KEY,
     ENGINE_CPUS_KEY,
-    MEMORY_COORDINATED_UTILITY,
-    MEMORY_DIRECTIVE_UTILITY,
-    SEED_ACCEPTANCE_UTILITY,
-    SET_POLICY_UTILITY,
     STARTUP_CHECKS_KEY,
-    TELEMETRY_UTILITY,
+    Utility,
 )
-from specserve.replicas.metrics import ReplicaMetrics
+from specserve.replicas.serve.calibration import AsyncLLMEngine, calibrate_engine
+from specserve.replicas.serve.controller_link import ControllerLink
+from specserve.replicas.serve.engine import SpecVLLMEngine
+from specserve.replicas.serve.metrics import ReplicaMetrics
 
 logger = logging.getLogger("ray.serve")
 
@@ -132,7 +129,7 @@ class SpecLLMServer(LLMServer):
 
     async def specserve_set_policy(self, spec: str) -> str:
         """Switch this replica's policy from its next engine step; returns the canonical spec."""
-        return await self._engine_core().call_utility_async(SET_POLICY_UTILITY, spec)
+        return await self._engine_core().call_utility_async(Utility.SET_POLICY, spec)
 
     # -- the telemetry loop ------------------------------------------------------------------------
 
@@ -151,7 +148,7 @@ class SpecLLMServer(LLMServer):
                 coordinated = link.round(answered=controller is not None)
                 self._metrics.controller_connected(coordinated)
                 if snapshot.engine.draft_bytes and coordinated != snapshot.engine.memory_coordinated:
-                    await self._engine_core().call_utility_async(MEMORY_COORDINATED_UTILITY, coordinated)
+                    await self._engine_core().call_utility_async(Utility.MEMORY_COORDINATED, coordinated)
             except asyncio.CancelledError:
                 raise
             except Exception:  # keep serving: telemetry must never take the replica down
@@ -167,11 +164,11 @@ class SpecLLMServer(LLMServer):
         for directive in directives:
             try:
                 if isinstance(directive, MemoryDirective):
-                    await self._engine_core().call_utility_async(MEMORY_DIRECTIVE_UTILITY, directive.kind)
+                    await self._engine_core().call_utility_async(Utility.MEMORY_DIRECTIVE, directive.kind)
                     logger.info("specserve: controller %s (%s)", directive.kind, directive.reason)
                 elif isinstance(directive, AcceptancePrior):
                     prior = (list(directive.accepted_per_pos), list(directive.reached_per_pos))
-                    await self._engine_core().call_utility_async(SEED_ACCEPTANCE_UTILITY, *prior)
+                    await self._engine_core().call_utility_async(Utility.SEED_ACCEPTANCE, *prior)
                     logger.info("specserve: acceptance prior from %d replica(s)", directive.num_replicas)
                 else:
                     spec = await self.specserve_set_policy(directive.policy)
@@ -181,7 +178,7 @@ class SpecLLMServer(LLMServer):
         return controller
 
     async def _read_snapshot(self, since_step: int) -> ReplicaSnapshot:
-        data = await self._engine_core().call_utility_async(TELEMETRY_UTILITY, since_step)
+        data = await self._engine_core().call_utility_async(Utility.TELEMETRY, since_step)
         return ReplicaSnapshot(
             replica_id=self._replica_id,
             node_id=self._node_id,

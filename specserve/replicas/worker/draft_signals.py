@@ -31,8 +31,14 @@ from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-from specserve.replicas.engine_args import ADDITIONAL_CONFIG_KEY, EngineControlConfig
+from specserve.replicas import vllm_hooks
+from specserve.replicas.config.engine_args import ADDITIONAL_CONFIG_KEY, EngineControlConfig
 from specserve.replicas.signalled_drafts import SignalledDraftTokenIds
+
+TARGETS = (
+    "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer._sample_draft_tokens",
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner.take_draft_token_ids",
+)
 
 # On the proposer: this propose call's passes, each a (confidence, entropy) pair of [rows] tensors.
 _PASSES_ATTR = "_specserve_pass_signals"
@@ -92,7 +98,9 @@ def _signals(log_probs: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Te
     return confidence, entropy
 
 
-_original_sample = SpecDecodeBaseProposer._sample_draft_tokens
+# vLLM's methods, kept by ``install``.
+_original_sample: Any = None
+_original_take: Any = None
 
 
 def _sample_with_signals(self: SpecDecodeBaseProposer, hidden_states: torch.Tensor, sampling_metadata: Any) -> Any:
@@ -109,9 +117,6 @@ def _sample_with_signals(self: SpecDecodeBaseProposer, hidden_states: torch.Tens
     if probs is not None:
         passes.append(_signals(probs.float().clamp_min(1e-30).log(), token_ids))
     return token_ids, probs
-
-
-_original_take = GPUModelRunner.take_draft_token_ids
 
 
 def _take_with_signals(self: GPUModelRunner) -> DraftTokenIds | None:
@@ -131,7 +136,7 @@ def _take_with_signals(self: GPUModelRunner) -> DraftTokenIds | None:
     )
 
 
-if getattr(_original_sample, "__name__", "") != _sample_with_signals.__name__:  # once per process
-    SpecDecodeBaseProposer._sample_draft_tokens = _sample_with_signals
-if getattr(_original_take, "__name__", "") != _take_with_signals.__name__:
-    GPUModelRunner.take_draft_token_ids = _take_with_signals
+def install() -> None:
+    global _original_sample, _original_take
+    _original_sample = vllm_hooks.replace(TARGETS[0], _sample_with_signals)
+    _original_take = vllm_hooks.replace(TARGETS[1], _take_with_signals)

@@ -19,7 +19,7 @@ from typing import Any
 
 from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
 
-from specserve.replicas.engine_args import CPU_EXECUTOR_KEY
+from specserve.replicas.config.engine_args import CPU_EXECUTOR_KEY
 
 
 class SpecVLLMEngine(VLLMEngine):

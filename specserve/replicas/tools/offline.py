@@ -19,17 +19,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from specserve.messages import EngineTelemetry
-from specserve.replicas import engine_env
-from specserve.replicas.engine_args import (
-    DRAFT_MEMORY_UTILITY,
-    MEMORY_COORDINATED_UTILITY,
-    MEMORY_DIRECTIVE_UTILITY,
-    OFFLOAD_DRAFT_UTILITY,
-    RELOAD_DRAFT_UTILITY,
-    SEED_ACCEPTANCE_UTILITY,
-    SET_POLICY_UTILITY,
-    STEP_LOG_UTILITY,
-    TELEMETRY_UTILITY,
+from specserve.replicas.config import engine_env
+from specserve.replicas.config.engine_args import (
+    Utility,
 )
 
 # Plain vLLM draft-model speculation at the sizes `specserve serve` uses by default (EngineSpec):
@@ -57,23 +49,23 @@ def offline_llm(**engine_kwargs: Any) -> Iterator[Any]:
 def set_policy(llm: Any, spec: str, warm_start: bool = True) -> str:
     """Switch the policy of an engine built with specserve's scheduler; returns the canonical spec. Without
     ``warm_start`` the policy starts from its priors instead of the engine's last steps."""
-    return llm.llm_engine.engine_core.call_utility(SET_POLICY_UTILITY, spec, warm_start)
+    return llm.llm_engine.engine_core.call_utility(Utility.SET_POLICY, spec, warm_start)
 
 
 def seed_acceptance(llm: Any, accepted: list[float], reached: list[float]) -> None:
     """Hand the engine a controller's acceptance prior (peers' decayed counts per position)."""
-    llm.llm_engine.engine_core.call_utility(SEED_ACCEPTANCE_UTILITY, accepted, reached)
+    llm.llm_engine.engine_core.call_utility(Utility.SEED_ACCEPTANCE, accepted, reached)
 
 
 def offload_draft(llm: Any) -> dict[str, Any]:
     """Drop the engine's draft and grow its KV pool into the draft's bytes; returns the memory state."""
-    return llm.llm_engine.engine_core.call_utility(OFFLOAD_DRAFT_UTILITY)
+    return llm.llm_engine.engine_core.call_utility(Utility.OFFLOAD_DRAFT)
 
 
 def reload_draft(llm: Any) -> dict[str, Any]:
     """Contract the pool (migrating its grown region's live blocks, or waiting for free blocks to take them),
     then start rebuilding the draft in the background; returns the memory state."""
-    return llm.llm_engine.engine_core.call_utility(RELOAD_DRAFT_UTILITY)
+    return llm.llm_engine.engine_core.call_utility(Utility.RELOAD_DRAFT)
 
 
 def wait_for_draft(llm: Any, states: tuple[str, ...], timeout_s: float = 120.0) -> dict[str, Any]:
@@ -88,27 +80,27 @@ def wait_for_draft(llm: Any, states: tuple[str, ...], timeout_s: float = 120.0) 
 
 
 def draft_memory(llm: Any) -> dict[str, Any]:
-    return llm.llm_engine.engine_core.call_utility(DRAFT_MEMORY_UTILITY)
+    return llm.llm_engine.engine_core.call_utility(Utility.DRAFT_MEMORY)
 
 
 def memory_directive(llm: Any, kind: str) -> None:
     """Apply a controller's memory directive kind (``grant_reload``, ``grant_offload``, ...)."""
-    llm.llm_engine.engine_core.call_utility(MEMORY_DIRECTIVE_UTILITY, kind)
+    llm.llm_engine.engine_core.call_utility(Utility.MEMORY_DIRECTIVE, kind)
 
 
 def memory_coordinated(llm: Any, coordinated: bool) -> None:
     """Whether a controller grants the engine's draft transfers (true) or the engine itself (false)."""
-    llm.llm_engine.engine_core.call_utility(MEMORY_COORDINATED_UTILITY, coordinated)
+    llm.llm_engine.engine_core.call_utility(Utility.MEMORY_COORDINATED, coordinated)
 
 
 def read_telemetry(llm: Any, since_step: int = 0) -> EngineTelemetry:
     """One pure read of an engine built with specserve's scheduler (durations after ``since_step``)."""
-    return EngineTelemetry.from_dict(llm.llm_engine.engine_core.call_utility(TELEMETRY_UTILITY, since_step))
+    return EngineTelemetry.from_dict(llm.llm_engine.engine_core.call_utility(Utility.TELEMETRY, since_step))
 
 
 def read_step_log(llm: Any, since_step: int = 0) -> list[dict[str, Any]]:
     """The engine's records of the steps after ``since_step`` (as far as its ring buffer reaches)."""
-    return llm.llm_engine.engine_core.call_utility(STEP_LOG_UTILITY, since_step)
+    return llm.llm_engine.engine_core.call_utility(Utility.STEP_LOG, since_step)
 
 
 def measure_speculation(target: str, draft: str, prompts: list[str], *, k: int, max_tokens: int) -> dict[str, Any]:

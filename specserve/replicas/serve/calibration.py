@@ -20,13 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from specserve.replicas.engine_args import (
+from specserve.replicas.config.engine_args import (
     ADDITIONAL_CONFIG_KEY,
-    CHECK_COUNTS_UTILITY,
-    END_CALIBRATION_UTILITY,
-    SET_POLICY_UTILITY,
-    STEP_LOG_UTILITY,
     EngineControlConfig,
+    Utility,
 )
 from specserve.speculation.startup_checks import (
     DEFAULT_BATCH_SIZES,
@@ -86,16 +83,16 @@ async def calibrate(
     started = time.monotonic()
     # A warm-up request first: an engine's first steps pay one-off work (the CPU engine lays its KV cache out in a
     # reserve on its first step, seconds), which no later step costs and which the policy must not learn as a step's.
-    await engine.call(SET_POLICY_UTILITY, "fixed:k=0", False)
+    await engine.call(Utility.SET_POLICY, "fixed:k=0", False)
     await engine.run(dummy_prompts(-1, 1), 4)
-    warmed_up = CheckCounts(**await engine.call(CHECK_COUNTS_UTILITY)).num_steps
+    warmed_up = CheckCounts(**await engine.call(Utility.CHECK_COUNTS)).num_steps
     results = []
     for index, probe in enumerate(plan(max_k, max_num_seqs, batch_sizes)):
-        await engine.call(SET_POLICY_UTILITY, f"fixed:k={probe.k}", False)
-        before = CheckCounts(**await engine.call(CHECK_COUNTS_UTILITY))
+        await engine.call(Utility.SET_POLICY, f"fixed:k={probe.k}", False)
+        before = CheckCounts(**await engine.call(Utility.CHECK_COUNTS))
         await engine.run(dummy_prompts(index, probe.batch), CALIBRATION_MAX_TOKENS)
-        after = CheckCounts(**await engine.call(CHECK_COUNTS_UTILITY))
-        steps = await engine.call(STEP_LOG_UTILITY, before.num_steps)
+        after = CheckCounts(**await engine.call(Utility.CHECK_COUNTS))
+        steps = await engine.call(Utility.STEP_LOG, before.num_steps)
         results.append(ProbeResult(probe, after - before, decode_step_seconds(probe, steps)))
     checks = tuple(evaluate(results, skips_k0_draft_pass=skips_k0_draft_pass, signals=signals))
     bad = failed(checks)
@@ -110,7 +107,7 @@ async def calibrate(
             "specserve: start-up checks failed: "
             + "; ".join(f"{c.name}: expected {c.expected}, seen {c.seen}" for c in checks if not c.ok)
         )
-    serving = await engine.call(END_CALIBRATION_UTILITY, serving, list(bad), warmed_up)
+    serving = await engine.call(Utility.END_CALIBRATION, serving, list(bad), warmed_up)
     if bad:
         logger.warning("specserve: serving under %s, the fallback, until the engine restarts", serving)
     return Calibration(checks, tuple(results), serving, time.monotonic() - started)

@@ -109,7 +109,7 @@ class DevicePages:
     """CUDA virtual memory: a chunk is backed only once ``commit`` maps it, and ``release`` unmaps it."""
 
     def __init__(self, size: int, device: torch.device) -> None:
-        from specserve.replicas.cuda_vmm import Driver, VmmBuffer
+        from specserve.replicas.draft_memory.cuda_vmm import Driver, VmmBuffer
 
         self._buffer = VmmBuffer(Driver(device.index or 0), size)
         self.unit = self._buffer.chunk
@@ -163,7 +163,7 @@ def unit_of(device: torch.device) -> int:
         return mmap.PAGESIZE
     if device.type != "cuda":
         raise ValueError(f"a KV reserve on {device.type} is not built (CPU and CUDA are)")
-    from specserve.replicas.cuda_vmm import Driver
+    from specserve.replicas.draft_memory.cuda_vmm import Driver
 
     return Driver(device.index or 0).granularity()
 

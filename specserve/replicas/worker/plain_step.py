@@ -1,13 +1,13 @@
 """A step that skips the draft pass runs as a step of an engine without speculation (vLLM 0.32.0).
 
-Skipping the draft's forward at k = 0 (``draft_skip.py``) left a speculative engine's k = 0 step 4-6 % slower
+Skipping the draft's forward at k = 0 (``extension.py``) left a speculative engine's k = 0 step 4-6 % slower
 than a plain engine's on perf pair S. Profiled, most of the rest was vLLM's speculative bookkeeping for a step
 with no drafts: ``_prepare_inputs`` builds spec-decode metadata whenever the engine has a speculative config,
 so the step samples through the rejection sampler (with zero drafts per request) instead of the plain sampler.
-On a step the k = 0 rule skips and that verifies no draft, this module hides the speculative config from
-``_prepare_inputs`` for that one call: no metadata, logits at the last token of each request, the plain
-sampler, and the plain output bookkeeping. The rest of the step is unchanged (the drafter's own skip returns
-no drafts, and the scheduler does not fetch them).
+On a step the scheduler's plan skips (``signalled_drafts.step_plan``) and that verifies no draft, this module hides
+the speculative config from ``_prepare_inputs`` for that one call: no metadata, logits at the last token of each
+request, the plain sampler, and the plain output bookkeeping. The rest of the step is unchanged (the drafter's own
+skip returns no drafts, and the scheduler does not fetch them).
 
 Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
 
@@ -20,7 +20,7 @@ Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
   the state-space and linear-attention builders of hybrid models (2462-2478), so only where
   ``model_config.is_hybrid``.
 - ``GPUModelRunner.input_batch.num_reqs`` / ``num_computed_tokens_cpu`` / ``num_prompt_tokens``.
-- ``SchedulerOutput.scheduled_spec_decode_tokens``.
+- ``SchedulerOutput.scheduled_spec_decode_tokens`` and the plan's attribute (``signalled_drafts.PLAN_ATTR``).
 - ``GPUModelRunner._build_attention_metadata`` (2249, called from ``execute_model`` right after
   ``_prepare_inputs``): wrapped; on a plain step it runs with ``attn_groups`` (a list per KV cache group of
   ``AttentionGroup``s with ``layer_names``) lacking the groups of the draft's layers, named by the proposer's
@@ -36,14 +36,20 @@ import numpy as np
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-from specserve.replicas import draft_memory
-from specserve.replicas.k0_skip import runner_skips, step_skips_draft_pass
+from specserve.replicas import vllm_hooks
+from specserve.replicas.k0_skip import runner_skips
+from specserve.replicas.signalled_drafts import step_plan
 
 # Steps that ran as plain steps on this worker (read by tests through the worker extension).
 counts = {"plain_steps": 0}
 
-_original_prepare = GPUModelRunner._prepare_inputs
-_original_build = GPUModelRunner._build_attention_metadata
+TARGETS = (
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs",
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner._build_attention_metadata",
+)
+# vLLM's methods, kept by ``install``.
+_original_prepare: Any = None
+_original_build: Any = None
 # Set by a plain step's ``_prepare_inputs``, read (and cleared) by the same step's attention metadata build.
 _PLAIN_ATTR = "_specserve_plain_step"
 _HYBRID_ATTR = "_specserve_hybrid_model"
@@ -52,11 +58,8 @@ _HYBRID_ATTR = "_specserve_hybrid_model"
 def _prepare_plain_when_skipped(
     self: GPUModelRunner, scheduler_output: SchedulerOutput, num_scheduled_tokens: np.ndarray
 ) -> Any:
-    enabled = runner_skips(self)
     plain = (
-        enabled
-        and not scheduler_output.scheduled_spec_decode_tokens
-        and step_skips_draft_pass(enabled, scheduler_output, draft_memory.draft_resident(self))
+        runner_skips(self) and not scheduler_output.scheduled_spec_decode_tokens and step_plan(scheduler_output).skip
     )
     if not plain:
         return _original_prepare(self, scheduler_output, num_scheduled_tokens)
@@ -112,7 +115,7 @@ def _build_without_draft_layers(self: GPUModelRunner, *args: Any, **kwargs: Any)
         self.attn_groups = groups
 
 
-if getattr(_original_prepare, "__name__", "") != _prepare_plain_when_skipped.__name__:  # once per process
-    GPUModelRunner._prepare_inputs = _prepare_plain_when_skipped
-if getattr(_original_build, "__name__", "") != _build_without_draft_layers.__name__:
-    GPUModelRunner._build_attention_metadata = _build_without_draft_layers
+def install() -> None:
+    global _original_prepare, _original_build
+    _original_prepare = vllm_hooks.replace(TARGETS[0], _prepare_plain_when_skipped)
+    _original_build = vllm_hooks.replace(TARGETS[1], _build_without_draft_layers)

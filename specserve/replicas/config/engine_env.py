@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from specserve.replicas.cpu_affinity import parse_cpu_list
+from specserve.cpu_list import parse_cpu_list
 
 #: Keys that point into the caller's scratch folder, which the caller deletes when done: vLLM writes
 #: its compile caches under VLLM_CACHE_ROOT and leaves ZMQ socket and vllm_dist_* files in TMPDIR.

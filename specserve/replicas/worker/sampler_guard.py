@@ -7,7 +7,7 @@ on an empty tensor: a RuntimeError in the EngineCore, which dies and takes every
 with ``top_k`` set (``"top_k": 1`` or ``true``) was enough. With no rows there is nothing to constrain, so the
 wrapper returns the empty logits unchanged; every other call goes to vLLM's function.
 
-Imported in the worker process with ``draft_skip`` (vLLM resolves ``worker_extension_cls`` there).
+Installed in the worker process by the worker extension (``extension.install``).
 
 Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
 
@@ -24,12 +24,17 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from vllm.v1.sample import rejection_sampler
 
-_vllm_apply_top_k_top_p = rejection_sampler.apply_top_k_top_p
+from specserve.replicas import vllm_hooks
 
-
-_vllm_expand_batch_to_tokens = rejection_sampler.expand_batch_to_tokens
+# vLLM's symbols this module replaces (``install``), checked against the pinned vLLM by tests/unit/test_vllm_surface.py.
+TARGETS = (
+    "vllm.v1.sample.rejection_sampler:apply_top_k_top_p",
+    "vllm.v1.sample.rejection_sampler:expand_batch_to_tokens",
+)
+# vLLM's functions, kept by ``install``.
+_vllm_apply_top_k_top_p: Any = None
+_vllm_expand_batch_to_tokens: Any = None
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> Any:
@@ -55,5 +60,9 @@ def expand_batch_to_tokens(
     return out
 
 
-rejection_sampler.apply_top_k_top_p = apply_top_k_top_p
-rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
+def install() -> None:
+    """Replace both functions in the rejection sampler's module namespace (where ``apply_sampling_constraints`` looks
+    them up); once per process."""
+    global _vllm_apply_top_k_top_p, _vllm_expand_batch_to_tokens
+    _vllm_apply_top_k_top_p = vllm_hooks.replace(TARGETS[0], apply_top_k_top_p)
+    _vllm_expand_batch_to_tokens = vllm_hooks.replace(TARGETS[1], expand_batch_to_tokens)

@@ -1,15 +1,16 @@
 """Worker side of "k = 0 is really off": skip the draft's forward pass on k = 0 decode steps (vLLM 0.32.0).
 
-vLLM's drafter runs in the worker process(es), which the scheduler module cannot reach, so vLLM imports
-this module there through ``worker_extension_cls`` (``engine_args.WORKER_EXTENSION_CLS``). Importing it
-wraps ``GPUModelRunner.propose_draft_token_ids`` (``CPUModelRunner`` inherits it): when
-``specserve.speculation.draft_sync.skips_draft_pass`` says so for the step's ``SchedulerOutput`` (the
-scheduler evaluates the same function on the same output), the wrapper returns no drafts without running
-the draft: an empty list per request (the proposer's own k = 0 return is an empty ``(num_reqs, 0)``
-tensor; the list form spares vLLM's device-to-host copy of it, and the scheduler does not fetch it at
-all, ``scheduler._post_step``). Every other step
-goes to vLLM's method unchanged. Tensor-parallel ranks see the same ``SchedulerOutput``, so they skip
-together and no collective is left waiting.
+vLLM's drafter runs in the worker process(es), which the scheduler module cannot reach, so vLLM resolves
+``worker_extension_cls`` (``engine_args.WORKER_EXTENSION_CLS``, the name ``INSTALLED`` below) there, and resolving it
+runs ``install``: this module's patch and those of ``plain_step``, ``draft_signals``, ``sampler_guard``,
+``step_timing`` and ``shape_warmup``. Importing the module installs nothing. ``install`` wraps
+``GPUModelRunner.propose_draft_token_ids`` (``CPUModelRunner`` inherits it): when the step's plan, which the
+scheduler decided and attached to the step's ``SchedulerOutput`` (``signalled_drafts.step_plan``), says to skip the
+pass, the wrapper returns no drafts without running the draft: an empty list per request (the proposer's own k = 0
+return is an empty ``(num_reqs, 0)`` tensor; the list form spares vLLM's device-to-host copy of it, and the scheduler
+does not fetch it at all, ``core/utilities._post_step``). Every other step goes to vLLM's method unchanged.
+Tensor-parallel ranks receive the same ``SchedulerOutput``, plan included, so they skip together and no collective is
+left waiting.
 
 Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
 
@@ -17,19 +18,20 @@ Private vLLM interfaces touched (paths under ``vllm/``, vLLM 0.32.0):
   sampled_token_ids, ...)``: wrapped; called from ``sample_tokens`` (4365) on the padded drafter path.
 - ``GPUModelRunner._draft_probs`` / ``_draft_prob_req_ids``: reset to None on a skip, as the method does.
 - ``GPUModelRunner.input_batch.req_ids``, ``.device``, ``.vllm_config``: read.
-- ``SchedulerOutput`` and ``VllmConfig`` fields, read through ``k0_skip`` (listed there).
+- ``SchedulerOutput``: the plan's attribute (``signalled_drafts.PLAN_ATTR``); ``VllmConfig`` fields, read through
+  ``k0_skip`` (listed there).
 - ``v1/spec_decode/llm_base_proposer.py:620``: the k = 0 early return whose result a skip reproduces.
 - ``v1/worker/gpu_model_runner.py:4633`` ``_copy_draft_token_ids_to_cpu``: returns before its copy for list
   drafts (synchronous scheduling; skipping is off under async scheduling, whose path reads the tensor).
-- ``v1/worker/worker_base.py:296``: ``worker_extension_cls`` is resolved (this module imported) in the worker.
+- ``v1/worker/worker_base.py:296``: ``worker_extension_cls`` is resolved (``import_module`` then ``getattr``) in the
+  worker, which then appends the class to its worker class's bases and never calls its ``__init__``: resolving the
+  name is the one moment the worker's code is ours before it builds its model runner and loads the weights.
 
-Catch-up (``_propose_with_catch_up``, wrapped around this runner's ``drafter.propose``): the worker keeps
-its own ``DraftKVTracker`` and, on every step that runs the pass, prepends the missed tokens of the
-requests ``draft_sync.catch_up_plan`` picks to their part of the draft's first pass; a request caught up in
-part gets its chunk in place of its part. The scheduler applies the same plan to its tracker. Both trackers
-forget a request that enters the batch (new, or resumed after preemption: ``k0_skip.entering_request_ids``), so a
-prefix-cache hit's cached prefix is lag, and both keep every live request, one left out of a step's batch too.
-Interfaces touched for it:
+Catch-up (``_propose_with_catch_up``, wrapped around this runner's ``drafter.propose``): on a step whose plan
+catches requests up, the pass gets each one's missed tokens (``DraftPassPlan.catch_up``, from its first stale position
+``first_stale``) in front of its part of the draft's first pass; a request caught up in part (``partial``) gets its
+chunk in place of its part. The worker keeps no draft-KV bookkeeping: the scheduler's ``DraftKVTracker`` made the plan
+and follows it. Interfaces touched for it:
 
 - ``v1/spec_decode/llm_base_proposer.py:512`` ``SpecDecodeBaseProposer.propose(...)``, keyword call from the
   runner (5006): ``target_token_ids``, ``target_positions``, ``target_hidden_states``,
@@ -44,11 +46,8 @@ Interfaces touched for it:
 - ``GPUModelRunner.input_batch.token_ids_cpu`` (the missed tokens' ids), ``.req_ids``,
   ``discard_request_mask.np`` (which rows sample a token this step, runner 2058),
   ``vllm_config.scheduler_config.max_num_batched_tokens`` (the draft's buffers are sized to it, the one
-  extra slot per request included: ``draft_sync.draft_pass_room``); the plan's cap,
-  ``k0_skip.catch_up_cap``, comes from the config both processes read.
+  extra slot per request included: ``draft_sync.draft_pass_room``, which the scheduler's plan respects).
 - ``SpecDecodeBaseProposer.method``: catch-up only for ``draft_model``, whose draft reads token ids alone.
-- ``GPUModelRunner.requests`` (683; its keys: the live requests, preempted and unscheduled ones included, each
-  popped when it finishes, 1184): the requests the worker's tracker keeps.
 
 What a skip leaves out besides the draft forward: ``prepare_next_token_ids_padded`` and
 ``_copy_valid_sampled_token_count``, which only matter under async scheduling (runner 938);
@@ -65,23 +64,12 @@ import torch
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-# sampler_guard, draft_signals, plain_step and shape_warmup install their wrappers on import.
-from specserve.replicas import (  # noqa: F401
-    draft_memory,
-    draft_signals,
-    plain_step,
-    sampler_guard,
-    shape_warmup,
-    step_timing,
-)
-from specserve.replicas.k0_skip import (
-    catch_up_room,
-    entering_request_ids,
-    runner_catch_up_cap,
-    runner_skips,
-    step_skips_draft_pass,
-)
-from specserve.speculation.draft_sync import DraftKVTracker, ScheduledRequest, catch_up_plan, is_partial
+from specserve.replicas import vllm_hooks
+from specserve.replicas.draft_memory import worker as draft_memory
+from specserve.replicas.k0_skip import runner_skips
+from specserve.replicas.signalled_drafts import step_plan
+from specserve.replicas.worker import draft_signals, plain_step, sampler_guard, shape_warmup, step_timing
+from specserve.speculation.draft_sync import DraftPassPlan
 
 # Per worker process: draft passes skipped and run, requests caught up and their tokens, read by tests
 # and telemetry through ``collective_rpc``.
@@ -89,22 +77,26 @@ _counts = {"skipped": 0, "ran": 0, "caught_up": 0, "catch_up_tokens": 0, "propos
 # Per pass that ran on this worker: (requests, catch-up tokens, seconds in the drafter's propose), the raw
 # material of the catch-up cost profile (bench/catch_up_cost.py).
 _propose_times: deque[tuple[int, int, float]] = deque(maxlen=4096)
-_TRACKER_ATTR = "_specserve_draft_kv"
+# Whether this runner's drafter.propose is wrapped for catch-up (False: a drafter that cannot catch up).
+_CATCH_UP_ATTR = "_specserve_catch_up"
 # The draft rebuild under way (draft_memory.DraftLoader), if any.
 _LOADER_ATTR = "_specserve_draft_loader"
 _STEP_ATTR = "_specserve_scheduler_output"
 
 
-_original_propose = GPUModelRunner.propose_draft_token_ids
+TARGETS = ("vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids",)
+# Every patch the worker needs, this module's last.
+_PATCHES = (plain_step, draft_signals, sampler_guard, step_timing, shape_warmup)
+# vLLM's method, kept by ``install``.
+_original_propose: Any = None
 
 
 def _propose_or_skip(
     self: GPUModelRunner, scheduler_output: SchedulerOutput, *args: Any, **kwargs: Any
 ) -> list[list[int]] | torch.Tensor:
-    enabled = runner_skips(self)
-    if not step_skips_draft_pass(enabled, scheduler_output, draft_memory.draft_resident(self)):
+    if not step_plan(scheduler_output).skip:
         _counts["ran"] += 1
-        if enabled:
+        if runner_skips(self):
             _install_catch_up(self, scheduler_output)
         draft_signals.begin(self)
         started = time.perf_counter()
@@ -120,7 +112,7 @@ def _propose_or_skip(
     self._draft_probs = None
     self._draft_prob_req_ids = None
     # No drafts, as a list: vLLM then skips its device-to-host copy of them (the copy, its stream and event
-    # are a few percent of a 2-3 ms CPU step), and the scheduler does not fetch them (scheduler._post_step).
+    # are a few percent of a 2-3 ms CPU step), and the scheduler does not fetch them (utilities._post_step).
     return [[] for _ in self.input_batch.req_ids]
 
 
@@ -139,14 +131,14 @@ def _count_proposal(drafts: list[list[int]] | torch.Tensor, k: int) -> None:
 
 def _install_catch_up(runner: GPUModelRunner, scheduler_output: SchedulerOutput) -> None:
     setattr(runner, _STEP_ATTR, scheduler_output)
-    if getattr(runner, _TRACKER_ATTR, None) is not None:
+    if getattr(runner, _CATCH_UP_ATTR, None) is not None:
         return
     drafter = runner.drafter
     if getattr(drafter, "method", None) != "draft_model":
         # An EAGLE-style draft reads the target's hidden states, which a skipped step never kept.
-        setattr(runner, _TRACKER_ATTR, False)
+        setattr(runner, _CATCH_UP_ATTR, False)
         return
-    setattr(runner, _TRACKER_ATTR, DraftKVTracker())
+    setattr(runner, _CATCH_UP_ATTR, True)
     original = drafter.propose
 
     def propose(**kwargs: Any) -> torch.Tensor:
@@ -156,40 +148,19 @@ def _install_catch_up(runner: GPUModelRunner, scheduler_output: SchedulerOutput)
 
 
 def _propose_with_catch_up(runner: GPUModelRunner, original: Any, kwargs: dict[str, Any]) -> torch.Tensor:
-    tracker: DraftKVTracker = getattr(runner, _TRACKER_ATTR)
-    output: SchedulerOutput = getattr(runner, _STEP_ATTR)
-    cad = kwargs["common_attn_metadata"]
+    plan: DraftPassPlan = step_plan(getattr(runner, _STEP_ATTR))
     req_ids = list(runner.input_batch.req_ids)
-    bounds = cad.query_start_loc_cpu[: len(req_ids) + 1].tolist()
-    positions = kwargs["target_positions"]
-    starts = positions[bounds[:-1]].tolist() if req_ids else []
-    tracker.forget(entering_request_ids(output))  # as the scheduler does: a prefix-cache hit's prefix is lag
-    lags = {rid: tracker.lag(rid, start) for rid, start in zip(req_ids, starts, strict=True)}
-    room = catch_up_room(runner.vllm_config.scheduler_config.max_num_batched_tokens, output)
-    plan = catch_up_plan(lags, room, runner_catch_up_cap(runner))
-    rejected = kwargs.get("num_rejected_tokens_gpu")
-    if plan:
-        extra = [plan.get(r, 0) for r in req_ids]
-        partial = [is_partial(plan, lags, r) for r in req_ids]
-        firsts = [start - lags[r] for r, start in zip(req_ids, starts, strict=True)]
+    if plan.catch_up:
+        bounds = kwargs["common_attn_metadata"].query_start_loc_cpu[: len(req_ids) + 1].tolist()
+        extra = [plan.catch_up.get(r, 0) for r in req_ids]
+        partial = [r in plan.partial for r in req_ids]
+        firsts = [plan.first_stale.get(r, 0) for r in req_ids]
         kwargs = _prepend_missed_tokens(runner, kwargs, bounds, firsts, extra, partial)
-        _counts["caught_up"] += sum(r in plan and not p for r, p in zip(req_ids, partial, strict=True))
-        _counts["catch_up_tokens"] += sum(plan.values())
+        _counts["caught_up"] += len(plan.catch_up) - len(plan.partial)
+        _counts["catch_up_tokens"] += sum(plan.catch_up.values())
     started = time.perf_counter()
     result = original(**kwargs)
-    _propose_times.append((len(req_ids), sum(plan.values()), time.perf_counter() - started))
-    rejected_list = rejected[: len(req_ids)].tolist() if rejected is not None else [0] * len(req_ids)
-    discard = runner.discard_request_mask.np[: len(req_ids)]
-    steps = [
-        ScheduledRequest(
-            rid, start, start + output.num_scheduled_tokens.get(rid, 0) - int(rejected_list[i]), not bool(discard[i])
-        )
-        for i, (rid, start) in enumerate(zip(req_ids, starts, strict=True))
-    ]
-    tracker.observe_step(False, steps, plan)
-    # Every request the worker holds, as the scheduler keeps every request it holds: a running request left out
-    # of this step's batch (no room in the token budget) keeps its complete prefix on both sides.
-    tracker.keep_only(runner.requests)
+    _propose_times.append((len(req_ids), sum(plan.catch_up.values()), time.perf_counter() - started))
     return result
 
 
@@ -270,8 +241,12 @@ def _prepend_missed_tokens(
     return out
 
 
-if getattr(_original_propose, "__name__", "") != _propose_or_skip.__name__:  # once per process
-    GPUModelRunner.propose_draft_token_ids = _propose_or_skip
+def install() -> None:
+    """Install every patch the worker needs, once per process (later calls change nothing)."""
+    global _original_propose
+    for module in _PATCHES:
+        module.install()
+    _original_propose = vllm_hooks.replace(TARGETS[0], _propose_or_skip)
 
 
 class DraftSkipWorkerExtension:
@@ -288,7 +263,7 @@ class DraftSkipWorkerExtension:
         _propose_times.clear()
         return out
 
-    # -- elastic draft memory (draft_memory.py); the EngineCore calls these between two steps -------------
+    # -- elastic draft memory (draft_memory/worker.py); the EngineCore calls these between two steps -------------
 
     def specserve_kv_layout(self) -> dict[str, int]:
         runner = self.model_runner  # type: ignore[attr-defined]
@@ -296,12 +271,7 @@ class DraftSkipWorkerExtension:
 
     def specserve_drop_draft(self) -> dict[str, float]:
         runner = self.model_runner  # type: ignore[attr-defined]
-        report = draft_memory.drop_draft(runner)
-        # The draft's KV is not kept up to date while it is away: every request starts over from position 0.
-        tracker = getattr(runner, _TRACKER_ATTR, None)
-        if isinstance(tracker, DraftKVTracker):
-            tracker.draft_upto.clear()
-        return report
+        return draft_memory.drop_draft(runner)
 
     def specserve_begin_reload(self) -> None:
         """Start rebuilding the draft in the background; ``specserve_reload_state`` tells when it is built."""
@@ -328,3 +298,17 @@ class DraftSkipWorkerExtension:
     def specserve_resize_kv(self, num_blocks: int, lend_draft_kv: bool = False, capacity: int = 0) -> dict[str, float]:
         runner = self.model_runner  # type: ignore[attr-defined]
         return draft_memory.resize_kv(runner, num_blocks, lend_draft_kv, capacity)
+
+
+#: The name ``worker_extension_cls`` resolves (``engine_args.WORKER_EXTENSION_CLS``): the extension class, once the
+#: worker's patches are installed.
+INSTALLED = "InstalledWorkerExtension"
+
+
+def __getattr__(name: str) -> type[DraftSkipWorkerExtension]:
+    # Module-level __getattr__ (PEP 562) answers only names the module does not define, so a plain import, or an
+    # import of the class by its own name, installs nothing; vLLM's worker resolves ``INSTALLED`` (see above).
+    if name == INSTALLED:
+        install()
+        return DraftSkipWorkerExtension
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

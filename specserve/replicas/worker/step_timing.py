@@ -25,17 +25,24 @@ from typing import Any
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+from specserve.replicas import vllm_hooks
 from specserve.replicas.signalled_drafts import TIMINGS_ATTR
+
+TARGETS = (
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model",
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens",
+)
 
 # The step under way on this worker: its execute_model's seconds and the draft's seconds so far.
 _step = {"forward_s": 0.0, "draft_s": 0.0}
 
-_original_execute = GPUModelRunner.execute_model
-_original_sample = GPUModelRunner.sample_tokens
+# vLLM's methods, kept by ``install``.
+_original_execute: Any = None
+_original_sample: Any = None
 
 
 def add_draft_seconds(seconds: float) -> None:
-    """The drafter ran this long in the step under way (draft_skip.py times its calls)."""
+    """The drafter ran this long in the step under way (extension.py times its calls)."""
     _step["draft_s"] += seconds
 
 
@@ -54,6 +61,7 @@ def _timed_sample(self: GPUModelRunner, *args: Any, **kwargs: Any) -> Any:
     return output
 
 
-if getattr(_original_execute, "__name__", "") != _timed_execute.__name__:  # once per process
-    GPUModelRunner.execute_model = _timed_execute
-    GPUModelRunner.sample_tokens = _timed_sample
+def install() -> None:
+    global _original_execute, _original_sample
+    _original_execute = vllm_hooks.replace(TARGETS[0], _timed_execute)
+    _original_sample = vllm_hooks.replace(TARGETS[1], _timed_sample)

@@ -11,26 +11,32 @@ from typing import Any
 #: Key under vLLM's ``additional_config`` that carries specserve's settings into the EngineCore
 #: process, where the scheduler reads them (no environment variables, so engines can differ).
 ADDITIONAL_CONFIG_KEY = "specserve"
-SCHEDULER_CLS = "specserve.replicas.scheduler.AdaptiveKScheduler"
-# Mixed into vLLM's worker class; importing its module makes k = 0 decode steps skip the draft pass.
-WORKER_EXTENSION_CLS = "specserve.replicas.draft_skip.DraftSkipWorkerExtension"
-# EngineCore utility methods that scheduler.py adds; called with
-# ``await engine_core.call_utility_async(NAME, *args)``.
-SET_POLICY_UTILITY = "specserve_set_policy"
-TELEMETRY_UTILITY = "specserve_telemetry"
-STEP_LOG_UTILITY = "specserve_step_log"
-# The controller's acceptance prior for a new replica (decayed accepted and reached counts per position).
-SEED_ACCEPTANCE_UTILITY = "specserve_seed_acceptance"
-# The start-up checks (calibration.py): the counters they read, and the end of the calibration's dummy runs.
-CHECK_COUNTS_UTILITY = "specserve_check_counts"
-END_CALIBRATION_UTILITY = "specserve_end_calibration"
-# Elastic draft memory (elastic_draft.py): offload the draft and grow the KV pool; reload it; read its state.
-OFFLOAD_DRAFT_UTILITY = "specserve_offload_draft"
-RELOAD_DRAFT_UTILITY = "specserve_reload_draft"
-DRAFT_MEMORY_UTILITY = "specserve_draft_memory"
-# A controller's memory directive (grant_reload, ...), and whether a controller grants at all.
-MEMORY_DIRECTIVE_UTILITY = "specserve_memory_directive"
-MEMORY_COORDINATED_UTILITY = "specserve_memory_coordinated"
+SCHEDULER_CLS = "specserve.replicas.core.scheduler.AdaptiveKScheduler"
+# Mixed into vLLM's worker class; resolving this name (not importing the module) installs the worker's patches.
+WORKER_EXTENSION_CLS = "specserve.replicas.worker.extension.InstalledWorkerExtension"
+
+
+class Utility:
+    """The EngineCore utility methods specserve adds (``core/utilities.py``), by the name
+    ``engine_core.call_utility(_async)(NAME, *args)`` takes: the one list both ends read."""
+
+    SET_POLICY = "specserve_set_policy"
+    TELEMETRY = "specserve_telemetry"
+    STEP_LOG = "specserve_step_log"
+    # The controller's acceptance prior for a new replica (decayed accepted and reached counts per position).
+    SEED_ACCEPTANCE = "specserve_seed_acceptance"
+    # The start-up checks (calibration.py): the counters they read, and the end of the calibration's dummy runs.
+    CHECK_COUNTS = "specserve_check_counts"
+    END_CALIBRATION = "specserve_end_calibration"
+    # Elastic draft memory (elastic_draft.py): offload the draft and grow the KV pool; reload it; read its state.
+    OFFLOAD_DRAFT = "specserve_offload_draft"
+    RELOAD_DRAFT = "specserve_reload_draft"
+    DRAFT_MEMORY = "specserve_draft_memory"
+    # A controller's memory directive (grant_reload, ...), and whether a controller grants at all.
+    MEMORY_DIRECTIVE = "specserve_memory_directive"
+    MEMORY_COORDINATED = "specserve_memory_coordinated"
+
+
 # The ``LLMConfig.experimental_configs`` key that carries the executor a CPU replica runs (engine.py).
 CPU_EXECUTOR_KEY = "specserve_cpu_executor"
 #: LLMConfig.experimental_configs key: the cores a replica moves its engine onto (``cpu_affinity.py``).
@@ -115,7 +121,7 @@ class EngineControlConfig:
         if not data:
             raise ValueError(
                 f"additional_config[{ADDITIONAL_CONFIG_KEY!r}] is missing: build engine arguments with "
-                "specserve.replicas.engine_args.speculative_engine_kwargs"
+                "specserve.replicas.config.engine_args.speculative_engine_kwargs"
             )
         return cls(
             policy=str(data["policy"]),

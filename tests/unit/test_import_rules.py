@@ -1,7 +1,8 @@
 """The import rules of docs/architecture.md ("What may import what"), checked on every module.
 
 A static scan finds every import statement, including those inside functions; a second check imports
-the pure packages in a fresh interpreter and looks for frameworks that arrived transitively.
+the pure packages in a fresh interpreter and looks for frameworks that arrived transitively. The lab (``lab/``, the
+research tools outside the installed package) imports the product; nothing in the product imports the lab.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from pathlib import Path
 import pytest
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "specserve"
+LAB_ROOT = PACKAGE_ROOT.parent / "lab"
 FRAMEWORKS = ("ray", "vllm", "torch", "prometheus_client")
 PACKAGES = (
     "speculation",
     "memory",
     "messages",
     "sim",
-    "experiments",
     "replicas",
     "controller",
     "cluster",
@@ -43,16 +44,15 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "memory": (*FRAMEWORKS, *all_ours_but("memory")),
     "messages": (*FRAMEWORKS, *all_ours_but("messages", "speculation")),
     "sim": (*FRAMEWORKS, *all_ours_but("sim", "speculation", "memory")),
-    "experiments": (*FRAMEWORKS, *all_ours_but("experiments", "sim", "speculation", "memory")),
     # vLLM's private hooks live in replicas/ only; replicas and the controller talk through messages. The
     # controller plans draft transfers with the pure planner the simulator runs too.
-    "replicas": ours("cluster", "sim", "experiments", "models"),
+    "replicas": ours("cluster", "sim", "models"),
     "controller": ("vllm", "torch", *all_ours_but("controller", "messages", "memory")),
-    "models": ("vllm", "ray", *ours("controller", "cluster", "sim", "experiments", "speculation")),
+    "models": ("vllm", "ray", *ours("controller", "cluster", "sim", "speculation")),
     "cluster": ("vllm",),
     # The load generator talks HTTP to any endpoint: of vLLM only its benchmark helpers (checked below), of ours
-    # only the simulator's trace loader, and the CPU tally finds engine processes as the replicas do (psutil only).
-    "bench": ("ray", "torch", "prometheus_client", *all_ours_but("bench", "sim", "replicas")),
+    # only the simulator's trace loader.
+    "bench": ("ray", "torch", "prometheus_client", *all_ours_but("bench", "sim")),
 }
 # Within an allowed package, the only modules a package may import.
 ONLY: dict[str, dict[str, tuple[str, ...]]] = {
@@ -62,7 +62,6 @@ ONLY: dict[str, dict[str, tuple[str, ...]]] = {
     "bench": {
         "vllm": ("vllm.benchmarks",),
         "specserve.sim": ("specserve.sim.workload", "specserve.sim.profiles"),
-        "specserve.replicas": ("specserve.replicas.cpu_affinity",),
     },
 }
 
@@ -110,6 +109,78 @@ def test_package_uses_only_the_allowed_modules_of_a_package(package: str) -> Non
     assert not offenders
 
 
+def test_nothing_in_the_product_imports_the_lab() -> None:
+    # The wheel does not carry lab/: an import of it would work in a checkout and fail for every user.
+    offenders = {
+        str(f.relative_to(PACKAGE_ROOT)): sorted(m for m in imported_modules(f) if breaks(m, ("lab",)))
+        for f in sorted(PACKAGE_ROOT.rglob("*.py"))
+    }
+    assert not {name: modules for name, modules in offenders.items() if modules}
+
+
+# The lab's paper campaign runs on the simulator alone, as the simulator does: no framework, none of the runtime.
+LAB_FORBIDDEN = {"experiments": (*FRAMEWORKS, *all_ours_but("sim", "speculation", "memory"))}
+
+
+@pytest.mark.parametrize("folder", sorted(LAB_FORBIDDEN))
+def test_the_lab_campaign_imports_only_the_simulator_side(folder: str) -> None:
+    files = sorted((LAB_ROOT / folder).rglob("*.py"))
+    assert files, f"no modules under lab/{folder}"
+    offenders = {
+        str(f.relative_to(LAB_ROOT)): sorted(
+            m for m in imported_modules(f, LAB_ROOT) if breaks(m, LAB_FORBIDDEN[folder])
+        )
+        for f in files
+    }
+    assert not {name: modules for name, modules in offenders.items() if modules}
+
+
+# The serving runtime's sub-packages, named for the process each runs in (docs/architecture.md). Serve names the
+# EngineCore's and the workers' classes only as import strings, since vLLM loads them in processes of its own;
+# EngineCore and the workers never reach Ray or the controller; configuration is read everywhere, so reaches nothing.
+RUNTIME = "specserve.replicas"
+SUBPACKAGES = ("serve", "core", "worker", "draft_memory", "config", "tools")
+
+
+def runtime(*names: str) -> tuple[str, ...]:
+    return tuple(f"{RUNTIME}.{name}" for name in names)
+
+
+def runtime_but(*allowed: str) -> tuple[str, ...]:
+    return runtime(*(p for p in SUBPACKAGES if p not in allowed))
+
+
+RUNTIME_FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "serve": runtime_but("serve", "config"),
+    "core": ("ray", "specserve.controller", *runtime_but("core", "draft_memory", "config")),
+    "worker": ("ray", "specserve.controller", *runtime_but("worker", "draft_memory", "config")),
+    "draft_memory": ("ray", "specserve.controller", *runtime_but("draft_memory", "config")),
+    "config": (*FRAMEWORKS, "specserve.controller", *runtime_but("config")),
+    "tools": ("ray", "specserve.controller", *runtime_but("tools", "config")),
+    # Modules at the runtime's root are shared by EngineCore and the workers.
+    "": ("ray", "specserve.controller", *runtime_but("config")),
+}
+
+
+@pytest.mark.parametrize("subpackage", sorted(RUNTIME_FORBIDDEN))
+def test_each_runtime_process_imports_only_its_own_side(subpackage: str) -> None:
+    folder = PACKAGE_ROOT / "replicas" / subpackage
+    files = sorted(folder.rglob("*.py") if subpackage else folder.glob("*.py"))
+    assert files, f"no modules under replicas/{subpackage}"
+    offenders = {
+        str(f.relative_to(PACKAGE_ROOT)): sorted(
+            m for m in imported_modules(f) if breaks(m, RUNTIME_FORBIDDEN[subpackage])
+        )
+        for f in files
+    }
+    assert not {name: modules for name, modules in offenders.items() if modules}
+
+
+def test_every_runtime_subpackage_has_a_rule() -> None:
+    found = {p.name for p in (PACKAGE_ROOT / "replicas").iterdir() if (p / "__init__.py").exists()}
+    assert found == set(SUBPACKAGES) == set(RUNTIME_FORBIDDEN) - {""}
+
+
 def test_every_package_has_a_rule() -> None:
     packages = {p.name for p in PACKAGE_ROOT.iterdir() if (p / "__init__.py").exists()}
     assert packages <= set(FORBIDDEN), f"packages without an import rule: {sorted(packages - set(FORBIDDEN))}"
@@ -126,13 +197,24 @@ def test_the_top_level_modules_import_no_framework() -> None:
     assert not {name: modules for name, modules in offenders.items() if modules}
 
 
+def test_the_top_level_modules_import_nothing_of_the_cluster_side() -> None:
+    # The public API (llm.py) is what cluster/ builds on, not the other way round: its option sections and their
+    # checks live in llm.py, and cluster/sections.py reads them from there. The entry points (``specserve``'s
+    # ``build_openai_app``, ``python -m specserve``) hand over to cluster/.
+    offenders = {
+        path.name: sorted(m for m in imported_modules(path) if breaks(m, ours("cluster")))
+        for path in sorted(PACKAGE_ROOT.glob("*.py"))
+        if path.name not in ("__init__.py", "__main__.py")
+    }
+    assert "llm.py" in offenders
+    assert not {name: modules for name, modules in offenders.items() if modules}
+
+
 def test_the_scanner_sees_nested_dotted_and_relative_imports(tmp_path: Path) -> None:
     module = tmp_path / "specserve" / "sim" / "m.py"
     module.parent.mkdir(parents=True)
-    module.write_text(
-        "import os\nfrom vllm.v1 import x\nfrom ..experiments import y\n\ndef f():\n    import torch.cuda\n"
-    )
-    assert imported_modules(module, tmp_path / "specserve") == {"os", "vllm.v1", "specserve.experiments", "torch.cuda"}
+    module.write_text("import os\nfrom vllm.v1 import x\nfrom ..cluster import y\n\ndef f():\n    import torch.cuda\n")
+    assert imported_modules(module, tmp_path / "specserve") == {"os", "vllm.v1", "specserve.cluster", "torch.cuda"}
     assert breaks("vllm.v1", FRAMEWORKS) and not breaks("vllmx", FRAMEWORKS)
 
 

@@ -70,7 +70,7 @@ CATCH_UP_PROFILE = Path(__file__).with_name("catch_up_cpu.json")
 
 def resume_cost(vllm_config: Any) -> float | None:
     """Seconds per catch-up token when k > 0 resumes (``EngineTraits.resume_s_per_token``): the CPU profile
-    ``bench/catch_up_cost.py`` measured, on a CPU engine; None elsewhere (not measured there: policies
+    ``lab/studies/catch_up/catch_up_cost.py`` measured, on a CPU engine; None elsewhere (not measured there: policies
     fall back to their own model)."""
     if getattr(vllm_config.device_config, "device_type", None) != "cpu" or not CATCH_UP_PROFILE.is_file():
         return None

@@ -99,7 +99,7 @@ class EngineControlConfig:
     # (draft_signals.py) for the policies that read them; false saves a softmax over the vocabulary per pass.
     draft_signals: bool = True
     # A file every step is appended to as one JSON line (the policy's context and what the step ran), for replaying
-    # the policy's decisions offline (``bench/policy_replay.py``); None: no log.
+    # the policy's decisions offline (``lab/studies/policy_replay/policy_replay.py``); None: no log.
     step_log: str | None = None
 
     def to_additional_config(self) -> dict[str, Any]:

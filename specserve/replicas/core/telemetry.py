@@ -58,7 +58,7 @@ class StepCounters:
     # Their CPU seconds on the EngineCore's thread (``time.thread_time``).
     policy_cpu_s: float = 0.0
     # The latest steps' records, the last being step ``num_steps``: durations for the metrics, and the
-    # step log a CPU latency profile is fitted from (experiments/engine_profile.py).
+    # step log a CPU latency profile is fitted from (lab/experiments/engine_check.py).
     recent_steps: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=MAX_RECENT_DURATIONS))
 
     def __post_init__(self) -> None:

@@ -75,7 +75,7 @@ from specserve.speculation.draft_sync import DraftPassPlan
 # and telemetry through ``collective_rpc``.
 _counts = {"skipped": 0, "ran": 0, "caught_up": 0, "catch_up_tokens": 0, "proposals": 0, "proposals_not_k": 0}
 # Per pass that ran on this worker: (requests, catch-up tokens, seconds in the drafter's propose), the raw
-# material of the catch-up cost profile (bench/catch_up_cost.py).
+# material of the catch-up cost profile (lab/studies/catch_up/catch_up_cost.py).
 _propose_times: deque[tuple[int, int, float]] = deque(maxlen=4096)
 # Whether this runner's drafter.propose is wrapped for catch-up (False: a drafter that cannot catch up).
 _CATCH_UP_ATTR = "_specserve_catch_up"

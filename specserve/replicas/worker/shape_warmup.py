@@ -2,10 +2,10 @@
 
 vLLM 0.32.0's CPU path runs every linear layer (the LM heads included) through a oneDNN matmul primitive that it
 builds for each exact row count M the first time that M runs, and keeps per weight shape in a cache of 32 (least
-recently used). A decode step at batch B and k runs M = B (k + 1) rows through the target and the draft, so a
-policy that varies k meets up to ``max_num_seqs`` x (``max_k`` + 1) row counts, each built on its first step:
-measured on the tiny pair (``bench/shape_warmup.py``, 40 shapes), the first step at a new (batch, k) took 3.8 ms
-more than that shape's later steps at the median, 6.5 ms on average and up to 24 ms (its steps take 5-15 ms); a
+recently used). A decode step at batch B and k runs M = B (k + 1) rows through the target and the draft, so a policy
+that varies k meets up to ``max_num_seqs`` x (``max_k`` + 1) row counts, each built on its first step: measured on
+the tiny pair (``lab/studies/shape_warmup/shape_warmup.py``, 40 shapes), the first step at a new (batch, k) took 3.8
+ms more than that shape's later steps at the median, 6.5 ms on average and up to 24 ms (its steps take 5-15 ms); a
 second round over the same shapes paid 0.2-0.5 ms. A fixed k meets a handful of them and is warm within seconds. An
 adaptive policy instead learns the build as the price of the k it explored and keeps away from it: on the tiny pair
 it priced k = 2 at batch 8 at 14.5 ms where a fixed k = 2 measured 8.9. A GPU engine does not have this problem:
@@ -49,7 +49,8 @@ logger = engine_logger(__name__)
 # sizes beside them. Measured on perf pair S with 16 seats (80 row counts warmed): the engine process's resident
 # memory 55 MB more (2,224 against 2,169 MB), its start-up 6 s longer.
 PRIMITIVE_CACHE_SIZE = 512
-# Set to 0 to start without the warm-up (and with vLLM's cache size), as ``bench/shape_warmup.py`` does to compare.
+# Set to 0 to start without the warm-up (and with vLLM's cache size), as ``lab/studies/shape_warmup/shape_warmup.py``
+# does to compare.
 ENV_SWITCH = "SPECSERVE_WARM_DECODE_SHAPES"
 
 TARGETS = ("vllm._custom_ops:create_onednn_mm", "vllm.v1.worker.cpu_worker:CPUWorker.compile_or_warm_up_model")

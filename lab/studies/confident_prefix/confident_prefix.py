@@ -11,6 +11,12 @@ policy and batch of the per-round ratio to the first policy; writes all of it to
         [--pair perf --size S --agreement 0.6] [--batches 1,4,8]
         [--policies adaptive,adaptive:verify_confident_prefix=true,slo] [--rounds 3] [--max-tokens 128]
         [--out bench/results/confident_prefix]
+
+The variant it measured, ``adaptive:verify_confident_prefix=true`` (the draft loop's stop rule asked before
+verification, to cut vLLM's drafts to their confident prefix), is gone (issue 60): it gained nothing measurable
+here and cost served steps, and a spec naming it is refused with an error naming the parameter. The default
+``--policies`` is kept as the record of the runs in bench/results/confident_prefix-*.json (see
+docs/policies/adaptive.md, "How we got here"); pass ``--policies`` with policies that exist to run it now.
 """
 
 from __future__ import annotations

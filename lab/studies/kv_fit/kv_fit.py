@@ -4,6 +4,11 @@ arrivals), over several seeds. Prints one line per cell and policy (means over s
 TTFT, throughput, mean k, preemptions) and writes them to ``--out`` as JSON.
 
     PYTHONPATH=$PWD .venv/bin/python lab/studies/kv_fit/kv_fit.py [--seeds 6] [--out bench/results/kv_fit.json]
+
+Kept as the record of the study that settled the rule: the fit is now the only code path of ``adaptive`` and
+``kv_fit`` is no longer a parameter (issue 60), so ``adaptive:kv_fit=false`` is refused with an error naming it and
+the script no longer runs as written. Its results are bench/results/kv_fit.json, summarised in
+docs/policies/adaptive.md ("How we got here").
 """
 
 from __future__ import annotations

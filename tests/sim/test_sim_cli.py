@@ -4,6 +4,8 @@ status 2."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from sim_helpers import SMALL_YAML, sim_cli
@@ -92,3 +94,17 @@ def test_bad_scenario_or_policy_exits_2_naming_it(args: tuple[str, ...], named: 
     assert out.returncode == 2
     assert named in out.stderr
     assert out.stdout == ""
+
+
+def test_compare_runs_without_the_lab_extra(tmp_path) -> None:
+    # matplotlib and tqdm are the lab extra's, not runtime dependencies: a bare install must still simulate.
+    scenario = tmp_path / "small.yaml"
+    scenario.write_text(SMALL)
+    code = (
+        "import sys; sys.modules['tqdm'] = sys.modules['matplotlib'] = None; "
+        "from specserve.cluster.cli import main; "
+        f"sys.exit(main(['sim', 'compare', '--scenario', {str(scenario)!r}, '--policies', 'fixed:k=0', '--json']))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["results"][0]["policy"] == "fixed:k=0"

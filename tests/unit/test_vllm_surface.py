@@ -106,3 +106,18 @@ def test_install_patches_every_target_once(probe: list[dict[str, int | None]]) -
     before, _, once, twice = probe
     assert {t for t in TARGETS + ADDED if once[t] == before[t]} == set(), "an install left a target alone"
     assert once == twice
+
+
+def test_the_worker_installs_its_patches_when_it_resolves_the_extension_as_vllm_does() -> None:
+    code = """
+from vllm.utils.import_utils import resolve_obj_by_qualname
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+from specserve.replicas.config.engine_args import WORKER_EXTENSION_CLS
+from specserve.replicas.worker import extension
+before = GPUModelRunner.propose_draft_token_ids
+cls = resolve_obj_by_qualname(WORKER_EXTENSION_CLS)
+print(cls is extension.DraftSkipWorkerExtension, before is not extension._propose_or_skip,
+      GPUModelRunner.propose_draft_token_ids is extension._propose_or_skip)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True", "True"]

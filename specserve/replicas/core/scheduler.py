@@ -84,8 +84,7 @@ class AdaptiveKScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         require_engine_path(self.vllm_config)
-        # EngineCore's utility methods and post_step wrapper read this class, so they live in utilities.py, which
-        # imports this module: hence the import here, at the one moment EngineCore needs them.
+        # utilities.py imports this class (EngineCore's utility methods and post_step wrapper read it): imported here.
         from specserve.replicas.core import utilities
 
         utilities.install()
@@ -329,8 +328,7 @@ class AdaptiveKScheduler(Scheduler):
         }
 
     def _plan_draft_pass(self, out: SchedulerOutput) -> DraftPassPlan:
-        """The step's draft pass, decided once: whether it runs (the k = 0 rule) and whom it catches up. The plan
-        rides on the ``SchedulerOutput`` to every worker (``signalled_drafts.attach_plan``), which applies it."""
+        """The step's draft pass, decided once: whether it runs and whom it catches up; every worker applies it."""
         skip = step_skips_draft_pass(self.skips_k0_draft_pass, out, self.draft_resident)
         if not self.skips_k0_draft_pass:
             return DraftPassPlan(skip=skip)

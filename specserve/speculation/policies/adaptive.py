@@ -18,13 +18,13 @@ pushes the step past the ridge point.
 **Correct the fit per batch bucket and k** (``estimators.bucket_correction``): its out-of-sample miss, as a
 ratio per power-of-two batch bucket (Nightjar, §5.2), split into a level common to every k, which follows the
 machine's phases, and per k an offset from it. The correction learns only once the fit has seen
-``CORRECTION_AFTER_STEPS`` steps: a cold fit's miss is its prior's, and kept as the offset of a k that does not
-run again it would price that k for good.
+``CORRECTION_AFTER_STEPS`` steps: a cold fit's miss is its prior's and, kept as the offset of a k that does not
+run again, would price that k for good.
 
 **Pick with margins.** Speculating at all must add ``min_gain`` over k = 0; leaving the current k > 0 (for k = 0
 too) must gain ``switch_margin``, since every switch re-sizes the draft's batch and cuts drafts already made.
 Where k = 0 skips the draft pass (``EngineTraits.resume_s_per_token``), resuming must repay the draft's catch-up
-over the tokens it skipped within ``resume_payback_s`` (Nightjar prices the same switch per token, Eq. 4).
+over the tokens it skipped within ``resume_payback_s`` (Nightjar prices the same switch per token, its Eq. 4).
 
 **Hold a stop that only a prompt asks for.** Where drafts are made a step ahead of their verification (vLLM), a
 stop on a step carrying prompt tokens stands only if the decodes alone would stop too: such a stop throws away the

@@ -139,7 +139,20 @@ def test_every_alert_rule_evaluates_on_live_data_and_the_failed_reload_fired_its
     others = prometheus.query(
         stack.prometheus_url, 'max_over_time(ALERTS{alertname!="SpecserveDraftReloadFailing"}[1h])'
     )
-    assert not others, [s["metric"] for s in others]
+    assert not others, ([s["metric"] for s in others], _first_position_counters(stack))
+
+
+def _first_position_counters(stack) -> dict[str, list]:
+    """What an unexpected acceptance alert saw: the raw samples of the position-0 reached and accepted counters and
+    of the ALERTS series, so that a failure here (seen once in CI, a pending SpecserveAcceptanceCollapsed that never
+    fired) says whether the accepted series lagged the reached one or acceptance really fell."""
+    first = f'{{{catalog.POSITION}="0"}}'
+    series = {
+        "reached": f"{catalog.REACHED_DRAFT_TOKENS.exported}{first}[1h]",
+        "accepted": f"{catalog.ACCEPTED_TOKENS.exported}{first}[1h]",
+        "alerts": 'ALERTS{alertname!="SpecserveDraftReloadFailing"}[1h]',
+    }
+    return {name: [s.get("values") for s in prometheus.query(stack.prometheus_url, q)] for name, q in series.items()}
 
 
 def test_render_draws_every_panel_from_live_data(stack, variables, tmp_path):

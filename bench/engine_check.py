@@ -121,8 +121,18 @@ def main() -> int:
                     log,
                     makespan - (rows[0].arrival_s if rows else 0.0),
                     e2e,
-                    [a - b for a, b in zip(after.num_reached_per_pos, before.num_reached_per_pos, strict=True)],
-                    [a - b for a, b in zip(after.num_accepted_per_pos, before.num_accepted_per_pos, strict=True)],
+                    [
+                        a - b
+                        for a, b in zip(
+                            after.speculation.num_reached_per_pos, before.speculation.num_reached_per_pos, strict=True
+                        )
+                    ],
+                    [
+                        a - b
+                        for a, b in zip(
+                            after.speculation.num_accepted_per_pos, before.speculation.num_accepted_per_pos, strict=True
+                        )
+                    ],
                 )
             )
     steps = {"pair": setup.name, "slowdown": setup.slowdown, "dtype": dtype, "runs": [vars_of(r) for r in runs]}

@@ -53,15 +53,18 @@ def run_round(llm, prompts: list[list[int]], turns: int, max_tokens: int) -> tup
         outputs += answers
         current = [p + a for p, a in zip(current, answers, strict=True)]
     after = read_telemetry(llm)
-    steps = after.num_steps - before.num_steps
-    emitted = after.num_emitted_tokens - before.num_emitted_tokens
+    steps = after.speculation.num_steps - before.speculation.num_steps
+    emitted = after.speculation.num_emitted_tokens - before.speculation.num_emitted_tokens
     return outputs, {
         "tokens_per_step": emitted / steps,
         "steps": steps,
         "cached_prompt_tokens": cached,
-        "catch_up_tokens": after.num_catch_up_tokens - before.num_catch_up_tokens,
+        "catch_up_tokens": after.speculation.num_catch_up_tokens - before.speculation.num_catch_up_tokens,
         "mean_k": float(
-            np.dot(np.arange(len(after.num_steps_by_k)), np.subtract(after.num_steps_by_k, before.num_steps_by_k))
+            np.dot(
+                np.arange(len(after.speculation.num_steps_by_k)),
+                np.subtract(after.speculation.num_steps_by_k, before.speculation.num_steps_by_k),
+            )
         )
         / max(steps, 1),
     }

@@ -113,7 +113,7 @@ def _drive(llm: Any, load: _Load, policy: str, vocab: int, warm_start: bool) -> 
     offline.set_policy(llm, policy, warm_start)
     # Every run sends the same prompts (the same seed): none may find another run's prefill in the cache.
     llm.reset_prefix_cache()
-    cursor = offline.read_telemetry(llm).num_steps
+    cursor = offline.read_telemetry(llm).speculation.num_steps
     engine = llm.llm_engine
     rng = np.random.default_rng(0)
     log: list[dict] = []

@@ -12,7 +12,6 @@ import importlib.metadata
 import json
 import os
 import sys
-from dataclasses import asdict
 from typing import Any
 
 import yaml
@@ -297,7 +296,12 @@ def _serve(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     snapshots = control.snapshots(control.controller())
     if args.json:
-        rows = [asdict(s) | {"acceptance": s.engine.acceptance} for s in snapshots]
+        # The engine one level deep, under the keys this output has always had (``EngineTelemetry.flat``).
+        rows = [
+            {"replica_id": s.replica_id, "node_id": s.node_id, "model_id": s.model_id, "engine": s.engine.flat()}
+            | {"acceptance": s.engine.acceptance}
+            for s in snapshots
+        ]
         print(json.dumps({"replicas": rows}, indent=2))
         return 0
     for line in status_table(snapshots):
@@ -312,23 +316,25 @@ def status_table(snapshots: list[Any]) -> list[str]:
     header = ("REPLICA", "NODE", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV USED/TOTAL", "DRAFT", "CHECKS")
     table = [header]
     for s in snapshots:
-        e = s.engine
-        used = e.num_kv_blocks_total - e.num_kv_blocks_free
+        e, load, memory = s.engine, s.engine.load, s.engine.draft_memory
+        used = load.num_kv_blocks_total - load.num_kv_blocks_free
         acceptance = "-" if e.acceptance is None else f"{e.acceptance:.2f}"
         # While the draft is offloaded the pool holds its bytes as extra blocks: shown as "+N".
-        grown = e.num_kv_blocks_total - e.num_kv_blocks_baseline if e.num_kv_blocks_baseline else 0
-        kv = f"{used}/{e.num_kv_blocks_total}" + (f" (+{grown})" if grown > 0 else "")
+        grown = (
+            load.num_kv_blocks_total - memory.baseline_blocks if memory is not None and memory.baseline_blocks else 0
+        )
+        kv = f"{used}/{load.num_kv_blocks_total}" + (f" (+{grown})" if grown > 0 else "")
         table.append(
             (
                 s.replica_id,
                 s.node_id[:12],
-                e.policy,
-                str(e.k),
+                e.policy.spec,
+                str(e.policy.k),
                 acceptance,
-                str(e.num_running),
-                str(e.num_waiting),
+                str(load.num_running),
+                str(load.num_waiting),
                 kv,
-                e.draft_state,
+                memory.state.value if memory is not None else "none",
                 "failed:" + ",".join(e.failed_checks) if e.failed_checks else "ok",
             )
         )

@@ -113,7 +113,7 @@ def queue_policy(handle: Any, spec: str, replica: str | None = None) -> tuple[st
     replica ids it went to."""
     import ray
 
-    max_ks = {s.engine.max_k for s in snapshots(handle) if replica in (None, s.replica_id)}
+    max_ks = {s.engine.policy.max_k for s in snapshots(handle) if replica in (None, s.replica_id)}
     canonical = canonical_policy(spec, max_ks)
     try:
         targets = ray.get(handle.set_policy.remote(spec, replica))
@@ -139,14 +139,14 @@ class PolicySwitch:
         return snapshots(self.handle)
 
     def canonical(self, spec: str) -> str:
-        return canonical_policy(spec, {s.engine.max_k for s in self.replicas()})
+        return canonical_policy(spec, {s.engine.policy.max_k for s in self.replicas()})
 
     def model_ids(self) -> set[str]:
         return {s.model_id for s in self.replicas()}
 
     def current(self) -> str | None:
         """The policy every replica runs, or None when they differ or none has reported."""
-        policies = {s.engine.policy for s in self.replicas()}
+        policies = {s.engine.policy.spec for s in self.replicas()}
         return policies.pop() if len(policies) == 1 else None
 
     def switch(self, spec: str) -> list[int]:
@@ -162,12 +162,12 @@ class PolicySwitch:
             lagging = [
                 s.replica_id
                 for s in live
-                if s.engine.policy != canonical or s.engine.num_running or s.engine.num_waiting
+                if s.engine.policy.spec != canonical or s.engine.load.num_running or s.engine.load.num_waiting
             ]
             if live and not lagging:
-                steps = [0] * max(len(s.engine.num_steps_by_k) for s in live)
+                steps = [0] * max(len(s.engine.speculation.num_steps_by_k) for s in live)
                 for snapshot in live:
-                    for k, n in enumerate(snapshot.engine.num_steps_by_k):
+                    for k, n in enumerate(snapshot.engine.speculation.num_steps_by_k):
                         steps[k] += n
                 return steps
             if time.monotonic() > deadline:

@@ -16,13 +16,14 @@ from ray.util import metrics
 
 from specserve import metrics_catalog
 from specserve.controller.state import ControllerState
-from specserve.memory import ClusterMemoryParams, MemoryDirective
+from specserve.memory import ClusterMemoryParams
 from specserve.messages import (
     CONTROLLER_NAME,
     CONTROLLER_NAMESPACE,
     ON_HEAD_NODE,
     AcceptancePrior,
-    PolicyDirective,
+    Directive,
+    MemoryDirective,
     ReplicaSnapshot,
 )
 
@@ -51,12 +52,12 @@ class ClusterController:
         priors = metrics_catalog.CONTROLLER_ACCEPTANCE_PRIORS
         self._priors = metrics.Counter(priors.name, description=priors.description)
 
-    def push(self, snapshot: ReplicaSnapshot) -> list[PolicyDirective | AcceptancePrior | MemoryDirective]:
+    def push(self, snapshot: ReplicaSnapshot) -> list[Directive]:
         directives = self._state.push(snapshot)
         for d in directives:
             if isinstance(d, MemoryDirective):
-                self._decisions.inc(1, tags={metrics_catalog.KIND: d.kind})
-                logger.info("specserve controller: %s %s (%s)", d.kind, d.replica_id, d.reason)
+                self._decisions.inc(1, tags={metrics_catalog.KIND: d.kind.value})
+                logger.info("specserve controller: %s %s (%s)", d.kind.value, d.replica_id, d.reason)
             elif isinstance(d, AcceptancePrior):
                 self._priors.inc(1)
                 logger.info(

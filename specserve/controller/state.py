@@ -17,16 +17,23 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Callable
 
-from specserve.memory import ClusterMemoryParams, DraftState, MemoryDirective, ReplicaMemory, plan_cluster
-from specserve.messages import AcceptancePrior, PolicyDirective, ReplicaSnapshot
+from specserve.memory import ClusterMemoryParams, ReplicaMemory, plan_cluster
+from specserve.messages import (
+    AcceptancePrior,
+    Directive,
+    DraftMemorySnapshot,
+    DraftState,
+    MemoryDecision,
+    MemoryDirective,
+    PolicyDirective,
+    ReplicaSnapshot,
+)
 
 # Host-to-device bandwidth assumed for a node none of whose replicas has reloaded a draft yet: PCIe 4.0 x16,
 # about 25 GB/s in practice. Once one has, the node's measured reload rate replaces it (``node_bandwidths``).
 DEFAULT_HOST_TO_DEVICE_BYTES_PER_S = 25e9
 # Memory decisions kept for `ClusterController.memory_decisions` (the log has them all).
 MAX_DECISIONS = 64
-# A replica's reported draft_state ("none" without speculation counts as resident: it has nothing to move).
-_DRAFT_STATES = {state.value: state for state in DraftState}
 
 
 class ControllerState:
@@ -41,9 +48,10 @@ class ControllerState:
         self._stale_after_s = stale_after_s
         self._memory = memory or ClusterMemoryParams()
         self._bandwidth = node_bandwidth_bytes_per_s or {}
-        # Grants handed out that the replica has not reported back yet: replica -> kind.
-        self._grants: dict[str, str] = {}
-        # The latest memory decisions, oldest first: (time, replica, kind, reason); counts by kind, cumulative.
+        # Grants handed out that the replica has not reported back yet: replica -> the grant.
+        self._grants: dict[str, MemoryDecision] = {}
+        # The latest memory decisions, oldest first: (time, replica, kind, reason); counts by kind, cumulative. Kinds
+        # by value: `ClusterController.memory_decisions` hands them to the CLI as plain strings.
         self.decisions: deque[tuple[float, str, str, str]] = deque(maxlen=MAX_DECISIONS)
         self.decision_counts: Counter[str] = Counter()
         self._snapshots: dict[str, ReplicaSnapshot] = {}
@@ -52,7 +60,7 @@ class ControllerState:
         # A cluster-wide policy also reaches replicas that register after it was set.
         self._cluster_policy: PolicyDirective | None = None
 
-    def push(self, snapshot: ReplicaSnapshot) -> list[PolicyDirective | AcceptancePrior | MemoryDirective]:
+    def push(self, snapshot: ReplicaSnapshot) -> list[Directive]:
         """Record a replica's snapshot; return the directives waiting for it and its memory directive, if any.
 
         A replica new to the controller that has verified no draft yet also gets its deployment's acceptance
@@ -62,27 +70,27 @@ class ControllerState:
         self._grants.pop(replica, None)  # this snapshot shows whether the last grant took
         self._snapshots[replica] = snapshot
         self._last_seen_s[replica] = self._clock()
-        pending: list[PolicyDirective | AcceptancePrior | MemoryDirective] = list(self._pending.pop(replica, []))
+        pending: list[Directive] = list(self._pending.pop(replica, []))
         if is_new and self._cluster_policy is not None and not pending:
             pending = [self._cluster_policy]
-        if is_new and not any(snapshot.engine.num_reached_per_pos) and (prior := self._prior_for(snapshot)):
+        if is_new and not any(snapshot.engine.speculation.num_reached_per_pos) and (prior := self._prior_for(snapshot)):
             pending.append(prior)
         return pending + self._plan_memory(replica)
 
     def _prior_for(self, snapshot: ReplicaSnapshot) -> AcceptancePrior | None:
         """The deployment's other live replicas' acceptance evidence, averaged: one typical replica's worth."""
         peers = [
-            s.engine
+            s.engine.acceptance_ema
             for s in self.replicas()
             if s.model_id == snapshot.model_id
             and s.replica_id != snapshot.replica_id
-            and any(s.engine.acceptance_ema_reached_per_pos)
+            and any(s.engine.acceptance_ema.reached_per_pos)
         ]
-        width = min((len(e.acceptance_ema_reached_per_pos) for e in peers), default=0)
+        width = min((len(e.reached_per_pos) for e in peers), default=0)
         if not width:
             return None
-        accepted = [sum(e.acceptance_ema_accepted_per_pos[p] for e in peers) / len(peers) for p in range(width)]
-        reached = [sum(e.acceptance_ema_reached_per_pos[p] for e in peers) / len(peers) for p in range(width)]
+        accepted = [sum(e.accepted_per_pos[p] for e in peers) / len(peers) for p in range(width)]
+        reached = [sum(e.reached_per_pos[p] for e in peers) / len(peers) for p in range(width)]
         return AcceptancePrior(tuple(accepted), tuple(reached), len(peers))
 
     def _plan_memory(self, replica: str) -> list[MemoryDirective]:
@@ -91,10 +99,10 @@ class ControllerState:
         memories = [self._memory_of(s) for s in live]
         mine = [d for d in plan_cluster(memories, self.node_bandwidths(live), self._memory) if d.replica_id == replica]
         for directive in mine:
-            if directive.kind.startswith("grant_"):
+            if directive.kind.grants:
                 self._grants[replica] = directive.kind
-            self.decisions.append((self._clock(), replica, directive.kind, directive.reason))
-            self.decision_counts[directive.kind] += 1
+            self.decisions.append((self._clock(), replica, directive.kind.value, directive.reason))
+            self.decision_counts[directive.kind.value] += 1
         return mine
 
     def node_bandwidths(self, live: list[ReplicaSnapshot] | None = None) -> dict[str, float]:
@@ -104,28 +112,31 @@ class ControllerState:
         moved: dict[str, list[float]] = {}
         for s in live if live is not None else self.replicas():
             totals = moved.setdefault(s.node_id, [0.0, 0.0])
-            if s.engine.reload_s > 0 and s.engine.bytes_reloaded > 0:
-                totals[0] += s.engine.bytes_reloaded
-                totals[1] += s.engine.reload_s
+            transfers = s.engine.draft_memory.transfers if s.engine.draft_memory is not None else None
+            if transfers is not None and transfers.reload_s > 0 and transfers.bytes_reloaded > 0:
+                totals[0] += transfers.bytes_reloaded
+                totals[1] += transfers.reload_s
         measured = {node: b / t if t > 0 else DEFAULT_HOST_TO_DEVICE_BYTES_PER_S for node, (b, t) in moved.items()}
         return measured | self._bandwidth
 
     def _memory_of(self, snapshot: ReplicaSnapshot) -> ReplicaMemory:
-        e, replica = snapshot.engine, snapshot.replica_id
+        replica = snapshot.replica_id
+        # An engine without speculation counts as a resident draft that wants nothing: it has nothing to move.
+        memory = snapshot.engine.draft_memory or DraftMemorySnapshot(DraftState.RESIDENT, 0, 0)
         # A grant handed out since this snapshot was read (cleared again by the replica's next push).
         granted = self._grants.get(replica)
         return ReplicaMemory(
             replica_id=replica,
             node_id=snapshot.node_id,
             deployment=snapshot.model_id,
-            state=_DRAFT_STATES.get(e.draft_state, DraftState.RESIDENT),
-            offload_wanted=e.offload_wanted,
-            offload_granted=e.offload_granted or granted == "grant_offload",
-            reload_wanted=e.reload_wanted,
-            reload_granted=e.reload_granted or granted == "grant_reload",
+            state=memory.state,
+            offload_wanted=memory.offload_wanted,
+            offload_granted=memory.offload_granted or granted is MemoryDecision.GRANT_OFFLOAD,
+            reload_wanted=memory.reload_wanted,
+            reload_granted=memory.reload_granted or granted is MemoryDecision.GRANT_RELOAD,
             # Requests that would speculate again: the simulator's stand-in for the gain too.
-            expected_gain=float(e.num_running),
-            draft_bytes=e.draft_bytes,
+            expected_gain=float(snapshot.engine.load.num_running),
+            draft_bytes=memory.draft_bytes,
         )
 
     def unregister(self, replica: str) -> None:

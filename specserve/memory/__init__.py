@@ -5,7 +5,6 @@ simulator and the engine drive the same code."""
 from specserve.memory.capacity import KvCapacity
 from specserve.memory.cluster_plan import (
     ClusterMemoryParams,
-    MemoryDirective,
     ReplicaMemory,
     plan_cluster,
     transfer_slots,
@@ -32,7 +31,6 @@ __all__ = [
     "DraftState",
     "ExpandPool",
     "KvCapacity",
-    "MemoryDirective",
     "MemoryStep",
     "MigrationPlan",
     "ReplicaMemory",

@@ -17,9 +17,8 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-from specserve.memory.residency import DraftState
+from specserve.messages import DraftState, MemoryDecision, MemoryDirective
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,16 +57,6 @@ class ReplicaMemory:
     # Tokens/s the replica expects to gain by speculating again; orders the reload queue.
     expected_gain: float
     draft_bytes: int
-
-
-DirectiveKind = Literal["grant_reload", "queue_reload", "grant_offload", "refuse_offload"]
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryDirective:
-    replica_id: str
-    kind: DirectiveKind
-    reason: str
 
 
 def transfer_slots(bandwidth_bytes_per_s: float, draft_bytes: int, params: ClusterMemoryParams) -> int:
@@ -118,13 +107,13 @@ def _plan_reloads(
             if busy < slots:
                 busy += 1
                 why = f"node {node} ({link}): {busy}/{slots} transfers with this one; gain rank {position + 1}"
-                out.append(MemoryDirective(r.replica_id, "grant_reload", why))
+                out.append(MemoryDirective(r.replica_id, MemoryDecision.GRANT_RELOAD, why))
             else:
                 why = (
                     f"node {node} ({link}): {busy}/{slots} transfers in flight; "
                     f"queued {position + 1 - slots} by expected gain"
                 )
-                out.append(MemoryDirective(r.replica_id, "queue_reload", why))
+                out.append(MemoryDirective(r.replica_id, MemoryDecision.QUEUE_RELOAD, why))
     return out
 
 
@@ -145,10 +134,12 @@ def _plan_offloads(replicas: Sequence[ReplicaMemory], params: ClusterMemoryParam
             resident[r.deployment] -= 1
             out.append(
                 MemoryDirective(
-                    r.replica_id, "grant_offload", f"{resident[r.deployment]} stay resident in {r.deployment}"
+                    r.replica_id,
+                    MemoryDecision.GRANT_OFFLOAD,
+                    f"{resident[r.deployment]} stay resident in {r.deployment}",
                 )
             )
         else:
             why = f"{r.deployment} keeps at least {floor} resident drafts; {resident[r.deployment]} are"
-            out.append(MemoryDirective(r.replica_id, "refuse_offload", why))
+            out.append(MemoryDirective(r.replica_id, MemoryDecision.REFUSE_OFFLOAD, why))
     return out

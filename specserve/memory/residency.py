@@ -30,20 +30,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
-from typing import Protocol
+from typing import Protocol, assert_never
 
 from specserve.memory.capacity import KvCapacity
 from specserve.memory.migration import MigrationPlan, plan_migration
 from specserve.memory.params import ResidencyParams
 
-
-class DraftState(Enum):
-    RESIDENT = "resident"
-    OFFLOADING = "offloading"
-    OFFLOADED = "offloaded"
-    CONTRACTING = "contracting"
-    RELOADING = "reloading"
+# Declared with the telemetry that reports it (the engine's state crosses to the replica and the controller).
+from specserve.messages import DraftState, MemoryDecision
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +140,19 @@ class ResidencyMachine:
     def grant_reload(self) -> None:
         if self.reload_wanted:
             self.reload_granted = True
+
+    def follow(self, decision: MemoryDecision) -> None:
+        """A cluster planner's decision on this machine's want: a grant lets it act, a queued reload or a refused
+        offload leaves the want waiting for a later decision."""
+        match decision:
+            case MemoryDecision.GRANT_RELOAD:
+                self.grant_reload()
+            case MemoryDecision.GRANT_OFFLOAD:
+                self.grant_offload()
+            case MemoryDecision.QUEUE_RELOAD | MemoryDecision.REFUSE_OFFLOAD:
+                pass
+            case _:
+                assert_never(decision)
 
     def revoke_reload(self) -> None:
         """A planner may take back a grant the machine has not acted on yet."""

@@ -211,8 +211,4 @@ class DraftMemorySim:
         ]
         bandwidth = {str(node): self.bytes_per_s for node in range(len(self.links))}
         for directive in plan_cluster(views, bandwidth, self.planner):
-            machine = self.machines[int(directive.replica_id)]
-            if directive.kind == "grant_reload":
-                machine.grant_reload()
-            elif directive.kind == "grant_offload":
-                machine.grant_offload()
+            self.machines[int(directive.replica_id)].follow(directive.kind)

@@ -100,14 +100,22 @@ class Engine:
             prompt_ids=[list(o.prompt_token_ids) for o in outputs],
             tokens=[list(o.outputs[0].token_ids) for o in outputs],
             num_cached_tokens=[o.num_cached_tokens or 0 for o in outputs],
-            caught_up=after.num_requests_caught_up - before.num_requests_caught_up,
-            catch_up_tokens=after.num_catch_up_tokens - before.num_catch_up_tokens,
+            caught_up=after.speculation.num_requests_caught_up - before.speculation.num_requests_caught_up,
+            catch_up_tokens=after.speculation.num_catch_up_tokens - before.speculation.num_catch_up_tokens,
             worker_caught_up=worker_after["caught_up"] - worker_before["caught_up"],
             worker_catch_up_tokens=worker_after["catch_up_tokens"] - worker_before["catch_up_tokens"],
             skipped=worker_after["skipped"] - worker_before["skipped"],
-            drafted_per_pos=[a - b for a, b in zip(after.num_drafted_per_pos, before.num_drafted_per_pos, strict=True)],
+            drafted_per_pos=[
+                a - b
+                for a, b in zip(
+                    after.speculation.num_drafted_per_pos, before.speculation.num_drafted_per_pos, strict=True
+                )
+            ],
             accepted_per_pos=[
-                a - b for a, b in zip(after.num_accepted_per_pos, before.num_accepted_per_pos, strict=True)
+                a - b
+                for a, b in zip(
+                    after.speculation.num_accepted_per_pos, before.speculation.num_accepted_per_pos, strict=True
+                )
             ],
         )
 

@@ -15,7 +15,7 @@ def engine(shared_engine):  # its policy modules include signal_policies
 def test_the_policy_sees_a_confidence_per_verified_draft_and_it_tells_accepted_from_rejected(engine):
     engine.set_policy("test-signal-recorder:k=4", warm_start=False)  # its own steps only
     engine.generate(max_tokens=64)
-    seen = engine.telemetry().policy_info
+    seen = engine.telemetry().policy.info
     assert seen["misaligned"] == 0
     assert seen["accepted_n"] > 20 and seen["rejected_n"] > 20
     accepted, rejected = seen["accepted"] / seen["accepted_n"], seen["rejected"] / seen["rejected_n"]
@@ -25,11 +25,15 @@ def test_the_policy_sees_a_confidence_per_verified_draft_and_it_tells_accepted_f
 
 def test_a_confidence_threshold_verifies_only_the_confident_prefix_and_the_output_is_unchanged(engine):
     before, full, cut = engine.against_fixed_k("test-threshold:k=4,threshold=0.9")
-    assert full.num_drafts_cut_by_confidence == before.num_drafts_cut_by_confidence
-    assert cut.num_drafts_cut_by_confidence > full.num_drafts_cut_by_confidence
+    assert full.speculation.num_drafts_cut_by_confidence == before.speculation.num_drafts_cut_by_confidence
+    assert cut.speculation.num_drafts_cut_by_confidence > full.speculation.num_drafts_cut_by_confidence
     # Fewer drafts reach verification at the deep positions.
-    drafted = [a - b for a, b in zip(cut.num_drafted_per_pos, full.num_drafted_per_pos, strict=True)]
-    base = [a - b for a, b in zip(full.num_drafted_per_pos, before.num_drafted_per_pos, strict=True)]
+    drafted = [
+        a - b for a, b in zip(cut.speculation.num_drafted_per_pos, full.speculation.num_drafted_per_pos, strict=True)
+    ]
+    base = [
+        a - b for a, b in zip(full.speculation.num_drafted_per_pos, before.speculation.num_drafted_per_pos, strict=True)
+    ]
     assert drafted[3] / drafted[0] < base[3] / base[0]
 
 
@@ -40,11 +44,11 @@ def test_an_engine_asked_for_no_signals_computes_none_and_cuts_nothing(trained_p
         reference = engine.generate(max_tokens=32)
         engine.set_policy("test-signal-recorder:k=4")
         assert engine.generate(max_tokens=32) == reference
-        seen = engine.telemetry().policy_info
+        seen = engine.telemetry().policy.info
         assert seen["accepted_n"] == seen["rejected_n"] == 0
         engine.set_policy("test-threshold:k=4,threshold=0.9")
         assert engine.generate(max_tokens=32) == reference
-        assert engine.telemetry().num_drafts_cut_by_confidence == 0
+        assert engine.telemetry().speculation.num_drafts_cut_by_confidence == 0
 
 
 @pytest.mark.parametrize("policy", ["adaptive", "slo", "mlp"])
@@ -53,6 +57,6 @@ def test_confidence_policies_keep_greedy_output(engine, policy):
     reference = engine.generate(max_tokens=40)
     engine.set_policy(policy)
     assert engine.generate(max_tokens=40) == reference
-    info = engine.telemetry().policy_info
+    info = engine.telemetry().policy.info
     if policy == "slo":
         assert info["mean_confidence"] != pytest.approx(0.6)  # moved off its prior: confidences arrived

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 from engine_helpers import KV_BLOCK_TOKENS, running_engine
 
+from specserve.messages import DraftState, MemoryDecision
 from specserve.models.prompts import OPENINGS
 from specserve.replicas.config.engine_args import DraftOffload
 from specserve.replicas.tools import offline
@@ -80,11 +81,11 @@ def test_an_offload_reload_cycle_under_load_keeps_greedy_output_and_grows_the_po
 
     def watch():
         now = engine.telemetry()
-        if now.draft_state == "offloaded":
+        if now.draft_state is DraftState.OFFLOADED:
             if "during" not in seen:
                 seen["layout_during"] = engine.kv_layout()
             seen["during"] = now
-            used = now.num_kv_blocks_total - now.num_kv_blocks_free
+            used = now.load.num_kv_blocks_total - now.load.num_kv_blocks_free
             seen["most_used"] = max(seen.get("most_used", 0), used)
             seen["most_resident"] = max(seen.get("most_resident", 0), engine.kv_layout()["resident_bytes"])
 
@@ -98,10 +99,10 @@ def test_an_offload_reload_cycle_under_load_keeps_greedy_output_and_grows_the_po
     end, worker_end = engine.telemetry(), engine.draft_pass_counts()
 
     offloaded, during, reloading = seen["offloaded"], seen["during"], seen["reloading"]
-    assert offloaded["state"] == "offloaded" and during.draft_state == "offloaded"
+    assert offloaded["state"] == "offloaded" and during.draft_state is DraftState.OFFLOADED
     extra = offloaded["kv_blocks_total"] - offloaded["kv_blocks_baseline"]
     assert extra > 0 and offloaded["kv_blocks_baseline"] == BASELINE_BLOCKS
-    assert during.num_kv_blocks_total == BASELINE_BLOCKS + extra
+    assert during.load.num_kv_blocks_total == BASELINE_BLOCKS + extra
     # Past 128 tokens every request holds two blocks: they took blocks of the grown region, more than the
     # baseline pool could give.
     assert seen["most_used"] > BASELINE_BLOCKS - 1
@@ -131,14 +132,14 @@ def test_an_offload_reload_cycle_under_load_keeps_greedy_output_and_grows_the_po
     assert reloading["num_steps_k0"] - offloaded["num_steps_k0"] == steps_away > 0
     skipped_away = reloading["num_steps_draft_skipped"] - offloaded["num_steps_draft_skipped"]
     assert skipped_away == steps_away
-    skipped = end.num_steps_draft_skipped - before.num_steps_draft_skipped
+    skipped = end.speculation.num_steps_draft_skipped - before.speculation.num_steps_draft_skipped
     assert worker_end["skipped"] - worker_before["skipped"] == skipped >= steps_away
     # Preempted requests resume on their own cached blocks, and a reloaded draft catches everyone up: both processes
     # caught up the same requests over the same tokens (each forgets a request that enters the batch again).
-    caught_up = end.num_requests_caught_up - before.num_requests_caught_up
+    caught_up = end.speculation.num_requests_caught_up - before.speculation.num_requests_caught_up
     assert caught_up == worker_end["caught_up"] - worker_before["caught_up"] > 0
     assert (
-        end.num_catch_up_tokens - before.num_catch_up_tokens
+        end.speculation.num_catch_up_tokens - before.speculation.num_catch_up_tokens
         == worker_end["catch_up_tokens"] - worker_before["catch_up_tokens"]
     )
 
@@ -164,8 +165,14 @@ def test_an_offload_reload_cycle_under_load_keeps_greedy_output_and_grows_the_po
     assert memory["last_reload_s"] > 0
     # What the controller measures a node's reload rate from (bytes over seconds), in the engine's telemetry.
     after = engine.telemetry()
-    assert after.bytes_reloaded - before.bytes_reloaded == after.draft_bytes > 0
-    assert after.reload_s - before.reload_s == pytest.approx(memory["last_reload_s"])
+    assert (
+        after.draft_memory.transfers.bytes_reloaded - before.draft_memory.transfers.bytes_reloaded
+        == after.draft_memory.draft_bytes
+        > 0
+    )
+    assert after.draft_memory.transfers.reload_s - before.draft_memory.transfers.reload_s == pytest.approx(
+        memory["last_reload_s"]
+    )
 
 
 def test_a_reload_under_load_migrates_live_blocks_and_rebuilds_the_draft_while_steps_go_on(engine, reference):
@@ -231,8 +238,8 @@ def test_a_reload_under_load_migrates_live_blocks_and_rebuilds_the_draft_while_s
     assert resident["last_reload_steps"] > 0
     assert resident["last_reload_steps_k0"] == resident["last_reload_steps"]
     # Back, the draft caught the running requests up over their whole context, and they drafted, accepted.
-    assert end.num_requests_caught_up > away.num_requests_caught_up
-    assert sum(end.num_accepted_per_pos) > sum(away.num_accepted_per_pos)
+    assert end.speculation.num_requests_caught_up > away.num_requests_caught_up
+    assert sum(end.speculation.num_accepted_per_pos) > sum(away.num_accepted_per_pos)
 
 
 def test_offload_and_reload_refuse_the_wrong_state(engine):
@@ -345,13 +352,13 @@ def test_under_a_controller_the_triggers_wait_for_its_grant(triggered, reference
 
     def watch():
         now = triggered.telemetry()
-        if now.offload_wanted and not now.offload_granted and "wanted" not in seen:
+        if now.draft_memory.offload_wanted and not now.draft_memory.offload_granted and "wanted" not in seen:
             seen["wanted"] = now  # the triggers fired; nobody has granted
             seen["waited"] = triggered.telemetry()
-            offline.memory_directive(triggered.llm, "grant_offload")
-        if now.reload_wanted and not now.reload_granted and "reload_wanted" not in seen:
+            offline.memory_directive(triggered.llm, MemoryDecision.GRANT_OFFLOAD)
+        if now.draft_memory.reload_wanted and not now.draft_memory.reload_granted and "reload_wanted" not in seen:
             seen["reload_wanted"] = now
-            offline.memory_directive(triggered.llm, "grant_reload")
+            offline.memory_directive(triggered.llm, MemoryDecision.GRANT_RELOAD)
 
     try:
         before = offline.draft_memory(triggered.llm)
@@ -359,8 +366,8 @@ def test_under_a_controller_the_triggers_wait_for_its_grant(triggered, reference
         after = offline.wait_for_draft(triggered.llm, ("resident",))
     finally:
         offline.memory_coordinated(triggered.llm, False)
-    assert seen["wanted"].memory_coordinated and seen["wanted"].draft_state == "resident"
-    assert seen["waited"].draft_state == "resident", "a wanted offload without a grant does not happen"
-    assert "waiting for a grant" in seen["wanted"].memory_reason
+    assert seen["wanted"].draft_memory.coordinated and seen["wanted"].draft_state is DraftState.RESIDENT
+    assert seen["waited"].draft_state is DraftState.RESIDENT, "a wanted offload without a grant does not happen"
+    assert "waiting for a grant" in seen["wanted"].draft_memory.reason
     assert after["num_offloads"] == before["num_offloads"] + 1
     assert after["num_reloads"] == before["num_reloads"] + 1

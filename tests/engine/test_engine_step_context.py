@@ -29,8 +29,8 @@ def test_an_offline_batch_at_max_num_seqs_announces_each_prompt_once(trained_pai
     assert "specserve: warmed decode row counts 1-10" in log  # 2 seats x (k_max + 1)
     assert "specserve: policy set to fixed:k=0" in log
     prompt_tokens = sum(len(output.prompt_token_ids) for output in outputs)
-    announced = after.num_prefill_tokens_announced - before.num_prefill_tokens_announced
-    steps = after.num_steps - before.num_steps
+    announced = after.speculation.num_prefill_tokens_announced - before.speculation.num_prefill_tokens_announced
+    steps = after.speculation.num_steps - before.speculation.num_steps
     assert steps >= 4 * 24, "two seats at a time: at least four rounds of 24 decode steps"
     assert announced == prompt_tokens
 
@@ -39,7 +39,7 @@ def test_the_step_log_replays_every_k_the_engine_chose(shared_engine):
     from lab.experiments.policy_replay import replay_run, runs
 
     engine = shared_engine
-    first = engine.telemetry().num_steps
+    first = engine.telemetry().speculation.num_steps
     # A k = 0 stretch of its own: whether adaptive goes to k = 0 depends on what the shared engine ran before.
     engine.set_policy("fixed:k=0")
     engine.generate(max_tokens=8)
@@ -47,7 +47,7 @@ def test_the_step_log_replays_every_k_the_engine_chose(shared_engine):
     engine.generate(max_tokens=16)
     engine.set_policy("adaptive")  # warm-started on every step the engine ran, other tests' included
     engine.generate(max_tokens=192)
-    num_steps = engine.telemetry().num_steps
+    num_steps = engine.telemetry().speculation.num_steps
     steps = engine.logged_steps()
     assert len(steps) == num_steps, "one line per step, none torn"
     ours = [(start, stop) for start, stop in runs(steps) if stop > first]
@@ -73,10 +73,10 @@ def test_a_busy_step_is_timed_from_the_previous_steps_end_and_an_idle_gap_is_no_
     engine = shared_engine
     idle_s = 1.0
     engine.set_policy("fixed:k=2")
-    first = engine.telemetry().num_steps
+    first = engine.telemetry().speculation.num_steps
     time.sleep(idle_s)
     engine.generate(max_tokens=32)
-    num_first = engine.telemetry().num_steps - first
+    num_first = engine.telemetry().speculation.num_steps - first
     time.sleep(idle_s)
     engine.generate(max_tokens=32)
     records = [step.record for step in engine.logged_steps()[first:]]
@@ -94,7 +94,7 @@ def test_a_step_verifies_what_the_step_before_drafted_cut_to_its_own_k(shared_en
     # the first k = 3 step verifies the one draft made before it, the second verifies three, each runs three passes.
     engine = shared_engine
     engine.set_policy("cycle:ks=1-3-3")
-    first = engine.telemetry().num_steps
+    first = engine.telemetry().speculation.num_steps
     engine.generate(max_tokens=96)
     steps = engine.logged_steps()[first:]
     assert all(s.traits.drafts_ahead for s in steps)

@@ -14,8 +14,8 @@ def test_goodput_converges_to_k_max_with_a_perfect_draft(self_pair):
         for _ in range(3):
             engine.generate(max_tokens=64)
         after = engine.telemetry()
-    steps = [a - b for a, b in zip(after.num_steps_by_k, before.num_steps_by_k, strict=True)]
-    explorations = after.policy_info["num_explorations"] - before.policy_info["num_explorations"]
+    steps = [a - b for a, b in zip(after.speculation.num_steps_by_k, before.speculation.num_steps_by_k, strict=True)]
+    explorations = after.policy.info["num_explorations"] - before.policy.info["num_explorations"]
     assert after.acceptance > 0.95
     # A round's first step only prefills (nothing decodes yet, so it runs at k = 0). Every other step runs at
     # k_max but goodput's neighbour explorations, one step at k - 1 per explore_interval_s of wall time (so
@@ -34,17 +34,19 @@ def test_goodput_turns_speculation_off_with_a_useless_draft_and_keeps_probing(ra
         time.sleep(0.6)  # the probe clock runs on time, not on steps
         engine.generate(max_tokens=64)
         after = engine.telemetry()
-    steps = [a - b for a, b in zip(after.num_steps_by_k, before.num_steps_by_k, strict=True)]
-    probes = after.policy_info["num_probes"] - before.policy_info["num_probes"]
+    steps = [a - b for a, b in zip(after.speculation.num_steps_by_k, before.speculation.num_steps_by_k, strict=True)]
+    probes = after.policy.info["num_probes"] - before.policy.info["num_probes"]
     # With k=0 skipping the draft pass, requests that lived through k=0 steps lag and draft nothing, so a
     # probe verifies only drafts of requests that arrived since: the EMA sees fewer drafts (8 rather than
     # 44 on one run) and stays nearer its prior. Measured acceptance must still be ~0 and the EMA well down.
-    reached = after.num_reached_per_pos[0] - before.num_reached_per_pos[0]
-    assert after.num_accepted_per_pos[0] - before.num_accepted_per_pos[0] < 0.1 * max(reached, 1)
+    reached = after.speculation.num_reached_per_pos[0] - before.speculation.num_reached_per_pos[0]
+    assert after.speculation.num_accepted_per_pos[0] - before.speculation.num_accepted_per_pos[0] < 0.1 * max(
+        reached, 1
+    )
     assert after.acceptance < 0.2
     assert steps[0] > 2 * steps[1] and steps[2:] == [0, 0, 0], steps
     # Every k > 0 step is a probe (one lasts until its drafts are verified, at most 4 steps)...
     # A probe already running when the window opened counts in the steps but not in the probes: one more.
     assert 0 < steps[1] <= 4 * (probes + 1), (steps, probes)
     # ...and probes are worth something only because their drafts do get verified.
-    assert after.num_reached_per_pos[0] > before.num_reached_per_pos[0]
+    assert after.speculation.num_reached_per_pos[0] > before.speculation.num_reached_per_pos[0]

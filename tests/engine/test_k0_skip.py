@@ -31,7 +31,7 @@ def delta(after, before):
 
 
 def test_engine_reports_that_k0_skips_the_draft_pass(engine):
-    assert engine.telemetry().max_k == 4
+    assert engine.telemetry().policy.max_k == 4
     counts = engine.draft_pass_counts()
     assert set(counts) == {
         "skipped", "ran", "caught_up", "catch_up_tokens", "proposals", "proposals_not_k", "plain_steps"
@@ -43,8 +43,8 @@ def test_k0_decode_steps_skip_the_draft_and_are_counted(engine):
     before, worker_before = engine.telemetry(), engine.draft_pass_counts()
     engine.generate(max_tokens=24)
     after, worker_after = engine.telemetry(), engine.draft_pass_counts()
-    steps = after.num_steps - before.num_steps
-    skipped = after.num_steps_draft_skipped - before.num_steps_draft_skipped
+    steps = after.speculation.num_steps - before.speculation.num_steps
+    skipped = after.speculation.num_steps_draft_skipped - before.speculation.num_steps_draft_skipped
     ran = worker_after["ran"] - worker_before["ran"]
     # Only the steps that prefill the four prompts run the draft; they usually share one step, but the engine
     # may start stepping before the last prompt reaches it. Every other step is a k=0 decode and skips.
@@ -63,8 +63,8 @@ def test_greedy_output_is_unchanged_through_long_k0_stretches(engine, cycle):
     before, worker_before = engine.telemetry(), engine.draft_pass_counts()
     assert engine.generate(max_tokens=48) == reference
     after, worker_after = engine.telemetry(), engine.draft_pass_counts()
-    skipped = after.num_steps_draft_skipped - before.num_steps_draft_skipped
-    k0_steps = after.num_steps_by_k[0] - before.num_steps_by_k[0]
+    skipped = after.speculation.num_steps_draft_skipped - before.speculation.num_steps_draft_skipped
+    k0_steps = after.speculation.num_steps_by_k[0] - before.speculation.num_steps_by_k[0]
     # Every k=0 step skipped the pass but the prefill step, which runs the draft whatever k (the
     # cycle's position when the prompts arrive is not fixed, so that step may be at k=0 or not).
     assert k0_steps - 1 <= skipped <= k0_steps and skipped > 0
@@ -75,8 +75,8 @@ def test_greedy_output_is_unchanged_through_long_k0_stretches(engine, cycle):
     assert 0 < plain <= skipped
     # Each run of six k = 0 steps leaves five positions per request unwritten; the next pass caught every
     # request up over them (the budget has room for all), and both engine processes counted the same.
-    caught_up = after.num_requests_caught_up - before.num_requests_caught_up
-    catch_up_tokens = after.num_catch_up_tokens - before.num_catch_up_tokens
+    caught_up = after.speculation.num_requests_caught_up - before.speculation.num_requests_caught_up
+    catch_up_tokens = after.speculation.num_catch_up_tokens - before.speculation.num_catch_up_tokens
     assert caught_up == worker_after["caught_up"] - worker_before["caught_up"] > 0
     assert catch_up_tokens == worker_after["catch_up_tokens"] - worker_before["catch_up_tokens"]
     if cycle.startswith("cycle:ks=4-4-0-0-0-0-0-0"):
@@ -85,7 +85,7 @@ def test_greedy_output_is_unchanged_through_long_k0_stretches(engine, cycle):
         assert catch_up_tokens <= 5 * caught_up
         assert catch_up_tokens >= 5 * (caught_up - len(PROMPTS)) + len(PROMPTS)
     # Caught up before they drafted again, so no request's drafts had to be cut.
-    assert after.num_drafts_cut_for_lag == before.num_drafts_cut_for_lag
+    assert after.speculation.num_drafts_cut_for_lag == before.speculation.num_drafts_cut_for_lag
 
 
 def test_resuming_speculation_mid_generation(engine, never_skipping):
@@ -101,10 +101,10 @@ def test_resuming_speculation_mid_generation(engine, never_skipping):
     assert tokens == plain, "skipping and resuming changed the greedy output"
     assert (
         worker_after["skipped"] - worker_before["skipped"]
-        == after.num_steps_draft_skipped - before.num_steps_draft_skipped
+        == after.speculation.num_steps_draft_skipped - before.speculation.num_steps_draft_skipped
         >= 39
     )
-    assert after.num_requests_caught_up - before.num_requests_caught_up == len(PROMPTS)
+    assert after.speculation.num_requests_caught_up - before.speculation.num_requests_caught_up == len(PROMPTS)
     base_before = never_skipping.telemetry()
     base_tokens, base_gains = never_skipping.staggered(PROMPTS, LATER, before="fixed:k=0", after="fixed:k=4", **plan)
     base_after = never_skipping.telemetry()
@@ -115,10 +115,10 @@ def test_resuming_speculation_mid_generation(engine, never_skipping):
         ours, base = (statistics.mean(g[-40:]) for g in (gains[f"a{i}"], base_gains[f"a{i}"]))
         assert ours > 1.2, f"a{i} does not speculate after resuming: {ours:.2f} tokens per step"
         assert ours == pytest.approx(base, rel=0.1), f"a{i}: {ours:.2f} tokens per step vs never-skipped {base:.2f}"
-    drafted = delta(after.num_drafted_per_pos, before.num_drafted_per_pos)
-    accepted = delta(after.num_accepted_per_pos, before.num_accepted_per_pos)
-    base_drafted = delta(base_after.num_drafted_per_pos, base_before.num_drafted_per_pos)
-    base_accepted = delta(base_after.num_accepted_per_pos, base_before.num_accepted_per_pos)
+    drafted = delta(after.speculation.num_drafted_per_pos, before.speculation.num_drafted_per_pos)
+    accepted = delta(after.speculation.num_accepted_per_pos, before.speculation.num_accepted_per_pos)
+    base_drafted = delta(base_after.speculation.num_drafted_per_pos, base_before.speculation.num_drafted_per_pos)
+    base_accepted = delta(base_after.speculation.num_accepted_per_pos, base_before.speculation.num_accepted_per_pos)
     for pos in range(4):
         ours, base = accepted[pos] / drafted[pos], base_accepted[pos] / base_drafted[pos]
         # Equal up to bf16 batch-composition noise; a draft on stale KV would lose points at every position.
@@ -150,10 +150,10 @@ def resume(engine, **plan) -> Resumed:
         plain,
         tokens,
         gains,
-        after.num_requests_caught_up - before.num_requests_caught_up,
+        after.speculation.num_requests_caught_up - before.speculation.num_requests_caught_up,
         worker_after["caught_up"] - worker_before["caught_up"],
-        after.num_catch_up_tokens - before.num_catch_up_tokens,
-        after.num_drafts_cut_for_lag - before.num_drafts_cut_for_lag,
+        after.speculation.num_catch_up_tokens - before.speculation.num_catch_up_tokens,
+        after.speculation.num_drafts_cut_for_lag - before.speculation.num_drafts_cut_for_lag,
         [n for _, n, _ in passes if n > 0],
     )
 
@@ -212,9 +212,14 @@ def test_skipping_can_be_turned_off(never_skipping):
     engine.set_policy("cycle:ks=4-4-0-0-0-4-4")
     assert engine.generate(max_tokens=32) == reference
     telemetry, counts = engine.telemetry(), engine.draft_pass_counts()
-    assert telemetry.num_steps_draft_skipped == telemetry.num_drafts_cut_for_lag == counts["skipped"] == 0
-    assert telemetry.num_requests_caught_up == counts["caught_up"] == 0
-    assert counts["ran"] == telemetry.num_steps > 0
+    assert (
+        telemetry.speculation.num_steps_draft_skipped
+        == telemetry.speculation.num_drafts_cut_for_lag
+        == counts["skipped"]
+        == 0
+    )
+    assert telemetry.speculation.num_requests_caught_up == counts["caught_up"] == 0
+    assert counts["ran"] == telemetry.speculation.num_steps > 0
     assert counts["plain_steps"] == 0
 
 

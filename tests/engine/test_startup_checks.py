@@ -47,7 +47,7 @@ def break_worker(engine, name: str | None) -> None:
 def test_the_checks_pass_and_the_policy_starts_from_the_runs_step_costs_not_their_acceptance(engine):
     break_worker(engine, None)
     engine.set_policy("adaptive", warm_start=False)
-    fresh = engine.telemetry().policy_info
+    fresh = engine.telemetry().policy.info
     calibration = run_calibration(engine, max_k=3)
     assert [(c.name, c.ok) for c in calibration.checks] == [
         ("k_honoured", True),
@@ -57,13 +57,13 @@ def test_the_checks_pass_and_the_policy_starts_from_the_runs_step_costs_not_thei
     assert [(r.probe.k, r.probe.batch) for r in calibration.results] == [(k, b) for b in (1, 4) for k in range(4)]
     assert all(r.step_s for r in calibration.results), "every run timed decode steps at its full batch"
     after = engine.telemetry()
-    assert calibration.policy == after.policy and after.policy.startswith("adaptive")
+    assert calibration.policy == after.policy.spec and after.policy.spec.startswith("adaptive")
     assert after.failed_checks == ()
     # As if the dummy runs never happened: no steps, no acceptance evidence, the policy's prior untouched.
-    assert after.num_steps == 0 and sum(after.num_reached_per_pos) == 0
-    assert after.policy_info["alpha_0"] == fresh["alpha_0"]
+    assert after.speculation.num_steps == 0 and sum(after.speculation.num_reached_per_pos) == 0
+    assert after.policy.info["alpha_0"] == fresh["alpha_0"]
     # But the step-cost fit learned from them.
-    latency = {key: value for key, value in after.policy_info.items() if key.startswith("latency_")}
+    latency = {key: value for key, value in after.policy.info.items() if key.startswith("latency_")}
     assert latency and latency != {key: fresh[key] for key in latency}
 
 
@@ -80,7 +80,7 @@ def test_a_broken_assumption_fails_its_check_and_falls_back_to_vllms_own_behavio
         calibration = run_calibration(engine, max_k=3)
         assert calibration.failed == (check,), calibration.checks
         assert engine.telemetry().failed_checks == (check,)
-        served = engine.telemetry().policy
+        served = engine.telemetry().policy.spec
         assert calibration.policy == served == engine.set_policy("fixed:k=3"), "the fallback is fixed:k=max_k"
         # The fallback serves, and greedy output is still plain decoding's.
         reference = engine.generate(max_tokens=24)

@@ -14,12 +14,12 @@ from specserve.speculation.estimators.acceptance import PositionAcceptance
 
 # A peer that has verified many drafts at a conditional acceptance of 0.9 per position.
 HIGH = {
-    "acceptance_ema_accepted_per_pos": (90.0, 81.0, 72.9, 65.6),
-    "acceptance_ema_reached_per_pos": (100.0, 90.0, 81.0, 72.9),
+    "accepted_per_pos": (90.0, 81.0, 72.9, 65.6),
+    "reached_per_pos": (100.0, 90.0, 81.0, 72.9),
 }
 LOW = {
-    "acceptance_ema_accepted_per_pos": (30.0, 9.0, 2.7, 0.8),
-    "acceptance_ema_reached_per_pos": (100.0, 30.0, 9.0, 2.7),
+    "accepted_per_pos": (30.0, 9.0, 2.7, 0.8),
+    "reached_per_pos": (100.0, 30.0, 9.0, 2.7),
 }
 FRESH = {"num_reached_per_pos": (0, 0, 0, 0), "num_accepted_per_pos": (0, 0, 0, 0), "num_drafted_per_pos": (0, 0, 0, 0)}
 
@@ -38,9 +38,9 @@ class Clock:
 def test_seeded_evidence_sets_the_estimate_and_later_steps_outweigh_it():
     estimator = PositionAcceptance(max_k=4)
     assert estimator.alphas() == [0.5] * 4
-    estimator.seed(HIGH["acceptance_ema_accepted_per_pos"], HIGH["acceptance_ema_reached_per_pos"])
+    estimator.seed(HIGH["accepted_per_pos"], HIGH["reached_per_pos"])
     assert estimator.alphas() == pytest.approx([0.9] * 4, abs=0.01)
-    assert estimator.num_reached() == list(HIGH["acceptance_ema_reached_per_pos"])
+    assert estimator.num_reached() == list(HIGH["reached_per_pos"])
 
 
 def test_seed_takes_what_fits_and_refuses_impossible_counts():
@@ -79,7 +79,7 @@ def test_no_prior_without_peer_evidence_or_for_a_replica_with_its_own():
 @pytest.mark.parametrize("spec", ["goodput", "adaptive"])
 def test_policies_with_an_acceptance_estimate_start_from_the_prior(spec):
     cold, seeded = (make_policy(spec, EngineTraits(max_k=4)) for _ in range(2))
-    seeded.seed_acceptance(HIGH["acceptance_ema_accepted_per_pos"], HIGH["acceptance_ema_reached_per_pos"])
+    seeded.seed_acceptance(HIGH["accepted_per_pos"], HIGH["reached_per_pos"])
     assert cold.describe()["alpha_0"] == pytest.approx(0.5)
     assert seeded.describe()["alpha_0"] == pytest.approx(0.9, abs=0.01)
     assert seeded.describe()["alpha_3"] == pytest.approx(0.9, abs=0.01)
@@ -89,5 +89,5 @@ def test_policies_without_one_ignore_it():
     for spec in ("fixed:k=2", "bandit", "ucb", "static-table"):
         policy = make_policy(spec, EngineTraits(max_k=4))
         before = policy.describe()
-        policy.seed_acceptance(HIGH["acceptance_ema_accepted_per_pos"], HIGH["acceptance_ema_reached_per_pos"])
+        policy.seed_acceptance(HIGH["accepted_per_pos"], HIGH["reached_per_pos"])
         assert policy.describe() == before

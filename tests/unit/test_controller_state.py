@@ -3,12 +3,14 @@ telemetry it is fed (messages that round-trip, counters whose reads change nothi
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from telemetry_samples import engine_telemetry
 
 from specserve.controller.state import ControllerState
-from specserve.memory import ClusterMemoryParams, MemoryDirective
-from specserve.messages import EngineTelemetry, PolicyDirective, ReplicaSnapshot
+from specserve.memory import ClusterMemoryParams
+from specserve.messages import DraftState, EngineTelemetry, MemoryDirective, PolicyDirective, ReplicaSnapshot
 from specserve.replicas.core.telemetry import MAX_RECENT_DURATIONS, StepCounters
 from specserve.speculation import StepRecord
 
@@ -22,7 +24,7 @@ class Clock:
 
 
 def snapshot(replica: str, policy: str = "adaptive") -> ReplicaSnapshot:
-    engine = engine_telemetry(policy=policy)
+    engine = engine_telemetry(spec=policy)
     return ReplicaSnapshot(replica_id=replica, node_id="n", model_id="m", engine=engine)
 
 
@@ -33,7 +35,7 @@ def test_keeps_the_latest_snapshot_per_replica_and_drops_silent_ones():
     state.push(snapshot("a"))
     state.push(snapshot("a", policy="fixed:k=1"))
     assert [s.replica_id for s in state.replicas()] == ["a", "b"]
-    assert state.replicas()[0].engine.policy == "fixed:k=1"
+    assert state.replicas()[0].engine.policy.spec == "fixed:k=1"
     clock.now = 4.0
     state.push(snapshot("a"))
     clock.now = 6.0
@@ -65,18 +67,20 @@ def test_unknown_replica_is_an_error_naming_it():
         state.set_policy("fixed:k=1", "ghost")
 
 
-def test_engine_telemetry_round_trips_through_a_dict():
-    engine = snapshot("a").engine
-    assert (
-        EngineTelemetry.from_dict({k: list(v) if isinstance(v, tuple) else v for k, v in engine.to_dict().items()})
-        == engine
+def test_engine_telemetry_round_trips_through_a_dict_of_plain_types():
+    engine = engine_telemetry(
+        state=DraftState.OFFLOADED, errors={"choose": 2}, info={"alpha": 0.5}, failed_checks=("k_honoured",)
     )
+    # JSON keeps what msgpack keeps: dicts, lists (no tuples), strings (no enums), numbers.
+    assert EngineTelemetry.from_dict(json.loads(json.dumps(engine.to_dict()))) == engine
+    without_draft = engine_telemetry(draft_memory=None)
+    assert EngineTelemetry.from_dict(json.loads(json.dumps(without_draft.to_dict()))) == without_draft
 
 
 def test_acceptance_is_unknown_until_a_draft_is_verified():
     engine = snapshot("a").engine
     assert engine.acceptance == 0.6
-    fresh = EngineTelemetry.from_dict(engine.to_dict() | {"num_reached_per_pos": [0, 0, 0, 0]})
+    fresh = engine_telemetry(num_reached_per_pos=(0, 0, 0, 0))
     assert fresh.acceptance is None
 
 
@@ -126,13 +130,13 @@ def test_a_reader_far_behind_gets_the_latest_durations_only():
 
 
 def memory_snapshot(replica: str, node: str = "n1", **engine: object) -> ReplicaSnapshot:
-    fields = dict(draft_state="offloaded", reload_wanted=True, draft_bytes=10**9, num_running=4)
+    fields = dict(state=DraftState.OFFLOADED, reload_wanted=True, draft_bytes=10**9, num_running=4)
     fields.update(engine)
     return ReplicaSnapshot(replica_id=replica, node_id=node, model_id="m", engine=engine_telemetry(**fields))
 
 
 def kinds(directives) -> list[str]:
-    return [d.kind for d in directives if isinstance(d, MemoryDirective)]
+    return [d.kind.value for d in directives if isinstance(d, MemoryDirective)]
 
 
 def test_reloads_on_one_node_take_turns_and_a_grant_holds_its_slot_until_the_replica_reports_it():
@@ -141,9 +145,9 @@ def test_reloads_on_one_node_take_turns_and_a_grant_holds_its_slot_until_the_rep
     # b pushes before a has reported its grant: the slot is a's all the same.
     assert kinds(state.push(memory_snapshot("b"))) == ["queue_reload"]
     assert kinds(state.push(memory_snapshot("c", node="n2"))) == ["grant_reload"], "another node, another link"
-    state.push(memory_snapshot("a", draft_state="contracting", reload_wanted=False))
+    state.push(memory_snapshot("a", state=DraftState.CONTRACTING, reload_wanted=False))
     assert kinds(state.push(memory_snapshot("b"))) == ["queue_reload"], "a's transfer is in flight"
-    state.push(memory_snapshot("a", draft_state="resident", reload_wanted=False))
+    state.push(memory_snapshot("a", state=DraftState.RESIDENT, reload_wanted=False))
     assert kinds(state.push(memory_snapshot("b"))) == ["grant_reload"]
     assert state.decision_counts == {"grant_reload": 3, "queue_reload": 2}
     assert [d[2] for d in state.decisions][:2] == ["grant_reload", "queue_reload"]
@@ -152,7 +156,7 @@ def test_reloads_on_one_node_take_turns_and_a_grant_holds_its_slot_until_the_rep
 
 def test_offloads_keep_the_deployments_floor_of_resident_drafts():
     state = ControllerState(Clock(), memory=ClusterMemoryParams(min_resident_per_deployment=1))
-    resident = dict(draft_state="resident", reload_wanted=False)
+    resident = dict(state=DraftState.RESIDENT, reload_wanted=False)
     assert kinds(state.push(memory_snapshot("a", **resident, offload_wanted=True))) == ["refuse_offload"], "alone"
     state.push(memory_snapshot("b", **resident))
     assert kinds(state.push(memory_snapshot("a", **resident, offload_wanted=True))) == ["grant_offload"]
@@ -162,7 +166,7 @@ def test_offloads_keep_the_deployments_floor_of_resident_drafts():
 
 def test_replicas_that_want_nothing_get_no_memory_directive():
     state = ControllerState(Clock())
-    assert kinds(state.push(memory_snapshot("a", draft_state="resident", reload_wanted=False))) == []
+    assert kinds(state.push(memory_snapshot("a", state=DraftState.RESIDENT, reload_wanted=False))) == []
 
 
 def test_a_restarted_controller_hands_the_cluster_policy_to_every_replica_again():
@@ -192,7 +196,7 @@ def test_a_nodes_measured_reload_rate_replaces_the_default_bandwidth_and_sets_it
     # n1 has reloaded a draft at 0.5 GB/s (2 s for 1 GB): one transfer at a time; n2 has not: 25 GB/s, 2 slots.
     state.push(
         memory_snapshot(
-            "done", node="n1", draft_state="resident", reload_wanted=False, bytes_reloaded=10**9, reload_s=2.0
+            "done", node="n1", state=DraftState.RESIDENT, reload_wanted=False, bytes_reloaded=10**9, reload_s=2.0
         )
     )
     assert state.node_bandwidths() == {"n1": 0.5e9}
@@ -209,7 +213,7 @@ def test_configured_bandwidth_wins_over_the_measured_one():
     state = ControllerState(Clock(), node_bandwidth_bytes_per_s={"n1": 40e9})
     state.push(
         memory_snapshot(
-            "done", node="n1", draft_state="resident", reload_wanted=False, bytes_reloaded=10**9, reload_s=2.0
+            "done", node="n1", state=DraftState.RESIDENT, reload_wanted=False, bytes_reloaded=10**9, reload_s=2.0
         )
     )
     assert state.node_bandwidths() == {"n1": 40e9}

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from specserve.memory import ResidencyParams
-from specserve.replicas.draft_memory.elastic_draft import RESIDENT, ElasticDraft
+from specserve.messages import DraftState
+from specserve.replicas.draft_memory.elastic_draft import ElasticDraft
 
 
 def scheduler_on(device: str, tmp_path) -> SimpleNamespace:
@@ -29,7 +30,7 @@ def test_a_gpu_engine_refuses_offload_and_drops_the_triggers(tmp_path) -> None:
     assert elastic.auto is None  # the triggers would only fail, step after step
     with pytest.raises(RuntimeError, match=r"runs on CPU engines only \(this one: cuda\)"):
         elastic.offload(core=None)
-    assert elastic.state == RESIDENT
+    assert elastic.state is DraftState.RESIDENT
 
 
 def test_a_cpu_engine_keeps_its_triggers_and_goes_on_to_its_own_checks(tmp_path) -> None:

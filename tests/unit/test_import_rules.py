@@ -41,9 +41,10 @@ def all_ours_but(*allowed: str) -> tuple[str, ...]:
 # Package -> import prefixes it must never use.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "speculation": (*FRAMEWORKS, *all_ours_but("speculation")),
-    "memory": (*FRAMEWORKS, *all_ours_but("memory")),
+    # The pure planner answers in the controller's message types, and its states are the telemetry's.
+    "memory": (*FRAMEWORKS, *all_ours_but("memory", "messages")),
     "messages": (*FRAMEWORKS, *all_ours_but("messages", "speculation")),
-    "sim": (*FRAMEWORKS, *all_ours_but("sim", "speculation", "memory")),
+    "sim": (*FRAMEWORKS, *all_ours_but("sim", "speculation", "memory", "messages")),
     # vLLM's private hooks live in replicas/ only; replicas and the controller talk through messages. The
     # controller plans draft transfers with the pure planner the simulator runs too.
     "replicas": ours("cluster", "sim", "models"),

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from specserve.memory import ClusterMemoryParams, DraftState, ReplicaMemory, plan_cluster, transfer_slots
+from specserve.messages import MemoryDecision
 
 GIB = 1024**3
 DRAFT = int(0.92 * GIB)
@@ -30,7 +31,7 @@ def replica(name: str, node: str = "n0", state: DraftState = DraftState.OFFLOADE
 
 
 def kinds(directives) -> dict[str, str]:
-    return {d.replica_id: d.kind for d in directives}
+    return {d.replica_id: d.kind.value for d in directives}
 
 
 def test_worked_example_slots_follow_bandwidth_and_draft_size() -> None:
@@ -62,7 +63,7 @@ def test_transfers_in_flight_hold_their_slots() -> None:
 def test_nodes_have_their_own_links() -> None:
     replicas = [replica(f"a{i}", "n0") for i in range(3)] + [replica(f"b{i}", "n1") for i in range(3)]
     directives = plan_cluster(replicas, BANDWIDTH, ClusterMemoryParams(max_concurrent_transfers=1))
-    granted = sorted(d.replica_id for d in directives if d.kind == "grant_reload")
+    granted = sorted(d.replica_id for d in directives if d.kind is MemoryDecision.GRANT_RELOAD)
     assert granted == ["a0", "b0"]
 
 

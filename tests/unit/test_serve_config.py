@@ -7,15 +7,14 @@ import os
 import socket
 import subprocess
 import sys
-from dataclasses import replace
 
 import pytest
-from telemetry_samples import engine_telemetry
+from telemetry_samples import changed, engine_telemetry
 
 from specserve.cluster.cli import status_table
 from specserve.cluster.config import ConfigError, load_config
 from specserve.cluster.local import SERVE_SWITCHES
-from specserve.messages import ReplicaSnapshot
+from specserve.messages import DraftState, ReplicaSnapshot
 from specserve.replicas.config.engine_env import applied, engine_env
 
 
@@ -173,12 +172,12 @@ def test_cli_errors_go_to_stderr_and_leave_stdout_empty(tmp_path):
 
 def test_status_table_has_a_header_and_one_line_per_replica():
     engine = engine_telemetry(
-        policy="fixed:k=2",
+        spec="fixed:k=2",
         num_running=3,
         num_waiting=1,
         num_kv_blocks_total=100,
         num_kv_blocks_free=60,
-        acceptance_ema_per_pos=(0.8, 0.75, 0.5, 0.5),
+        per_pos=(0.8, 0.75, 0.5, 0.5),
     )
     snapshots = [
         ReplicaSnapshot(replica_id=name, node_id="0123456789abcdef", model_id="m", engine=engine)
@@ -195,11 +194,11 @@ def test_status_table_has_a_header_and_one_line_per_replica():
 
 def test_status_shows_an_offloaded_draft_and_the_blocks_the_pool_grew_by():
     engine = engine_telemetry(
-        num_kv_blocks_total=130, num_kv_blocks_free=20, num_kv_blocks_baseline=100, draft_state="offloaded"
+        num_kv_blocks_total=130, num_kv_blocks_free=20, baseline_blocks=100, state=DraftState.OFFLOADED
     )
     _, row = status_table([ReplicaSnapshot(replica_id="r1", node_id="n", model_id="m", engine=engine)])
     assert row.split()[-4:] == ["110/130", "(+30)", "offloaded", "ok"]
-    resident = replace(engine, num_kv_blocks_total=100, draft_state="resident", failed_checks=("k_honoured",))
+    resident = changed(engine, num_kv_blocks_total=100, state=DraftState.RESIDENT, failed_checks=("k_honoured",))
     _, row = status_table([ReplicaSnapshot(replica_id="r1", node_id="n", model_id="m", engine=resident)])
     assert row.split()[-3:] == ["80/100", "resident", "failed:k_honoured"]
 

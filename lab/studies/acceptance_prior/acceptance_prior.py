@@ -97,9 +97,9 @@ def run_engine(pair: Any, prompts: list[str], max_tokens: int, prior: Any, repea
         "mean_k": round(statistics.mean(first), 3) if first else 0.0,
         "first_ks": first[:40],
         "acceptance_prior_used": prior is not None,
-        "prior_accepted": list(telemetry.acceptance_ema_accepted_per_pos),
-        "prior_reached": list(telemetry.acceptance_ema_reached_per_pos),
-        "acceptance_ema_per_pos": list(telemetry.acceptance_ema_per_pos),
+        "prior_accepted": list(telemetry.acceptance_ema.accepted_per_pos),
+        "prior_reached": list(telemetry.acceptance_ema.reached_per_pos),
+        "acceptance_ema_per_pos": list(telemetry.acceptance_ema.per_pos),
     }
 
 

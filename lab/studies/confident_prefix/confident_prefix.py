@@ -75,8 +75,10 @@ def main() -> None:
                     seconds = time.perf_counter() - started
                     after = read_telemetry(llm)
                     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-                    drafted = sum(after.num_drafted_per_pos) - sum(before.num_drafted_per_pos)
-                    accepted = sum(after.num_accepted_per_pos) - sum(before.num_accepted_per_pos)
+                    drafted = sum(after.speculation.num_drafted_per_pos) - sum(before.speculation.num_drafted_per_pos)
+                    accepted = sum(after.speculation.num_accepted_per_pos) - sum(
+                        before.speculation.num_accepted_per_pos
+                    )
                     row = {
                         "pair": label,
                         "batch": batch,
@@ -85,8 +87,9 @@ def main() -> None:
                         "tok_s": round(tokens / seconds, 2),
                         "drafted": drafted,
                         "accepted": accepted,
-                        "cut_by_confidence": after.num_drafts_cut_by_confidence - before.num_drafts_cut_by_confidence,
-                        "steps": after.num_steps - before.num_steps,
+                        "cut_by_confidence": after.speculation.num_drafts_cut_by_confidence
+                        - before.speculation.num_drafts_cut_by_confidence,
+                        "steps": after.speculation.num_steps - before.speculation.num_steps,
                     }
                     rows.append(row)
                     print(json.dumps(row), flush=True)

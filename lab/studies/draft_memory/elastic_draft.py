@@ -163,19 +163,21 @@ def main() -> None:
                         marks["resident_s"], marks["at_resident"] = now, offline.read_telemetry(llm)
                 elif "resident_s" in marks and "caught_up_s" not in marks:
                     now_t = offline.read_telemetry(llm)
-                    if "drafting_s" not in marks and sum(now_t.num_drafted_per_pos) > sum(
-                        marks["at_resident"].num_drafted_per_pos
+                    if "drafting_s" not in marks and sum(now_t.speculation.num_drafted_per_pos) > sum(
+                        marks["at_resident"].speculation.num_drafted_per_pos
                     ):
                         marks["drafting_s"] = now
-                    caught_up = now_t.num_requests_caught_up - marks["at_reload"].num_requests_caught_up
-                    if caught_up >= marks["at_reload"].num_running:
+                    caught_up = (
+                        now_t.speculation.num_requests_caught_up - marks["at_reload"].speculation.num_requests_caught_up
+                    )
+                    if caught_up >= marks["at_reload"].load.num_running:
                         marks["caught_up_s"], marks["at_caught_up"] = now, now_t
 
             print("the cycle under load (fixed k = 4)...", file=sys.stderr)
             tokens = stream(llm, prompts, args.max_tokens, on_step)
             end, memory = offline.read_telemetry(llm), offline.draft_memory(llm)
             kv_after = kv_layout()
-            steps = offline.read_step_log(llm, since_step=start.num_steps)
+            steps = offline.read_step_log(llm, since_step=start.speculation.num_steps)
     offloaded = marks["offloaded"]
     grown_blocks = offloaded["kv_blocks_total"] - offloaded["kv_blocks_baseline"]
     buffer_baseline = offloaded["kv_blocks_baseline"] * offloaded["bytes_per_block"]
@@ -221,26 +223,41 @@ def main() -> None:
         "reload_s": memory["last_reload_s"],
         "steps_while_reloading": memory["last_reload_steps"],
         "steps_at_k0_while_reloading": memory["last_reload_steps_k0"],
-        **step_gaps(steps, end.num_steps, marks["at_reload"].num_steps, marks["at_resident"].num_steps),
+        **step_gaps(
+            steps,
+            end.speculation.num_steps,
+            marks["at_reload"].speculation.num_steps,
+            marks["at_resident"].speculation.num_steps,
+        ),
         "reload_to_drafting_s": marks.get("drafting_s", float("nan")) - marks["reload_asked_s"],
         # Every request running at the reload caught up: with a catch-up cap, over several steps.
         "reload_to_all_caught_up_s": marks.get("caught_up_s", float("nan")) - marks["reload_asked_s"],
         "steps_catching_up": (
-            marks["at_caught_up"].num_steps - marks["at_resident"].num_steps if "at_caught_up" in marks else None
+            marks["at_caught_up"].speculation.num_steps - marks["at_resident"].speculation.num_steps
+            if "at_caught_up" in marks
+            else None
         ),
         "longest_step_gap_reload_to_caught_up_s": (
             max(
-                window_gaps(steps, end.num_steps, marks["at_reload"].num_steps, marks["at_caught_up"].num_steps),
+                window_gaps(
+                    steps,
+                    end.speculation.num_steps,
+                    marks["at_reload"].speculation.num_steps,
+                    marks["at_caught_up"].speculation.num_steps,
+                ),
                 default=float("nan"),
             )
             if "at_caught_up" in marks
             else None
         ),
         "worker_rss_restored_bytes": memory["last_rss_restored_bytes"],
-        "steps_at_k0_while_offloaded": marks["at_reload"].num_steps_by_k[0] - start.num_steps_by_k[0],
+        "steps_at_k0_while_offloaded": marks["at_reload"].speculation.num_steps_by_k[0]
+        - start.speculation.num_steps_by_k[0],
         # Nothing catches up while the draft is away (every pass is skipped), so these are the reload's.
-        "requests_caught_up_after_reload": end.num_requests_caught_up - marks["at_reload"].num_requests_caught_up,
-        "catch_up_tokens_after_reload": end.num_catch_up_tokens - marks["at_reload"].num_catch_up_tokens,
+        "requests_caught_up_after_reload": end.speculation.num_requests_caught_up
+        - marks["at_reload"].speculation.num_requests_caught_up,
+        "catch_up_tokens_after_reload": end.speculation.num_catch_up_tokens
+        - marks["at_reload"].speculation.num_catch_up_tokens,
     }
     emit_report(report, args.out)
 

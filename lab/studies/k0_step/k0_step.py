@@ -69,9 +69,9 @@ def report_skips(name: str, llm: Any) -> None:
     from specserve.replicas.tools import offline
 
     if name != "no_spec":
-        telemetry = offline.read_telemetry(llm)
+        counters = offline.read_telemetry(llm).speculation
         print(
-            f"{name}: {telemetry.num_steps} steps, {telemetry.num_steps_draft_skipped} draft passes skipped",
+            f"{name}: {counters.num_steps} steps, {counters.num_steps_draft_skipped} draft passes skipped",
             file=sys.stderr,
         )
 

@@ -58,11 +58,11 @@ def main() -> None:
             set_policy(llm, policy)
             before = read_telemetry(llm)
             llm.generate(PROMPTS, params, use_tqdm=False)
-            after = read_telemetry(llm, since_step=before.num_steps)
-            steps = after.num_steps - before.num_steps
+            after = read_telemetry(llm, since_step=before.speculation.num_steps)
+            steps = after.speculation.num_steps - before.speculation.num_steps
             step_s = sum(after.step_durations_s)
-            policy_s = after.policy_s - before.policy_s
-            policy_cpu_s = after.policy_cpu_s - before.policy_cpu_s
+            policy_s = after.speculation.policy_s - before.speculation.policy_s
+            policy_cpu_s = after.speculation.policy_cpu_s - before.speculation.policy_cpu_s
             row = {
                 "policy": policy,
                 "pair": args.pair if args.pair == "trained" else f"perf-{args.size}-a{args.agreement}",

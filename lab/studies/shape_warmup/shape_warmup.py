@@ -46,7 +46,7 @@ def run(target: str, draft: str, rounds: int) -> list[dict[str, float]]:
                 for batch in BATCHES:
                     for k in KS:
                         offline.set_policy(llm, f"fixed:k={k}")
-                        cursor = offline.read_telemetry(llm).num_steps
+                        cursor = offline.read_telemetry(llm).speculation.num_steps
                         prompts = [OPENINGS[i % len(OPENINGS)] + f" {i}" for i in range(batch)]
                         llm.generate(prompts, params, use_tqdm=False)
                         steps = [

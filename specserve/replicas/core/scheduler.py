@@ -33,13 +33,13 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
-from specserve.messages import EngineTelemetry
+from specserve.messages import EngineTelemetry, LoadSnapshot, PolicySnapshot
 from specserve.replicas.config.engine_args import (
     ADDITIONAL_CONFIG_KEY,
     EngineControlConfig,
 )
 from specserve.replicas.core.engine_path import require_engine_path
-from specserve.replicas.core.telemetry import StepCounters
+from specserve.replicas.core.telemetry import StepCounters, acceptance_estimate
 from specserve.replicas.draft_memory.elastic_draft import ElasticDraft, residency_params
 from specserve.replicas.engine_log import engine_logger
 from specserve.replicas.k0_skip import (
@@ -463,37 +463,23 @@ class AdaptiveKScheduler(Scheduler):
     def telemetry(self, since_step: int = 0) -> EngineTelemetry:
         """A pure read; ``since_step`` is the reader's cursor for step durations (see telemetry.py)."""
         pool = self.kv_cache_manager.block_pool
-        c = self.counters
         return EngineTelemetry(
-            policy=self.policy.spec,
-            k=self.k,
-            max_k=self.num_spec_tokens,
-            num_running=len(self.running),
-            num_waiting=len(self.waiting),
-            num_kv_blocks_total=pool.num_gpu_blocks,
-            num_kv_blocks_free=pool.get_num_free_blocks(),
-            draft_state=self.elastic.state if self.elastic is not None else "none",
-            num_steps=c.num_steps,
-            num_emitted_tokens=c.num_emitted_tokens,
-            num_steps_by_k=tuple(c.num_steps_by_k),
-            num_drafted_per_pos=tuple(c.num_drafted_per_pos),
-            num_reached_per_pos=tuple(c.num_reached_per_pos),
-            num_accepted_per_pos=tuple(c.num_accepted_per_pos),
-            acceptance_ema_per_pos=tuple(self.acceptance.alphas())[: self.num_spec_tokens],
-            step_durations_s=c.durations_since(since_step),
-            policy_info=self.policy.describe(),
-            num_prefill_tokens_announced=c.num_prefill_tokens_announced,
-            num_drafts_capped=c.num_drafts_capped,
-            num_drafts_cut_by_confidence=c.num_drafts_cut_by_confidence,
-            num_steps_draft_skipped=c.num_steps_draft_skipped,
-            num_drafts_cut_for_lag=c.num_drafts_cut_for_lag,
-            num_requests_caught_up=c.num_requests_caught_up,
-            num_catch_up_tokens=c.num_catch_up_tokens,
-            policy_s=c.policy_s,
-            policy_cpu_s=c.policy_cpu_s,
-            policy_errors=dict(self.policy.errors),
-            acceptance_ema_accepted_per_pos=tuple(self.acceptance.accepted_counts())[: self.num_spec_tokens],
-            acceptance_ema_reached_per_pos=tuple(self.acceptance.num_reached())[: self.num_spec_tokens],
+            policy=PolicySnapshot(
+                spec=self.policy.spec,
+                k=self.k,
+                max_k=self.num_spec_tokens,
+                info=self.policy.describe(),
+                errors=dict(self.policy.errors),
+            ),
+            load=LoadSnapshot(
+                num_running=len(self.running),
+                num_waiting=len(self.waiting),
+                num_kv_blocks_total=pool.num_gpu_blocks,
+                num_kv_blocks_free=pool.get_num_free_blocks(),
+            ),
+            speculation=self.counters.snapshot(),
+            acceptance_ema=acceptance_estimate(self.acceptance, self.num_spec_tokens),
+            step_durations_s=self.counters.durations_since(since_step),
+            draft_memory=self.elastic.snapshot() if self.elastic is not None else None,
             failed_checks=self.failed_checks,
-            **(self.elastic.telemetry() if self.elastic is not None else {}),
         )

@@ -1,4 +1,5 @@
-"""Per-engine counters kept inside the EngineCore, read into ``specserve.messages.EngineTelemetry``.
+"""Per-engine counters kept inside the EngineCore; ``StepCounters.snapshot()`` is the telemetry's
+``SpeculationCounters`` (``specserve.messages``, where each counter's meaning is written).
 
 A read is pure: everything here is cumulative, so two readers (the replica's telemetry loop, a test,
 a future exporter) never take anything from each other.
@@ -14,10 +15,10 @@ The ring buffer replays the exact durations, and at the replica's one read a sec
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from itertools import islice
 
-from specserve.speculation import StepRecord
+from specserve.messages import AcceptanceEstimate, Counts, SpeculationCounters
+from specserve.speculation import PositionAcceptance, StepRecord
 
 #: Step durations kept for readers. Engines run tens to a few hundred steps a second, so this spans
 #: more than ten seconds for a reader that polls every second; a reader further behind loses the
@@ -25,47 +26,23 @@ from specserve.speculation import StepRecord
 MAX_RECENT_DURATIONS = 4096
 
 
-@dataclass(slots=True)
-class StepCounters:
-    """Cumulative per-engine counters, updated once per step inside the EngineCore."""
+class StepCounters(Counts[SpeculationCounters]):
+    """Cumulative per-engine counters, updated once per step inside the EngineCore: the fields of
+    ``SpeculationCounters`` (declared and explained there only), counted as attributes where each event happens."""
 
     max_k: int
-    num_steps: int = 0
-    num_emitted_tokens: int = 0
-    num_steps_by_k: list[int] = field(default_factory=list)
-    num_drafted_per_pos: list[int] = field(default_factory=list)
-    num_reached_per_pos: list[int] = field(default_factory=list)
-    num_accepted_per_pos: list[int] = field(default_factory=list)
-    # Sum over steps of the prefill tokens the step's context announced to the policy.
-    num_prefill_tokens_announced: int = 0
-    # Draft lists cut shorter than the step's k by the policy's per-request caps.
-    num_drafts_capped: int = 0
-    # k = 0 decode steps whose draft forward pass the worker skipped (``k0_skip``).
-    num_steps_draft_skipped: int = 0
-    # Draft lists cut to nothing because the request's draft KV has a hole (the lag rule).
-    num_drafts_cut_for_lag: int = 0
-    # Draft lists cut before verification to their confident prefix (the policy's draft_stop on confidences).
-    num_drafts_cut_by_confidence: int = 0
-    # Draft lists the scheduler received from the worker (one per request per drafting step), and those that came
-    # with the draft's confidences: the start-up check ``draft_signals`` reads them.
-    num_draft_lists: int = 0
-    num_draft_lists_with_signals: int = 0
-    # Requests whose missed tokens a draft pass prepended, and those tokens (the catch-up's cost).
-    num_requests_caught_up: int = 0
-    num_catch_up_tokens: int = 0
-    # Seconds spent inside the policy's choose and observe, summed over steps: the controller's own cost.
-    policy_s: float = 0.0
-    # Their CPU seconds on the EngineCore's thread (``time.thread_time``).
-    policy_cpu_s: float = 0.0
     # The latest steps' records, the last being step ``num_steps``: durations for the metrics, and the
     # step log a CPU latency profile is fitted from (lab/experiments/engine_check.py).
-    recent_steps: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=MAX_RECENT_DURATIONS))
+    recent_steps: deque[StepRecord]
 
-    def __post_init__(self) -> None:
-        self.num_steps_by_k = [0] * (self.max_k + 1)
-        self.num_drafted_per_pos = [0] * self.max_k
-        self.num_reached_per_pos = [0] * self.max_k
-        self.num_accepted_per_pos = [0] * self.max_k
+    def __init__(self, max_k: int) -> None:
+        super().__init__(SpeculationCounters)
+        self.max_k = max_k
+        self.recent_steps = deque(maxlen=MAX_RECENT_DURATIONS)
+        self.num_steps_by_k = [0] * (max_k + 1)
+        self.num_drafted_per_pos = [0] * max_k
+        self.num_reached_per_pos = [0] * max_k
+        self.num_accepted_per_pos = [0] * max_k
 
     def add(self, record: StepRecord) -> None:
         self.num_steps += 1
@@ -88,3 +65,13 @@ class StepCounters:
 
     def durations_since(self, step: int) -> tuple[float, ...]:
         return tuple(r.duration_s for r in self.records_since(step))
+
+
+def acceptance_estimate(estimator: PositionAcceptance, max_k: int) -> AcceptanceEstimate:
+    """The telemetry's acceptance estimator as a snapshot, over the engine's ``max_k`` positions (the estimator
+    keeps at least one)."""
+    return AcceptanceEstimate(
+        per_pos=tuple(estimator.alphas())[:max_k],
+        accepted_per_pos=tuple(estimator.accepted_counts())[:max_k],
+        reached_per_pos=tuple(estimator.num_reached())[:max_k],
+    )

@@ -17,6 +17,7 @@ from typing import Any
 
 from vllm.v1.engine.core import EngineCore
 
+from specserve.messages import MemoryDecision
 from specserve.replicas import vllm_hooks
 from specserve.replicas.config.engine_args import STEP_LOG_FIELDS, Utility
 from specserve.replicas.core.scheduler import AdaptiveKScheduler
@@ -82,8 +83,9 @@ def _reload_draft(self: EngineCore) -> dict[str, Any]:
     return _draft_memory(self)
 
 
-def _memory_directive(self: EngineCore, kind: str) -> None:
-    _elastic(self).apply_directive(kind)
+def _memory_directive(self: EngineCore, decision: str) -> None:
+    # msgpack carries the decision's value; an unknown word raises ValueError back to the caller.
+    _elastic(self).apply_directive(MemoryDecision(decision))
 
 
 def _memory_coordinated(self: EngineCore, coordinated: bool) -> None:

@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from specserve.memory import (
     DraftState,
@@ -39,14 +38,12 @@ from specserve.memory import (
     StartOffload,
     plan_migration,
 )
-from specserve.memory.cluster_plan import DirectiveKind
+from specserve.messages import Counts, DraftMemorySnapshot, DraftTransfers, MemoryDecision
 from specserve.replicas.config.engine_args import EngineControlConfig
 from specserve.replicas.draft_memory import kv_pool
 from specserve.replicas.engine_log import engine_logger
 
 logger = engine_logger(__name__)
-
-RESIDENT, OFFLOADED, CONTRACTING, RELOADING = "resident", "offloaded", "contracting", "reloading"
 
 
 def checkpoint_bytes(model_dir: str, dtype: Any) -> int:
@@ -66,46 +63,30 @@ def checkpoint_bytes(model_dir: str, dtype: Any) -> int:
     return numel * itemsize
 
 
-# The counters that ``EngineTelemetry`` carries under the same names.
-TELEMETRY_COUNTERS = (
-    "num_offloads",
-    "num_reloads",
-    "num_reload_failures",
-    "offload_s",
-    "reload_s",
-    "bytes_offloaded",
-    "bytes_reloaded",
-    "blocks_migrated",
-    "migrate_s",
-)
+class MemoryCounters(Counts[DraftTransfers]):
+    """Cumulative: the telemetry's ``DraftTransfers`` (declared and explained there only), counted as attributes,
+    and what only ``describe`` reports about the latest transfers."""
 
-
-@dataclass(slots=True)
-class MemoryCounters:
-    """Cumulative, for telemetry: transfers by direction with their seconds and the bytes they moved."""
-
-    num_offloads: int = 0
-    num_reloads: int = 0
-    num_reload_failures: int = 0
-    offload_s: float = 0.0
-    reload_s: float = 0.0
-    bytes_offloaded: int = 0
-    bytes_reloaded: int = 0
-    blocks_migrated: int = 0
-    migrate_s: float = 0.0
     # Resident bytes of the worker before and after the latest drop and reload (the physically reclaimed memory).
-    last_rss_freed_bytes: int = 0
-    last_rss_restored_bytes: int = 0
-    last_reload_s: float = 0.0
+    last_rss_freed_bytes: int
+    last_rss_restored_bytes: int
+    last_reload_s: float
     # The engine's pauses between two steps: the latest offload (drop and growth) and the latest contraction (its
     # last call: migration, the pool cut and the reload started).
-    last_offload_pause_s: float = 0.0
-    last_contract_pause_s: float = 0.0
+    last_offload_pause_s: float
+    last_contract_pause_s: float
     # Engine steps that ran while the latest reload rebuilt the draft, and how many of them at k = 0 (all, or
     # the draft was used before it was back).
-    last_reload_steps: int = 0
-    last_reload_steps_k0: int = 0
-    history: list[tuple[float, str]] = field(default_factory=list)
+    last_reload_steps: int
+    last_reload_steps_k0: int
+    history: list[tuple[float, str]]
+
+    def __init__(self) -> None:
+        super().__init__(DraftTransfers)
+        self.last_rss_freed_bytes = self.last_rss_restored_bytes = 0
+        self.last_reload_s = self.last_offload_pause_s = self.last_contract_pause_s = 0.0
+        self.last_reload_steps = self.last_reload_steps_k0 = 0
+        self.history = []
 
 
 class ElasticDraft:
@@ -128,7 +109,7 @@ class ElasticDraft:
         self.machine: ResidencyMachine | None = None
         # A controller grants transfers (``coordinate``); without one the engine grants itself.
         self.coordinated = False
-        self.state = RESIDENT
+        self.state: DraftState = DraftState.RESIDENT
         self.baseline_blocks = kv_pool.pool_of(scheduler).num_gpu_blocks
         spec = scheduler.vllm_config.speculative_config
         try:
@@ -150,14 +131,14 @@ class ElasticDraft:
 
     @property
     def resident(self) -> bool:
-        return self.state == RESIDENT
+        return self.state is DraftState.RESIDENT
 
     def offload(self, core: Any, reason: str = "asked by an operator") -> None:
         """Drop the draft and grow the pool by its bytes. Only from ``resident``."""
         if self.refused:
             raise RuntimeError(f"cannot offload the draft: {self.refused}")
-        if self.state != RESIDENT:
-            raise RuntimeError(f"cannot offload the draft: it is {self.state}")
+        if self.state is not DraftState.RESIDENT:
+            raise RuntimeError(f"cannot offload the draft: it is {self.state.value}")
         if not self.draft_bytes:
             raise RuntimeError("cannot offload the draft: its size is unknown (no local .safetensors checkpoint)")
         if not self.scheduler.skips_k0_draft_pass:
@@ -165,7 +146,7 @@ class ElasticDraft:
         started = time.perf_counter()
         self._read_layout(core)
         (dropped,) = core.collective_rpc("specserve_drop_draft")[:1]
-        self.state = OFFLOADED  # from here on no step may run the draft
+        self.state = DraftState.OFFLOADED  # from here on no step may run the draft
         self.scheduler.draft_kv.draft_upto.clear()
         total = self._grow(core)
         c = self.counters
@@ -179,9 +160,9 @@ class ElasticDraft:
     def reload(self, core: Any, reason: str = "asked by an operator") -> None:
         """Bring the draft back: contract the pool (migrating what is live in the grown region), then rebuild
         the draft in the background."""
-        if self.state != OFFLOADED:
-            raise RuntimeError(f"cannot reload the draft: it is {self.state}")
-        self.state = CONTRACTING
+        if self.state is not DraftState.OFFLOADED:
+            raise RuntimeError(f"cannot reload the draft: it is {self.state.value}")
+        self.state = DraftState.CONTRACTING
         self._log("contracting", f"{reason}; moving blocks >= {self.baseline_blocks} below it")
         self._contract(core)
 
@@ -197,7 +178,7 @@ class ElasticDraft:
         """While contracting, or while the triggers wait for the grown blocks to drain before a reload, keep
         the blocks that are about to go out of circulation."""
         draining = self.machine is not None and self.machine.reload_granted
-        if self.state == CONTRACTING or (self.state == OFFLOADED and draining):
+        if self.state is DraftState.CONTRACTING or (self.state is DraftState.OFFLOADED and draining):
             kv_pool.withhold_from(self.scheduler, self.baseline_blocks)
 
     def tick(self, core: Any) -> None:
@@ -206,14 +187,14 @@ class ElasticDraft:
             self._reserve(core)
         if self.auto is not None and self.draft_bytes:
             self._follow_triggers(core)
-        if self.state == CONTRACTING:
+        if self.state is DraftState.CONTRACTING:
             self._contract(core)
         self.poll_reload(core)
 
     def poll_reload(self, core: Any) -> None:
         """Swap a rebuilt draft in once every worker has built it. Between two steps, or from a utility call on
         an idle engine (no step runs then to do it)."""
-        if self.state != RELOADING or "loading" in core.collective_rpc("specserve_reload_state"):
+        if self.state is not DraftState.RELOADING or "loading" in core.collective_rpc("specserve_reload_state"):
             return
         try:
             (restored,) = core.collective_rpc("specserve_finish_reload")[:1]
@@ -221,7 +202,7 @@ class ElasticDraft:
             self._reload_failed(core, exc)
             return
         self.scheduler.draft_kv.draft_upto.clear()  # the new draft has no KV: every request catches up
-        self.state = RESIDENT
+        self.state = DraftState.RESIDENT
         c = self.counters
         c.num_reloads += 1
         c.last_reload_s = time.perf_counter() - self._reload_started
@@ -239,7 +220,7 @@ class ElasticDraft:
             self._read_layout(core)
             self.machine = ResidencyMachine(self.capacity(), self.auto, self_grant=not self.coordinated)
         machine, scheduler = self.machine, self.scheduler
-        if machine.state in (DraftState.RESIDENT, DraftState.OFFLOADED) and machine.state.value != self.state:
+        if machine.state in (DraftState.RESIDENT, DraftState.OFFLOADED) and machine.state is not self.state:
             return  # an operator's offload or reload is under way; the triggers wait for it to end
         pool = kv_pool.pool_of(scheduler)
         step = MemoryStep(
@@ -259,7 +240,7 @@ class ElasticDraft:
                 else:
                     machine.offload_done(time.monotonic())  # its ExpandPool is done: offload() grew the pool
             elif isinstance(action, StartContraction):
-                self.state = CONTRACTING
+                self.state = DraftState.CONTRACTING
                 self._log("contracting", action.reason)
                 self._contract(core, action.plan)  # the plan is fresh: nothing ran since the machine read it
                 machine.contraction_done(time.monotonic())
@@ -299,7 +280,7 @@ class ElasticDraft:
         self._reload_steps = self._step_counts()
         core.collective_rpc("specserve_resize_kv", args=(self.baseline_blocks, False))  # the draft's pages again
         kv_pool.shrink(self.scheduler, self.baseline_blocks)
-        self.state = RELOADING
+        self.state = DraftState.RELOADING
         self.counters.last_contract_pause_s = time.perf_counter() - started
         self._log("reloading", f"pool back at {self.baseline_blocks} blocks ({plan.num_moved} migrated)")
         try:
@@ -316,7 +297,7 @@ class ElasticDraft:
         self.counters.num_reload_failures += 1
         logger.error("specserve: reloading the draft failed (%s); speculation stays off", exc)
         self._grow(core)
-        self.state = OFFLOADED
+        self.state = DraftState.OFFLOADED
         self._log("offloaded", f"reload failed: {exc}")
         if self.machine is not None and self.machine.state is DraftState.RELOADING:
             self.machine.reload_done(time.monotonic(), ok=False)
@@ -333,7 +314,12 @@ class ElasticDraft:
         """Move the KV cache into a buffer laid out for the expanded pool, so that no offload or reload copies it
         (``kv_reserve``). Once, after the engine's first step, copying the pages of the requests then running."""
         self._reserved = True
-        if self.refused or not self.draft_bytes or not self.scheduler.skips_k0_draft_pass or self.state != RESIDENT:
+        if (
+            self.refused
+            or not self.draft_bytes
+            or not self.scheduler.skips_k0_draft_pass
+            or self.state is not DraftState.RESIDENT
+        ):
             return
         if not self.bytes_per_block:
             self._read_layout(core)
@@ -356,37 +342,32 @@ class ElasticDraft:
         if self.machine is not None:
             self.machine.self_grant = not coordinated
 
-    def apply_directive(self, kind: str) -> None:
-        """A controller's ``MemoryDirective`` kind; a queued reload or refused offload only leaves it waiting."""
-        if kind not in get_args(DirectiveKind):
-            raise ValueError(f"unknown memory directive {kind!r}")
-        if self.machine is None:
-            return
-        if kind == "grant_reload":
-            self.machine.grant_reload()
-        elif kind == "grant_offload":
-            self.machine.grant_offload()
+    def apply_directive(self, decision: MemoryDecision) -> None:
+        """A controller's ``MemoryDirective``; a queued reload or refused offload only leaves the want waiting."""
+        if self.machine is not None:
+            self.machine.follow(decision)
 
-    def telemetry(self) -> dict[str, Any]:
-        """The ``EngineTelemetry`` fields this object owns (draft_state and the pool's size come from the caller)."""
-        c, m = self.counters, self.machine
-        return {
-            "offload_wanted": bool(m and m.offload_wanted),
-            "offload_granted": bool(m and m.offload_granted),
-            "reload_wanted": bool(m and m.reload_wanted),
-            "reload_granted": bool(m and m.reload_granted),
-            "memory_reason": m.reason if m is not None else ("" if self.auto is None else "waiting for the first step"),
-            "memory_coordinated": self.coordinated,
-            "num_kv_blocks_baseline": self.baseline_blocks,
-            "draft_bytes": self.draft_bytes,
-            **{name: getattr(c, name) for name in TELEMETRY_COUNTERS},
-        }
+    def snapshot(self) -> DraftMemorySnapshot:
+        """The telemetry's part this object owns."""
+        m = self.machine
+        return DraftMemorySnapshot(
+            state=self.state,
+            baseline_blocks=self.baseline_blocks,
+            draft_bytes=self.draft_bytes,
+            offload_wanted=bool(m and m.offload_wanted),
+            offload_granted=bool(m and m.offload_granted),
+            reload_wanted=bool(m and m.reload_wanted),
+            reload_granted=bool(m and m.reload_granted),
+            reason=m.reason if m is not None else ("" if self.auto is None else "waiting for the first step"),
+            coordinated=self.coordinated,
+            transfers=self.counters.snapshot(),
+        )
 
     def describe(self) -> dict[str, Any]:
         pool = kv_pool.pool_of(self.scheduler)
         c = self.counters
         return {
-            "state": self.state,
+            "state": self.state.value,
             "draft_bytes": self.draft_bytes,
             "bytes_per_block": self.bytes_per_block,
             "draft_kv_bytes_per_block": self.draft_kv_bytes_per_block,
@@ -395,7 +376,7 @@ class ElasticDraft:
             "kv_blocks_free": pool.get_num_free_blocks(),
             "kv_blocks_live_extra": len(self.live_extra_blocks()),
             "waiting": self.waiting,
-            **{f.name: getattr(c, f.name) for f in fields(c) if f.name != "history"},
+            **{name: value for name, value in c.values().items() if name != "history"},
             # The latest transitions, oldest first, each "state: reason".
             "events": [event for _, event in c.history],
         }

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ray.util import metrics
 
 from specserve import metrics_catalog as catalog
-from specserve.messages import EngineTelemetry
+from specserve.messages import DraftTransfers, EngineTelemetry, PolicySnapshot, SpeculationCounters
 
 
 class ReplicaMetrics:
@@ -52,60 +52,73 @@ class ReplicaMetrics:
     @property
     def num_steps_seen(self) -> int:
         """The engine's step count at the last update: read the next telemetry with this ``since_step``."""
-        return self._last.num_steps if self._last is not None else 0
+        return self._last.speculation.num_steps if self._last is not None else 0
 
     def update(self, now: EngineTelemetry) -> None:
         """``now`` must have been read with ``since_step=self.num_steps_seen``."""
-        self._k.set(now.k)
-        self._max_k.set(now.max_k)
-        self._kv_total.set(now.num_kv_blocks_total)
-        self._kv_free.set(now.num_kv_blocks_free)
-        self._running.set(now.num_running)
-        self._waiting.set(now.num_waiting)
-        if now.policy != self._last_policy:
-            if self._last_policy is not None:
-                self._policy.set(0, tags={catalog.POLICY: self._last_policy})
-            self._policy.set(1, tags={catalog.POLICY: now.policy})
-            self._last_policy = now.policy
-        for pos, alpha in enumerate(now.acceptance_ema_per_pos):
-            if now.num_reached_per_pos[pos] > 0:  # before any verdict the EMA is only its prior
+        self._update_policy(now.policy)
+        load = now.load
+        self._kv_total.set(load.num_kv_blocks_total)
+        self._kv_free.set(load.num_kv_blocks_free)
+        self._running.set(load.num_running)
+        self._waiting.set(load.num_waiting)
+        spec, was = now.speculation, (self._last.speculation if self._last is not None else None)
+        for pos, alpha in enumerate(now.acceptance_ema.per_pos):
+            if spec.num_reached_per_pos[pos] > 0:  # before any verdict the EMA is only its prior
                 self._acceptance.set(alpha, tags={catalog.POSITION: str(pos)})
-        before, position = self._last, catalog.POSITION
-        _add_deltas(self._drafted, position, now.num_drafted_per_pos, before.num_drafted_per_pos if before else ())
-        _add_deltas(self._reached, position, now.num_reached_per_pos, before.num_reached_per_pos if before else ())
-        _add_deltas(self._accepted, position, now.num_accepted_per_pos, before.num_accepted_per_pos if before else ())
-        _add_deltas(self._steps, catalog.K, now.num_steps_by_k, before.num_steps_by_k if before else ())
-        _add_field_delta(self._emitted, "num_emitted_tokens", now, before)
-        _add_field_delta(self._policy_time, "policy_s", now, before)
-        for where, count in now.policy_errors.items():
-            delta = count - (before.policy_errors.get(where, 0) if before else 0)
-            if delta > 0:
-                self._policy_errors.inc(delta, tags={catalog.WHERE: where})
+        position = catalog.POSITION
+        _add_deltas(self._drafted, position, spec.num_drafted_per_pos, was.num_drafted_per_pos if was else ())
+        _add_deltas(self._reached, position, spec.num_reached_per_pos, was.num_reached_per_pos if was else ())
+        _add_deltas(self._accepted, position, spec.num_accepted_per_pos, was.num_accepted_per_pos if was else ())
+        _add_deltas(self._steps, catalog.K, spec.num_steps_by_k, was.num_steps_by_k if was else ())
+        _add_field_delta(self._emitted, "num_emitted_tokens", spec, was)
+        _add_field_delta(self._policy_time, "policy_s", spec, was)
         for reason, field in (
             ("cap", "num_drafts_capped"),
             ("lag", "num_drafts_cut_for_lag"),
             ("confidence", "num_drafts_cut_by_confidence"),
         ):
-            _add_field_delta(self._drafts_cut, field, now, before, {catalog.REASON: reason})
+            _add_field_delta(self._drafts_cut, field, spec, was, {catalog.REASON: reason})
         for duration in now.step_durations_s:
             self._step_time.observe(duration)
         # Set every round: Ray stops exporting a gauge series that is not recorded again.
         for check in now.failed_checks:
             self._failed_check.set(1, tags={catalog.CHECK: check})
-        self._update_memory(now, before)
+        self._update_memory(now)
         self._last = now
 
     def controller_connected(self, connected: bool) -> None:
         """Whether the controller coordinates this replica now (set every round: Ray drops a gauge not set again)."""
         self._controller.set(1 if connected else 0)
 
-    def _update_memory(self, now: EngineTelemetry, before: EngineTelemetry | None) -> None:
-        self._kv_baseline.set(now.num_kv_blocks_baseline or now.num_kv_blocks_total)
+    def _update_policy(self, now: PolicySnapshot) -> None:
+        before = self._last.policy if self._last is not None else None
+        self._k.set(now.k)
+        self._max_k.set(now.max_k)
+        if now.spec != self._last_policy:
+            if self._last_policy is not None:
+                self._policy.set(0, tags={catalog.POLICY: self._last_policy})
+            self._policy.set(1, tags={catalog.POLICY: now.spec})
+            self._last_policy = now.spec
+        for where, count in now.errors.items():
+            delta = count - (before.errors.get(where, 0) if before else 0)
+            if delta > 0:
+                self._policy_errors.inc(delta, tags={catalog.WHERE: where})
+
+    def _update_memory(self, telemetry: EngineTelemetry) -> None:
+        now = telemetry.draft_memory
+        before = self._last.draft_memory if self._last is not None else None
+        self._kv_baseline.set((now.baseline_blocks if now is not None else 0) or telemetry.load.num_kv_blocks_total)
+        # The label of an engine without a draft; the enum's values otherwise.
+        state = now.state.value if now is not None else "none"
         # Set every round, not only on a change: Ray stops exporting a gauge series that is not recorded again.
-        if self._last_draft_state not in (None, now.draft_state):
+        if self._last_draft_state not in (None, state):
             self._draft_state.set(0, tags={catalog.STATE: self._last_draft_state})
-        self._draft_state.set(1, tags={catalog.STATE: now.draft_state})
-        self._last_draft_state = now.draft_state
+        self._draft_state.set(1, tags={catalog.STATE: state})
+        self._last_draft_state = state
+        if now is None:
+            return
+        transfers, was = now.transfers, (before.transfers if before is not None else None)
         for direction, count, seconds, moved in (
             ("offload", "num_offloads", "offload_s", "bytes_offloaded"),
             ("reload", "num_reloads", "reload_s", "bytes_reloaded"),
@@ -115,13 +128,13 @@ class ReplicaMetrics:
                 (self._transfer_s, seconds),
                 (self._transfer_bytes, moved),
             ):
-                _add_field_delta(counter, field, now, before, {catalog.DIRECTION: direction})
+                _add_field_delta(counter, field, transfers, was, {catalog.DIRECTION: direction})
         for counter, field in (
             (self._reload_failures, "num_reload_failures"),
             (self._migrated, "blocks_migrated"),
             (self._migrate_s, "migrate_s"),
         ):
-            _add_field_delta(counter, field, now, before)
+            _add_field_delta(counter, field, transfers, was)
 
 
 def _gauge(metric: catalog.Metric, tags: dict[str, str]) -> metrics.Gauge:
@@ -147,11 +160,12 @@ def _histogram(metric: catalog.Metric, tags: dict[str, str]) -> metrics.Histogra
 def _add_field_delta(
     counter: metrics.Counter,
     field: str,
-    now: EngineTelemetry,
-    before: EngineTelemetry | None,
+    now: SpeculationCounters | DraftTransfers,
+    before: SpeculationCounters | DraftTransfers | None,
     tags: dict[str, str] | None = None,
 ) -> None:
-    """Add what the cumulative telemetry ``field`` grew by since ``before`` (None before the first read)."""
+    """Add what the cumulative counter ``field`` of a telemetry part grew by since ``before`` (None before the first
+    read)."""
     delta = getattr(now, field) - (getattr(before, field) if before else 0)
     if delta > 0:
         counter.inc(delta, tags=tags)

@@ -15,19 +15,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, assert_never
 
 import ray
 from ray import serve
 from ray.serve.llm.deployment import LLMServer
 
 from specserve.cpu_list import parse_cpu_list
-from specserve.memory import MemoryDirective
 from specserve.messages import (
     CONTROLLER_NAME,
     CONTROLLER_NAMESPACE,
     AcceptancePrior,
+    Directive,
     EngineTelemetry,
+    MemoryDirective,
+    PolicyDirective,
     ReplicaSnapshot,
 )
 from specserve.replicas.config.cpu_affinity import pin_engine_processes
@@ -147,7 +149,8 @@ class SpecLLMServer(LLMServer):
                 # The controller grants draft transfers while it answers; without it the engine grants its own.
                 coordinated = link.round(answered=controller is not None)
                 self._metrics.controller_connected(coordinated)
-                if snapshot.engine.draft_bytes and coordinated != snapshot.engine.memory_coordinated:
+                memory = snapshot.engine.draft_memory
+                if memory is not None and memory.draft_bytes and coordinated != memory.coordinated:
                     await self._engine_core().call_utility_async(Utility.MEMORY_COORDINATED, coordinated)
             except asyncio.CancelledError:
                 raise
@@ -163,19 +166,24 @@ class SpecLLMServer(LLMServer):
             return None
         for directive in directives:
             try:
-                if isinstance(directive, MemoryDirective):
-                    await self._engine_core().call_utility_async(Utility.MEMORY_DIRECTIVE, directive.kind)
-                    logger.info("specserve: controller %s (%s)", directive.kind, directive.reason)
-                elif isinstance(directive, AcceptancePrior):
-                    prior = (list(directive.accepted_per_pos), list(directive.reached_per_pos))
-                    await self._engine_core().call_utility_async(Utility.SEED_ACCEPTANCE, *prior)
-                    logger.info("specserve: acceptance prior from %d replica(s)", directive.num_replicas)
-                else:
-                    spec = await self.specserve_set_policy(directive.policy)
-                    logger.info("specserve: controller set policy %s", spec)
+                await self._apply(directive)
             except Exception:
                 logger.exception("specserve: controller directive %s failed", directive)
         return controller
+
+    async def _apply(self, directive: Directive) -> None:
+        match directive:
+            case PolicyDirective(policy=policy):
+                spec = await self.specserve_set_policy(policy)
+                logger.info("specserve: controller set policy %s", spec)
+            case AcceptancePrior(accepted_per_pos=accepted, reached_per_pos=reached, num_replicas=peers):
+                await self._engine_core().call_utility_async(Utility.SEED_ACCEPTANCE, list(accepted), list(reached))
+                logger.info("specserve: acceptance prior from %d replica(s)", peers)
+            case MemoryDirective(kind=decision, reason=reason):
+                await self._engine_core().call_utility_async(Utility.MEMORY_DIRECTIVE, decision.value)
+                logger.info("specserve: controller %s (%s)", decision.value, reason)
+            case _:
+                assert_never(directive)
 
     async def _read_snapshot(self, since_step: int) -> ReplicaSnapshot:
         data = await self._engine_core().call_utility_async(Utility.TELEMETRY, since_step)

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from specserve.messages import EngineTelemetry
+from specserve.messages import EngineTelemetry, MemoryDecision
 from specserve.replicas.config import engine_env
 from specserve.replicas.config.engine_args import (
     Utility,
@@ -83,9 +83,9 @@ def draft_memory(llm: Any) -> dict[str, Any]:
     return llm.llm_engine.engine_core.call_utility(Utility.DRAFT_MEMORY)
 
 
-def memory_directive(llm: Any, kind: str) -> None:
-    """Apply a controller's memory directive kind (``grant_reload``, ``grant_offload``, ...)."""
-    llm.llm_engine.engine_core.call_utility(Utility.MEMORY_DIRECTIVE, kind)
+def memory_directive(llm: Any, decision: MemoryDecision) -> None:
+    """Apply a controller's memory decision (a ``MemoryDirective``'s kind) as the replica does."""
+    llm.llm_engine.engine_core.call_utility(Utility.MEMORY_DIRECTIVE, decision.value)
 
 
 def memory_coordinated(llm: Any, coordinated: bool) -> None:

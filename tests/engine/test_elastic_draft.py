@@ -238,8 +238,8 @@ def test_a_reload_under_load_migrates_live_blocks_and_rebuilds_the_draft_while_s
     assert resident["last_reload_steps"] > 0
     assert resident["last_reload_steps_k0"] == resident["last_reload_steps"]
     # Back, the draft caught the running requests up over their whole context, and they drafted, accepted.
-    assert end.speculation.num_requests_caught_up > away.num_requests_caught_up
-    assert sum(end.speculation.num_accepted_per_pos) > sum(away.num_accepted_per_pos)
+    assert end.speculation.num_requests_caught_up > away.speculation.num_requests_caught_up
+    assert sum(end.speculation.num_accepted_per_pos) > sum(away.speculation.num_accepted_per_pos)
 
 
 def test_offload_and_reload_refuse_the_wrong_state(engine):

@@ -182,7 +182,7 @@ class SpecLLMServer(LLMServer):
             case MemoryDirective(kind=decision, reason=reason):
                 await self._engine_core().call_utility_async(Utility.MEMORY_DIRECTIVE, decision.value)
                 logger.info("specserve: controller %s (%s)", decision.value, reason)
-            case _:
+            case _:  # a new kind of Directive fails the type check here until the replica handles it
                 assert_never(directive)
 
     async def _read_snapshot(self, since_step: int) -> ReplicaSnapshot:

@@ -122,8 +122,8 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _progress(items: list[T], label: str) -> Iterable[T]:
-    """``items`` with a progress bar on stderr where tqdm is installed (the lab extra); without it, no bar: the
-    simulator itself needs nothing beyond the runtime dependencies."""
+    """``items`` with a progress bar on stderr where tqdm imports (a runtime dependency); without it, no bar: the
+    simulator's own code needs none of it."""
     try:
         from tqdm import tqdm
     except ImportError:

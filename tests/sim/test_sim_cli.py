@@ -97,7 +97,8 @@ def test_bad_scenario_or_policy_exits_2_naming_it(args: tuple[str, ...], named: 
 
 
 def test_compare_runs_without_the_lab_extra(tmp_path) -> None:
-    # matplotlib and tqdm are the lab extra's, not runtime dependencies: a bare install must still simulate.
+    # matplotlib is the lab extra's, not a runtime dependency, and the simulator needs no progress bar: an install
+    # without either must still simulate.
     scenario = tmp_path / "small.yaml"
     scenario.write_text(SMALL)
     code = (

@@ -10,6 +10,7 @@ whose attributes are their snapshot's fields:
     SpeculationCounters   the scheduler's ``StepCounters.snapshot()`` (replicas/core/telemetry.py)
     AcceptanceEstimate    the telemetry's acceptance estimator, the same whatever the policy
     DraftMemorySnapshot   ``ElasticDraft.snapshot()`` (replicas/draft_memory/elastic_draft.py); None without a draft
+    CollapseSnapshot      ``CollapseAction.snapshot()`` (replicas/core/collapse_action.py); None without a draft
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import typing
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from specserve.speculation.collapse import CollapseState
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -61,6 +64,10 @@ class PolicySnapshot:
     # Policy failures the engine's guard absorbed (the step ran at k = 0), cumulative, by where: choose, observe,
     # bad_k (an answer outside 0..max_k), describe (``speculation/guard.py``).
     errors: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The engine's speculative method (``specserve.speculation.methods``) and what its k = 0 does there: the status
+    # METHOD column, and the method label of the speculation metrics.
+    method: str = "draft_model"
+    k0: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +184,30 @@ class DraftMemorySnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class CollapseSnapshot:
+    """The acceptance-collapse machine (``speculation/collapse.py``) and what it did: its fields are named so that
+    `status --json` prints them under the same names (no other part has them)."""
+
+    # healthy, collapsed (k forced to 0), restoring (the draft rebuilt from its source), probing: the status
+    # COLLAPSE column and the specserve_acceptance_collapse_state metric.
+    collapse_state: CollapseState = CollapseState.HEALTHY
+    # Cumulative: collapses detected (the specserve_acceptance_collapses_total metric), restores of the draft that
+    # finished, probes that found acceptance still under the floor.
+    num_collapses: int = 0
+    num_collapse_restores: int = 0
+    num_collapse_probes_failed: int = 0
+    # The latest transition's reason, with its numbers, and when it happened (Unix seconds; 0: none yet).
+    collapse_last_action: str = ""
+    collapse_last_action_s: float = 0.0
+    # The detector's baseline first-position acceptance (None until established) and the floor a collapse is
+    # below (None while the detector is unarmed: a draft poor from the start never arms it).
+    collapse_baseline: float | None = None
+    collapse_floor: float | None = None
+    # Why this engine cannot rebuild its draft from its source ("" where it can).
+    collapse_restore_refusal: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class EngineTelemetry:
     """One read of an engine's state, taken between two steps; a read changes nothing in the engine.
 
@@ -197,6 +228,8 @@ class EngineTelemetry:
     # Start-up checks that failed on this engine (``speculation/startup_checks.py``): it then serves under the
     # fallback policy. `specserve status` shows them and the startup_check_failed metric counts them.
     failed_checks: tuple[str, ...] = ()
+    # The acceptance-collapse machine; None where the engine does not speculate.
+    collapse: CollapseSnapshot | None = None
 
     @property
     def acceptance(self) -> float | None:
@@ -222,10 +255,13 @@ class EngineTelemetry:
 
     def flat(self) -> dict[str, Any]:
         """Every field one level deep, under the names `specserve status --json` has always printed: a field
-        keeps its own name unless ``FLAT_NAMES`` gives the older one. Without a draft, ``draft_state`` is "none"."""
+        keeps its own name unless ``FLAT_NAMES`` gives the older one. Without a draft, ``draft_state`` and
+        ``collapse_state`` are "none"."""
         out = _flatten(self, "")
         if self.draft_memory is None:
             out["draft_state"] = "none"
+        if self.collapse is None:
+            out["collapse_state"] = "none"
         return out
 
 

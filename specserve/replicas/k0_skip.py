@@ -17,24 +17,40 @@ from typing import TYPE_CHECKING, Any
 
 from specserve.replicas.config.engine_args import ADDITIONAL_CONFIG_KEY, EngineControlConfig
 from specserve.speculation.draft_sync import CPU_CATCH_UP_MAX_TOKENS, draft_pass_room, skips_draft_pass
+from specserve.speculation.methods import Method, method
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
 
 
+def engine_method(vllm_config: Any) -> Method | None:
+    """The engine's speculative method (``specserve.speculation.methods``); None without speculation."""
+    spec = vllm_config.speculative_config
+    return None if spec is None else method(spec.method)
+
+
 def skipping_enabled(vllm_config: Any) -> bool:
     """Whether this engine skips the draft pass on k = 0 decode steps.
 
-    Off without speculation, without specserve's settings, when ``skip_k0_draft_pass`` is false, and
-    under async scheduling, where vLLM's runner hands a step's sampled tokens to the next step through
-    the draft path a skip leaves out (GPU only: CPU vLLM forces synchronous scheduling).
+    Off without speculation, without specserve's settings, when ``skip_k0_draft_pass`` is false, for methods whose
+    k = 0 runs the proposer (``Method.k0``: a head reading the target's hidden states), and under async scheduling,
+    where vLLM's runner hands a step's sampled tokens to the next step through the draft path a skip leaves out (GPU
+    only: CPU vLLM forces synchronous scheduling).
     """
     data = (vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
-    if not data or vllm_config.speculative_config is None:
+    m = engine_method(vllm_config)
+    if not data or m is None or not m.skips_at_k0():
         return False
     if getattr(vllm_config.scheduler_config, "async_scheduling", False):
         return False
     return EngineControlConfig.from_additional_config(data).skip_k0_draft_pass
+
+
+def tracks_draft_kv(vllm_config: Any) -> bool:
+    """Whether a skipped pass leaves a lag to catch up: skipping is on and the method keeps per-request state its
+    proposer must be fed (a draft model's KV); n-gram lookup keeps none."""
+    m = engine_method(vllm_config)
+    return skipping_enabled(vllm_config) and m is not None and m.catches_up()
 
 
 _RUNNER_ATTR = "_specserve_skips_k0_draft_pass"
@@ -69,9 +85,11 @@ CATCH_UP_PROFILE = Path(__file__).with_name("catch_up_cpu.json")
 
 
 def resume_cost(vllm_config: Any) -> float | None:
-    """Seconds per catch-up token when k > 0 resumes (``EngineTraits.resume_s_per_token``): the CPU profile
-    ``lab/studies/catch_up/catch_up_cost.py`` measured, on a CPU engine; None elsewhere (not measured there: policies
-    fall back to their own model)."""
+    """Seconds per catch-up token when k > 0 resumes (``EngineTraits.resume_s_per_token``): 0 for a method with
+    nothing to catch up; the CPU profile ``lab/studies/catch_up/catch_up_cost.py`` measured, on a CPU engine; None
+    elsewhere (not measured there: policies fall back to their own model)."""
+    if not tracks_draft_kv(vllm_config):
+        return 0.0 if skipping_enabled(vllm_config) else None
     if getattr(vllm_config.device_config, "device_type", None) != "cpu" or not CATCH_UP_PROFILE.is_file():
         return None
     return float(json.loads(CATCH_UP_PROFILE.read_text())["fit"]["s_per_token"])

@@ -12,6 +12,8 @@ from specserve.models import perf
 from specserve.models.prompts import OPENINGS
 from specserve.replicas.config.engine_args import DraftOffload, EngineSpec, speculative_engine_kwargs
 from specserve.replicas.tools import offline
+from specserve.speculation import methods
+from specserve.speculation.methods import Source
 
 PROMPTS = list(OPENINGS[:4])
 # A perf pair in seconds: the real build (draft + extra layers of the same shape) at a toy width.
@@ -187,6 +189,8 @@ def running_engine(
     draft_signals: bool = True,
     step_log: str | None = None,
     dtype: str = "float32",
+    method: str = "draft_model",
+    draft: str | None = None,
     **engine_kwargs: Any,
 ) -> Iterator[Engine]:
     """An offline engine on ``pair``. In float32 by default: these tests compare greedy tokens across batch
@@ -195,7 +199,11 @@ def running_engine(
     kwargs = speculative_engine_kwargs(
         EngineSpec(
             target=str(pair.target),
-            draft=str(pair.draft),
+            # ``draft``: a head for method eagle/eagle3; none for lookup and MTP; else the pair's draft.
+            draft=draft
+            if draft is not None or methods.method(method).source is not Source.DRAFT_MODEL
+            else str(pair.draft),
+            method=method,
             policy=policy,
             max_k=max_k,
             max_num_seqs=max_num_seqs,

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from specserve.speculation.methods import DEFAULT_METHOD, NGRAM_LOOKUP_MAX, NGRAM_LOOKUP_MIN, Source, method
+
 #: Key under vLLM's ``additional_config`` that carries specserve's settings into the EngineCore
 #: process, where the scheduler reads them (no environment variables, so engines can differ).
 ADDITIONAL_CONFIG_KEY = "specserve"
@@ -139,9 +141,12 @@ class EngineSpec:
     """A target/draft pair and the engine sizes, resolved from user config."""
 
     target: str
-    draft: str
+    # The draft model or head (``speculation.draft``); None for methods without one (``methods.Source``).
+    draft: str | None
     policy: str
     max_k: int
+    # vLLM's ``speculative_config.method`` (``specserve.speculation.methods``).
+    method: str = DEFAULT_METHOD
     max_model_len: int = 512
     max_num_seqs: int = 8
     tensor_parallel_size: int = 1
@@ -168,6 +173,8 @@ class EngineSpec:
 
 def speculative_engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
     """Keyword arguments for vLLM's ``AsyncEngineArgs`` / ``LLM`` / Ray's ``LLMConfig.engine_kwargs``."""
+    # A proposer without logits (lookup) has no confidences to read: the worker's wrapper would wait for none.
+    signals = spec.draft_signals and method(spec.method).has_draft_logits
     kwargs: dict[str, Any] = dict(
         model=spec.target,
         tokenizer=spec.target,
@@ -188,22 +195,36 @@ def speculative_engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
                 catch_up_max_tokens=spec.catch_up_max_tokens,
                 policy_modules=spec.policy_modules,
                 draft_offload=spec.draft_offload,
-                draft_signals=spec.draft_signals,
+                draft_signals=signals,
                 step_log=spec.step_log,
             ).to_additional_config()
         },
-        speculative_config={
-            "method": "draft_model",
-            "model": spec.draft,
-            # The maximum k: sizes buffers and KV lookahead. The policy picks 0..max_k each step.
-            "num_speculative_tokens": spec.max_k,
-            # A (flat) batch-size table makes vLLM stop padding new decodes to 1 + max_k tokens;
-            # the scheduler overrides the table's value every step anyway.
-            "num_speculative_tokens_per_batch_size": [[1, spec.max_num_seqs, spec.max_k]],
-        },
+        speculative_config=speculative_config(spec.method, spec.draft, spec.max_k, spec.max_num_seqs),
     )
     kwargs.update(dict(spec.extra))
     return kwargs
+
+
+def speculative_config(name: str, draft: str | None, max_k: int, max_num_seqs: int) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for method ``name`` under specserve's per-step k."""
+    m = method(name)
+    config: dict[str, Any] = {
+        "method": name,
+        # The maximum k: sizes buffers and KV lookahead. The policy picks 0..max_k each step.
+        "num_speculative_tokens": max_k,
+        # A (flat) batch-size table makes vLLM stop padding new decodes to 1 + max_k tokens;
+        # the scheduler overrides the table's value every step anyway.
+        "num_speculative_tokens_per_batch_size": [[1, max_num_seqs, max_k]],
+    }
+    if m.needs_draft:
+        if not draft:
+            raise ValueError(f"draft: method {name} needs one ({m.source.value})")
+        config["model"] = draft
+    elif draft:
+        raise ValueError(f"draft {draft!r}: method {name} takes none ({m.source.value})")
+    if m.source is Source.NONE and name == "ngram":
+        config.update(prompt_lookup_max=NGRAM_LOOKUP_MAX, prompt_lookup_min=NGRAM_LOOKUP_MIN)
+    return config
 
 
 # What ``speculative_engine_kwargs`` adds to vLLM's arguments for specserve's own scheduler, worker and policy.

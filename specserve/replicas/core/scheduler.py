@@ -38,6 +38,7 @@ from specserve.replicas.config.engine_args import (
     ADDITIONAL_CONFIG_KEY,
     EngineControlConfig,
 )
+from specserve.replicas.core.collapse_action import CollapseAction
 from specserve.replicas.core.engine_path import require_engine_path
 from specserve.replicas.core.telemetry import StepCounters, acceptance_estimate
 from specserve.replicas.draft_memory.elastic_draft import ElasticDraft, residency_params
@@ -45,10 +46,12 @@ from specserve.replicas.engine_log import engine_logger
 from specserve.replicas.k0_skip import (
     catch_up_cap,
     catch_up_room,
+    engine_method,
     entering_request_ids,
     resume_cost,
     skipping_enabled,
     step_skips_draft_pass,
+    tracks_draft_kv,
 )
 from specserve.replicas.signalled_drafts import SignalledDraftTokenIds, attach_plan, step_plan, step_timings
 from specserve.speculation import (
@@ -64,6 +67,7 @@ from specserve.speculation import (
 from specserve.speculation.confident_prefix import confident_prefix
 from specserve.speculation.context import build_step_context, kv_blocks_needed, most_kv_blocks_per_decode
 from specserve.speculation.draft_sync import DraftKVTracker, DraftPassPlan, ScheduledRequest, plan_step
+from specserve.speculation.methods import DEFAULT_METHOD, K0, method
 from specserve.speculation.step_log import encode as encode_step
 from specserve.speculation.types import without_acceptance
 
@@ -92,6 +96,11 @@ class AdaptiveKScheduler(Scheduler):
             self.vllm_config.additional_config.get(ADDITIONAL_CONFIG_KEY)
         )
         self.skips_k0_draft_pass = skipping_enabled(self.vllm_config)
+        # A skipped pass leaves a lag to catch up (a draft model's KV; not n-gram lookup's, which keeps no state).
+        self.tracks_draft_kv = tracks_draft_kv(self.vllm_config)
+        self.method = engine_method(self.vllm_config) or method(DEFAULT_METHOD)
+        # What k = 0 does on this engine: the method's rule, unless skipping is off (then the proposer runs).
+        self.k0_mode = (self.method.k0 if self.skips_k0_draft_pass else K0.RUN).value
         # Each request's draft KV: the worker keeps none, it applies the plan this side makes (_plan_draft_pass).
         self.draft_kv = DraftKVTracker()
         self.catch_up_max_tokens = catch_up_cap(self.vllm_config)
@@ -116,6 +125,8 @@ class AdaptiveKScheduler(Scheduler):
         self.last_step_drafted_nothing = False
         # Draft residency (elastic_draft.py): the draft may be offloaded and the KV pool grown into its bytes.
         self.elastic = ElasticDraft(self, residency_params(control)) if self.num_spec_tokens > 0 else None
+        # Acceptance collapse (collapse_action.py): k forced to 0, the draft restored, probed, speculation back.
+        self.collapse = CollapseAction(self) if self.num_spec_tokens > 0 else None
         self._step_ctx: StepContext | None = None
         self._step_started_s = 0.0
         # When the last step ended with work left, so the engine loop went straight on to the next one: that
@@ -130,10 +141,11 @@ class AdaptiveKScheduler(Scheduler):
         # Start-up checks that failed (``end_calibration``), shown in telemetry until the engine stops.
         self.failed_checks: tuple[str, ...] = ()
         logger.info(
-            "specserve: policy %s, k_max %d, k=0 draft pass %s",
+            "specserve: method %s, policy %s, k_max %d, k = 0: %s",
+            self.method.name,
             self.policy.spec,
             self.num_spec_tokens,
-            "skipped" if self.skips_k0_draft_pass else "run",
+            self.k0_mode,
         )
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -153,6 +165,8 @@ class AdaptiveKScheduler(Scheduler):
         decision = self.policy.choose(ctx)
         self._count_policy_time(started, started_cpu)
         k = self._batch_k(decision) if self.draft_resident else 0
+        if self.collapse is not None and self.draft_resident:
+            k = min(self.collapse.k(k), self.num_spec_tokens)
         if self.elastic is not None:
             self.elastic.before_schedule()
         self._truncate_drafts(k, dict(decision.max_k_per_request))
@@ -204,6 +218,8 @@ class AdaptiveKScheduler(Scheduler):
             self._count_policy_time(started, started_cpu)
             self.acceptance.observe(record)
             self.counters.add(record)
+            if self.collapse is not None:
+                self.collapse.observe(record)
             if self._step_log_fd is not None:
                 line = encode_step(self._engine_id, self.policy.spec, self.traits, ctx, record) + "\n"
                 os.write(self._step_log_fd, line.encode())
@@ -211,7 +227,7 @@ class AdaptiveKScheduler(Scheduler):
             self._step_ctx = None
         starts = self._starts(scheduler_output)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        if self.skips_k0_draft_pass:
+        if self.tracks_draft_kv:
             self._track_draft_kv(plan, starts, model_runner_output)
         self._busy_since_s = ended_s if self.get_num_unfinished_requests() else None
         return outputs
@@ -283,7 +299,7 @@ class AdaptiveKScheduler(Scheduler):
         # lower k take effect this step rather than the next (fast back-off when load spikes). A
         # per-request cap (AdaSpec's trimming, kld's per-sequence lengths) cuts that request's drafts the
         # same way: verifying a prefix of the drafts is lossless.
-        lag_rule = self.skips_k0_draft_pass
+        lag_rule = self.tracks_draft_kv
         for request in self.running:
             limit = min(k, caps.get(request.request_id, k))
             if len(request.spec_token_ids) > limit:
@@ -330,7 +346,7 @@ class AdaptiveKScheduler(Scheduler):
     def _plan_draft_pass(self, out: SchedulerOutput) -> DraftPassPlan:
         """The step's draft pass, decided once: whether it runs and whom it catches up; every worker applies it."""
         skip = step_skips_draft_pass(self.skips_k0_draft_pass, out, self.draft_resident)
-        if not self.skips_k0_draft_pass:
+        if not self.tracks_draft_kv:
             return DraftPassPlan(skip=skip)
         if not skip:
             # A request entering the batch may start at a prefix-cache hit: its cached prefix counts as lag.
@@ -441,6 +457,7 @@ class AdaptiveKScheduler(Scheduler):
         self.counters = StepCounters(max_k=self.num_spec_tokens)
         self.acceptance = PositionAcceptance(max_k=max(self.num_spec_tokens, 1))
         self.failed_checks = tuple(failed_checks)
+        self.collapse = CollapseAction(self) if self.num_spec_tokens > 0 else None  # no baseline from dummy runs
         self.policy.swap(make_policy(spec, self.traits), history)
         logger.info(
             "specserve: calibrated on %d steps; policy %s%s",
@@ -470,6 +487,8 @@ class AdaptiveKScheduler(Scheduler):
                 max_k=self.num_spec_tokens,
                 info=self.policy.describe(),
                 errors=dict(self.policy.errors),
+                method=self.method.name,
+                k0=self.k0_mode,
             ),
             load=LoadSnapshot(
                 num_running=len(self.running),
@@ -482,4 +501,5 @@ class AdaptiveKScheduler(Scheduler):
             step_durations_s=self.counters.durations_since(since_step),
             draft_memory=self.elastic.snapshot() if self.elastic is not None else None,
             failed_checks=self.failed_checks,
+            collapse=self.collapse.snapshot() if self.collapse is not None else None,
         )

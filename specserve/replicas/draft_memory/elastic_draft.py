@@ -42,6 +42,7 @@ from specserve.messages import Counts, DraftMemorySnapshot, DraftTransfers, Memo
 from specserve.replicas.config.engine_args import EngineControlConfig
 from specserve.replicas.draft_memory import kv_pool
 from specserve.replicas.engine_log import engine_logger
+from specserve.speculation.methods import method, offload_refusal
 
 logger = engine_logger(__name__)
 
@@ -100,6 +101,10 @@ class ElasticDraft:
         # Memory elasticity).
         device = str(scheduler.vllm_config.device_config.device_type)
         self.refused = "" if device == "cpu" else f"elastic draft memory runs on CPU engines only (this one: {device})"
+        spec = scheduler.vllm_config.speculative_config
+        m = method(spec.method)
+        if not m.offloadable:
+            self.refused = offload_refusal(m)
         if self.refused and auto is not None:
             logger.warning("specserve: draft_offload is ignored: %s", self.refused)
             auto = None
@@ -111,12 +116,12 @@ class ElasticDraft:
         self.coordinated = False
         self.state: DraftState = DraftState.RESIDENT
         self.baseline_blocks = kv_pool.pool_of(scheduler).num_gpu_blocks
-        spec = scheduler.vllm_config.speculative_config
+        self.draft_bytes = 0
         try:
-            self.draft_bytes = checkpoint_bytes(spec.draft_model_config.model, spec.draft_model_config.dtype)
+            if m.offloadable:
+                self.draft_bytes = checkpoint_bytes(spec.draft_model_config.model, spec.draft_model_config.dtype)
         except (OSError, ValueError) as exc:  # a hub id, or another format: serving goes on, offload is refused
             logger.warning("specserve: the draft's size is unknown (%s); it will not be offloaded", exc)
-            self.draft_bytes = 0
         # The worker's block layout (bytes of a block over every layer, and the draft layers' share of them),
         # read at the first offload or the triggers' first step.
         self.bytes_per_block = 0

@@ -48,6 +48,8 @@ and follows it. Interfaces touched for it:
   ``vllm_config.scheduler_config.max_num_batched_tokens`` (the draft's buffers are sized to it, the one
   extra slot per request included: ``draft_sync.draft_pass_room``, which the scheduler's plan respects).
 - ``SpecDecodeBaseProposer.method``: catch-up only for ``draft_model``, whose draft reads token ids alone.
+- ``GPUModelRunner.speculative_config.method``: read, for whether a proposal must be exactly k wide
+  (``specserve.speculation.methods.Method.exact_width``).
 
 What a skip leaves out besides the draft forward: ``prepare_next_token_ids_padded`` and
 ``_copy_valid_sampled_token_count``, which only matter under async scheduling (runner 938);
@@ -70,6 +72,7 @@ from specserve.replicas.k0_skip import runner_skips
 from specserve.replicas.signalled_drafts import step_plan
 from specserve.replicas.worker import draft_signals, plain_step, sampler_guard, shape_warmup, step_timing
 from specserve.speculation.draft_sync import DraftPassPlan
+from specserve.speculation.methods import method
 
 # Per worker process: draft passes skipped and run, requests caught up and their tokens, read by tests
 # and telemetry through ``collective_rpc``.
@@ -102,7 +105,7 @@ def _propose_or_skip(
         started = time.perf_counter()
         try:
             drafts = _original_propose(self, scheduler_output, *args, **kwargs)
-            _count_proposal(drafts, scheduler_output.num_spec_tokens_to_schedule)
+            _count_proposal(drafts, scheduler_output.num_spec_tokens_to_schedule, _exact_width(self))
             return drafts
         finally:
             step_timing.add_draft_seconds(time.perf_counter() - started)
@@ -116,9 +119,14 @@ def _propose_or_skip(
     return [[] for _ in self.input_batch.req_ids]
 
 
-def _count_proposal(drafts: list[list[int]] | torch.Tensor, k: int) -> None:
-    """A proposal and whether it was as wide as its step's k: the start-up check ``k_honoured`` reads these
-    (``specserve.speculation.startup_checks``)."""
+def _exact_width(runner: GPUModelRunner) -> bool:
+    """Whether the engine's method drafts exactly k (a model) or up to k (a lookup finds what it finds)."""
+    return method(runner.speculative_config.method).exact_width
+
+
+def _count_proposal(drafts: list[list[int]] | torch.Tensor, k: int, exact: bool = True) -> None:
+    """A proposal and whether it was as wide as its step's k (``exact``), or no wider (a lookup's): the start-up
+    check ``k_honoured`` reads these (``specserve.speculation.startup_checks``)."""
     if isinstance(drafts, torch.Tensor):
         width = int(drafts.shape[-1]) if drafts.dim() == 2 and drafts.shape[0] > 0 else None
     else:
@@ -126,7 +134,7 @@ def _count_proposal(drafts: list[list[int]] | torch.Tensor, k: int) -> None:
     if width is None:
         return
     _counts["proposals"] += 1
-    _counts["proposals_not_k"] += int(width != k)
+    _counts["proposals_not_k"] += int(width != k if exact else width > k)
 
 
 def _install_catch_up(runner: GPUModelRunner, scheduler_output: SchedulerOutput) -> None:

@@ -1,0 +1,56 @@
+"""Engine tier: every method specserve controls, under its own k = 0 (``specserve.speculation.methods``).
+
+n-gram lookup skips its proposer at k = 0 and has nothing to catch up; an EAGLE-3 head runs its one sync pass at
+k = 0 (its KV needs the target's hidden states of every position). Each is lossless through k = 0 stretches and
+resumption, against plain decoding of the same target.
+"""
+
+from __future__ import annotations
+
+import pytest
+from engine_helpers import PROMPTS, running_engine
+
+from specserve.models.prompts import OPENINGS
+
+# Prompts whose greedy continuation repeats their own spans, so that a lookup finds matches.
+COPYING = [" ".join([OPENINGS[i]] * 4) for i in range(4)]
+CYCLE = "cycle:ks=4-4-0-0-0-0-0-0-4-4-4-4"
+
+
+@pytest.fixture(scope="module")
+def ngram(trained_pair):
+    with running_engine(trained_pair, policy="fixed:k=0", method="ngram") as engine:
+        yield engine
+
+
+@pytest.mark.parametrize("policy", ["fixed:k=4", CYCLE, "adaptive"])
+def test_ngram_is_lossless_under_every_policy(ngram, policy):
+    ngram.set_policy("fixed:k=0")
+    prompts = COPYING + PROMPTS[:2]
+    reference = ngram.generate(prompts, max_tokens=48)
+    ngram.set_policy(policy)
+    assert ngram.generate(prompts, max_tokens=48) == reference
+
+
+def test_ngram_k0_skips_the_lookup_and_catches_nothing_up(ngram):
+    ngram.set_policy(CYCLE)
+    before, worker_before = ngram.telemetry(), ngram.draft_pass_counts()
+    ngram.generate(COPYING, max_tokens=48)
+    after, worker_after = ngram.telemetry(), ngram.draft_pass_counts()
+    skipped = after.speculation.num_steps_draft_skipped - before.speculation.num_steps_draft_skipped
+    assert skipped > 0 and worker_after["skipped"] - worker_before["skipped"] == skipped
+    # A lookup keeps no per-request state: nothing lags after a k = 0 stretch, and no draft is cut for lag.
+    assert worker_after["caught_up"] == worker_before["caught_up"]
+    assert after.speculation.num_requests_caught_up == before.speculation.num_requests_caught_up
+    assert after.speculation.num_drafts_cut_for_lag == before.speculation.num_drafts_cut_for_lag
+    drafted = sum(after.speculation.num_drafted_per_pos) - sum(before.speculation.num_drafted_per_pos)
+    accepted = sum(after.speculation.num_accepted_per_pos) - sum(before.speculation.num_accepted_per_pos)
+    assert drafted > 0 and accepted > 0
+    # A lookup may find fewer than k tokens, never more: the start-up check's count stays clean.
+    assert worker_after["proposals_not_k"] == worker_before["proposals_not_k"]
+
+
+def test_ngram_telemetry_names_its_method_and_k0(ngram):
+    t = ngram.telemetry()
+    assert t.policy.method == "ngram"
+    assert t.policy.k0 == "skip, nothing to catch up"

@@ -31,6 +31,7 @@ Importing this module loads neither Ray nor vLLM nor torch: the replica class tr
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar
@@ -51,7 +52,7 @@ from specserve.replicas.config.engine_args import (
     speculative_engine_kwargs,
 )
 from specserve.replicas.config.engine_env import engine_env
-from specserve.speculation import EngineTraits, make_policy
+from specserve.speculation import EngineTraits, make_policy, methods
 
 __all__ = [
     "CpuEngine",
@@ -62,8 +63,23 @@ __all__ = [
     "speculative_llm_config_kwargs",
 ]
 
-#: The speculative methods specserve controls. Other methods of vLLM's ``speculative_config`` are refused by name.
-METHODS = ("draft_model",)
+#: The speculative methods specserve controls (``specserve.speculation.methods``). Other methods of vLLM's
+#: ``speculative_config`` are refused by name.
+METHODS = tuple(methods.METHODS)
+
+
+def check_method(name: str, draft: str | None, draft_offload: bool) -> None:
+    """The method's own checks: the pinned vLLM can serve it under per-step k, its draft or head is named where it
+    needs one and absent where it takes none, and offload has a draft model to offload. Raises ValueError naming the
+    key."""
+    m = methods.method(name)
+    why = methods.refusal(name, has_suffix_library=importlib.util.find_spec("arctic_inference") is not None)
+    if why:
+        raise ValueError(f"method {name}: {why}")
+    if draft is not None and not m.needs_draft:
+        raise ValueError(f"draft {draft!r}: method {name} takes none ({m.source.value})")
+    if draft_offload and not m.offloadable:
+        raise ValueError(methods.offload_refusal(m))
 
 
 def check_speculation(
@@ -116,12 +132,16 @@ class Speculation(BaseModel):
 
     method: Literal[METHODS] = Field(  # type: ignore[valid-type]
         "draft_model",
-        description="Speculative method: `draft_model`, a separate draft model sharing the target's tokenizer.",
+        description="Speculative method: `draft_model` (a separate draft model sharing the target's tokenizer), "
+        "`eagle` / `eagle3` (a head trained on the target's hidden states, named by `draft`), `mtp` (the target's "
+        "own multi-token-prediction layers), `ngram` (prompt lookup in the request's own tokens), `suffix` (refused "
+        "on the pinned vLLM: docs/methods.md).",
     )
     draft: str | None = Field(
         None,
-        description="Draft model: a Hugging Face id (resolved by vLLM on each node) or a folder. Required with your "
-        "own target; default: the bundled tiny draft with the bundled tiny target.",
+        description="The draft model (`draft_model`) or head (`eagle`, `eagle3`): a Hugging Face id (resolved by "
+        "vLLM on each node) or a folder. Required with your own target for those methods, refused for `mtp` and "
+        "`ngram`; default: the bundled tiny draft (or EAGLE-3 head) with the bundled tiny target.",
     )
     policy: str = Field("adaptive", description="Speculation policy, NAME[:key=value,...], e.g. `fixed:k=3`.")
     max_k: int = Field(
@@ -198,6 +218,7 @@ class Speculation(BaseModel):
 
     @model_validator(mode="after")
     def _policy_parses(self) -> Speculation:
+        check_method(self.method, self.draft, self.draft_offload)
         check_speculation(self.policy, self.policy_modules, self.max_k, self.draft_offload, self.skip_k0_draft_pass)
         return self
 
@@ -298,12 +319,13 @@ def speculative_llm_config_kwargs(
     check_engine_kwargs(user)
     on_gpu = device == "gpu"
     check_engine_cpus(cpu_engine.engine_cpus, user.get("tensor_parallel_size", 1), cpu_engine.executor, on_gpu)
-    if spec.draft is None:
-        raise ValueError("draft: required (a Hugging Face id or a folder)")
+    if spec.draft is None and methods.method(spec.method).needs_draft:
+        raise ValueError(f"draft: required for method {spec.method} (a Hugging Face id or a folder)")
     ours = speculative_engine_kwargs(
         EngineSpec(
             target="",  # the model comes from model_loading_config; only the keys below are kept
             draft=spec.draft,
+            method=spec.method,
             policy=spec.policy,
             max_k=spec.max_k,
             # Only the end of the one row of vLLM's batch-size table (which the scheduler overrides every step);

@@ -22,6 +22,7 @@ from specserve.cluster.sections import check_engine_cpus
 from specserve.llm import openai_app_args, speculative_llm_config
 from specserve.replicas.config.engine_args import GPU_ENGINE_ENV, GPU_ENGINE_KWARGS
 from specserve.replicas.config.engine_env import engine_env
+from specserve.speculation.methods import Source, method
 
 #: The bundled tiny pair's name for clients, and the sizes its CPU engine is measured with.
 TINY_MODEL_ID = "specserve-tiny"
@@ -37,7 +38,8 @@ class ResolvedServe:
 
     config: ServeConfig
     target: Any
-    draft: str
+    # None for a method without a draft or head (``specserve.speculation.methods.Source``).
+    draft: str | None
     on_gpu: bool
     # Environment for every Ray worker that may host an engine (specserve.replicas.config.engine_env); variables
     # vLLM's CPU backend needs and the caller left out are added by speculative_llm_config.
@@ -70,17 +72,35 @@ class AppArgs(ServeConfig):
         return self
 
 
-def model_pair(config: ServeConfig) -> tuple[Any, str]:
+def model_pair(config: ServeConfig) -> tuple[Any, str | None]:
     """Target and draft as the engines load them: folders made absolute, Hugging Face ids and object storage as
     given, or the bundled tiny trained pair (built once, then cached)."""
+    name = config.speculation.method
     if config.model_source is None:
         from specserve.models import cached_pair
 
         pair = cached_pair("trained")
-        return str(pair.target), str(pair.draft)
+        return str(pair.target), bundled_draft(name, str(pair.draft))
     draft = config.speculation.draft
-    assert draft is not None  # the config requires it with a target
-    return _located(config.model_source), _located(draft)
+    return _located(config.model_source), None if draft is None else _located(draft)
+
+
+def bundled_draft(name: str, pair_draft: str) -> str | None:
+    """What method ``name`` speculates with on the bundled tiny target: its draft model, its EAGLE-3 head (built
+    once, then cached), or nothing (lookup). ConfigError for a method the bundled target has nothing for."""
+    m = method(name)
+    if m.source is Source.DRAFT_MODEL:
+        return pair_draft
+    if m.source is Source.NONE:
+        return None
+    if name == "eagle3":
+        from specserve.models.cache import cached_head
+
+        return str(cached_head("eagle3"))
+    raise ConfigError(
+        f"speculation.method: {name}: the bundled tiny target has no {m.source.value}; use eagle3 (its bundled head) "
+        "or ngram, or set model_loading_config.model_source and speculation.draft for your own"
+    )
 
 
 def _located(source: Any) -> Any:

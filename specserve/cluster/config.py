@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from specserve.cluster.sections import CpuEngine, ServerOptions, Speculation, check_engine_cpus
+from specserve.speculation.methods import method
 
 # A Hugging Face id: "name" or "org/name" (vLLM resolves it on each node, HF_TOKEN from the node's environment).
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -114,11 +115,16 @@ class ServeConfig(BaseModel):
                 "speculation.draft needs your target: set model_loading_config.model_source too, or neither for the "
                 "bundled tiny pair"
             )
-        if source is not None and draft is None:
-            raise ValueError("speculation.draft: required with your own target (a Hugging Face id or a folder)")
+        needs_draft = method(self.speculation.method).needs_draft
+        if source is not None and draft is None and needs_draft:
+            raise ValueError(
+                f"speculation.draft: required with your own target for method {self.speculation.method} (a Hugging "
+                "Face id or a folder)"
+            )
         if source is not None:
             check_source("model_loading_config.model_source", source, cloud=True)
-            check_source("speculation.draft", draft, cloud=False)
+            if draft is not None:
+                check_source("speculation.draft", draft, cloud=False)
         return self
 
     @model_validator(mode="after")

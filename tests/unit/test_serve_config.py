@@ -14,7 +14,8 @@ from telemetry_samples import changed, engine_telemetry
 from specserve.cluster.cli import status_table
 from specserve.cluster.config import ConfigError, load_config
 from specserve.cluster.local import SERVE_SWITCHES
-from specserve.messages import DraftState, ReplicaSnapshot
+from specserve.messages import DraftState, EngineTelemetry, ReplicaSnapshot
+from specserve.messages.telemetry import CollapseState
 from specserve.replicas.config.engine_env import applied, engine_env
 
 
@@ -36,7 +37,12 @@ def test_defaults_and_override_order(tmp_path):
         ("polcy: adaptive\n", "polcy: unknown key; known keys: model_loading_config"),
         ("speculation: {polcy: adaptive}\n", "speculation.polcy: unknown key; known keys: method, draft"),
         ("speculation: {max_k: 0}\n", "speculation.max_k: Input should be greater than or equal to 1"),
-        ("speculation: {method: eagle3}\n", "speculation.method: Input should be 'draft_model'"),
+        ("speculation: {method: medusa}\n", "speculation.method: Input should be 'draft_model'"),
+        ("speculation: {method: suffix}\n", "speculation: method suffix: "),
+        (
+            "speculation: {method: ngram, draft_offload: true}\n",
+            "draft_offload: method ngram has no separate draft model",
+        ),
         ("server: {port: http}\n", "server.port: Input should be a valid integer"),
         ("speculation: {policy: bogus}\n", "policy: unknown policy 'bogus'"),
         ("speculation: {policy: oracle}\n", "policy 'oracle' runs only in the simulator"),
@@ -185,9 +191,11 @@ def test_status_table_has_a_header_and_one_line_per_replica():
     ]
     header, *rows = status_table(snapshots)
     assert header.split() == [
-        "REPLICA", "NODE", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV", "USED/TOTAL", "DRAFT", "CHECKS"
+        "REPLICA", "NODE", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV", "USED/TOTAL", "DRAFT", "COLLAPSE", "CHECKS"
     ]  # fmt: skip
-    assert rows[0].split() == ["r1", "0123456789ab", "fixed:k=2", "2", "0.80", "3", "1", "40/100", "resident", "ok"]
+    assert rows[0].split() == [
+        "r1", "0123456789ab", "fixed:k=2", "2", "0.80", "3", "1", "40/100", "resident", "healthy", "ok"
+    ]  # fmt: skip
     assert len(rows) == 2 and rows[1].startswith("replica-2 ")
     assert header.index("NODE") == rows[0].index("0123") == rows[1].index("0123"), "columns line up"
 
@@ -197,10 +205,27 @@ def test_status_shows_an_offloaded_draft_and_the_blocks_the_pool_grew_by():
         num_kv_blocks_total=130, num_kv_blocks_free=20, baseline_blocks=100, state=DraftState.OFFLOADED
     )
     _, row = status_table([ReplicaSnapshot(replica_id="r1", node_id="n", model_id="m", engine=engine)])
-    assert row.split()[-4:] == ["110/130", "(+30)", "offloaded", "ok"]
+    assert row.split()[-5:] == ["110/130", "(+30)", "offloaded", "healthy", "ok"]
     resident = changed(engine, num_kv_blocks_total=100, state=DraftState.RESIDENT, failed_checks=("k_honoured",))
     _, row = status_table([ReplicaSnapshot(replica_id="r1", node_id="n", model_id="m", engine=resident)])
-    assert row.split()[-3:] == ["80/100", "resident", "failed:k_honoured"]
+    assert row.split()[-4:] == ["80/100", "resident", "healthy", "failed:k_honoured"]
+
+
+def test_status_shows_a_collapse_and_json_says_what_the_replica_did():
+    engine = engine_telemetry(
+        collapse_state=CollapseState.RESTORING,
+        num_collapses=1,
+        collapse_last_action="restoring: rebuilding the draft from its checkpoint",
+    )
+    _, row = status_table([ReplicaSnapshot(replica_id="r1", node_id="n", model_id="m", engine=engine)])
+    assert row.split()[-2:] == ["restoring", "ok"]
+    flat = engine.flat()
+    assert (flat["collapse_state"], flat["num_collapses"]) == ("restoring", 1)
+    assert flat["collapse_last_action"].startswith("restoring: rebuilding")
+    assert EngineTelemetry.from_dict(engine.to_dict()) == engine, "the snapshot crosses the utility call whole"
+    bare = engine_telemetry(collapse=None, draft_memory=None)
+    _, row = status_table([ReplicaSnapshot(replica_id="r1", node_id="n", model_id="m", engine=bare)])
+    assert row.split()[-3:] == ["none", "none", "ok"] and bare.flat()["collapse_state"] == "none"
 
 
 def test_engine_environment_is_one_definition_with_the_differences_as_parameters(tmp_path):

@@ -3,6 +3,8 @@
 python -m specserve.models make --kind trained --out DIR
 python -m specserve.models make --kind perf --size S --agreement 0.8 --out DIR
 python -m specserve.models cached --kind self
+python -m specserve.models make --kind eagle3 --out DIR     (a head for the cached trained pair's target)
+python -m specserve.models cached --kind eagle3
 python -m specserve.models measure --target DIR/target --draft DIR/draft [--k 4]
 """
 
@@ -14,9 +16,10 @@ import json
 import os
 import sys
 
-from specserve.models.arguments import add_commands, perf_options
+from specserve.models.arguments import HEAD_KINDS, add_commands, perf_options
 from specserve.models.build import PairPaths, make_pair
-from specserve.models.cache import cached_pair
+from specserve.models.cache import cached_head_paths, cached_pair
+from specserve.models.heads import HeadPaths, make_head
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> dict[str, object]:
     """Execute parsed arguments; returns the JSON-able result."""
+    if args.command in ("make", "cached") and args.kind in HEAD_KINDS:
+        perf_options(args)  # rejects --size / --agreement
+        return _paths_json(_head(args))
     if args.command == "make":
         options = perf_options(args)
         return _paths_json(make_pair(args.kind, args.out, seed=args.seed, progress=not args.no_progress, **options))
@@ -50,7 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _paths_json(paths: PairPaths) -> dict[str, object]:
+def _head(args: argparse.Namespace) -> HeadPaths:
+    progress = not args.no_progress
+    if args.command == "cached":
+        return cached_head_paths(args.kind, args.cache_dir, progress=progress)
+    target = cached_pair("trained", progress=progress).target
+    return make_head(args.kind, args.out, target, seed=args.seed, progress=progress)
+
+
+def _paths_json(paths: PairPaths | HeadPaths) -> dict[str, object]:
     return {name: str(value) for name, value in dataclasses.asdict(paths).items()}
 
 

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 
 KINDS = ("perf", "random", "self", "trained")
+# Draft heads built for the trained pair's target (specserve.models.heads).
+HEAD_KINDS = ("eagle3",)
 # Sizes of the perf pair (specserve.models.perf.PERF_SIZES) and its default agreement.
 PERF_SIZE_NAMES = ("S", "M")
 DEFAULT_PERF_SIZE = "S"
@@ -59,14 +61,16 @@ def add_commands(parser: argparse.ArgumentParser, dest: str) -> None:
     commands = parser.add_subparsers(dest=dest, required=True)
 
     make = commands.add_parser("make", help="build a model pair into a folder")
-    make.add_argument("--kind", required=True, choices=KINDS, help="which pair to build")
-    make.add_argument("--out", required=True, type=Path, help="folder to create target/ and draft/ in")
+    make.add_argument("--kind", required=True, choices=KINDS + HEAD_KINDS, help="which pair or draft head to build")
+    make.add_argument(
+        "--out", required=True, type=Path, help="folder to create target/ and draft/ in (a head kind: head/)"
+    )
     make.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     make.add_argument("--no-progress", action="store_true", help="hide the training progress bar")
     add_perf_options(make)
 
     cached = commands.add_parser("cached", help="print a cached pair's folders, building it once")
-    cached.add_argument("--kind", required=True, choices=KINDS, help="which pair")
+    cached.add_argument("--kind", required=True, choices=KINDS + HEAD_KINDS, help="which pair or draft head")
     cached.add_argument("--cache-dir", type=Path, default=None, help="cache root (default $SPECSERVE_CACHE)")
     cached.add_argument("--no-progress", action="store_true", help="hide the training progress bar")
     add_perf_options(cached)

@@ -92,7 +92,7 @@ def save_model(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, mode
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    with _no_transformers_progress_bars():  # they would interleave with the build's own bar
+    with no_transformers_progress_bars():  # they would interleave with the build's own bar
         model.to(SAVE_DTYPE).save_pretrained(model_dir, safe_serialization=True)
     save_tokenizer(tokenizer, model_dir)
 
@@ -113,7 +113,7 @@ def torch_threads(num_threads: int) -> Iterator[None]:
 
 
 @contextmanager
-def _no_transformers_progress_bars() -> Iterator[None]:
+def no_transformers_progress_bars() -> Iterator[None]:
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:

@@ -1,7 +1,8 @@
 """A build-once cache of model pairs, shared by ``make serve``, ``make test`` and concurrent builders.
 
 Layout: ``<root>/<kind>[-<options>]-<BUILD_VERSION>-py<major><minor>/{target,draft,specserve_build.json}``
-(options: the perf pair's size and agreement, e.g. ``perf-S-a0.8-v1-py311``), with
+(options: the perf pair's size and agreement, e.g. ``perf-S-a0.8-v1-py311``); a draft head for the trained pair's
+target (``cached_head``) lives in ``<root>/<kind>-<HEAD_VERSION>-trained-<BUILD_VERSION>-py<major><minor>/head``, with
 ``<root>`` = ``$SPECSERVE_CACHE`` if set, else ``~/.cache/specserve/models``. The Python version is
 part of the key because the training corpus is that interpreter's standard library.
 
@@ -18,12 +19,13 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from specserve.models.build import BUILD_INFO_FILE, BUILD_VERSION, PairPaths, make_pair, pair_options
+from specserve.models.heads import HEAD_DIR, HEAD_VERSION, HeadPaths, head_kind, make_head
 
 CACHE_ENV = "SPECSERVE_CACHE"
 
@@ -62,16 +64,41 @@ def cached_pair(kind: str, cache_dir: Path | None = None, *, progress: bool = Tr
     return PairPaths.under(final)
 
 
+def cached_head(kind: str = "eagle3", cache_dir: Path | None = None, *, progress: bool = True) -> Path:
+    """The draft head ``kind`` (specserve.models.heads.HEAD_KINDS) for ``cached_pair("trained").target``, from the
+    cache, building it first (seed 0) if it is not there yet: the folder to pass as speculative_config["model"]."""
+    return cached_head_paths(kind, cache_dir, progress=progress).head
+
+
+def cached_head_paths(kind: str = "eagle3", cache_dir: Path | None = None, *, progress: bool = True) -> HeadPaths:
+    """``cached_head``'s target and head folders."""
+    head_kind(kind)
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
+    target = cached_pair("trained", root, progress=progress).target
+    key = f"{kind}-{HEAD_VERSION}-trained-{BUILD_VERSION}-py{sys.version_info.major}{sys.version_info.minor}"
+    final = root / key
+    if not is_complete(final):
+        with _exclusive_lock(root / f".{key}.lock"):
+            if not is_complete(final):
+                _publish(final, lambda staging: make_head(kind, staging, target, progress=progress))
+    return HeadPaths(target=target, head=final / HEAD_DIR)
+
+
 def is_complete(pair_dir: Path) -> bool:
     """True when ``pair_dir`` holds a finished build (the build-info file is written last)."""
     return (pair_dir / BUILD_INFO_FILE).is_file()
 
 
 def _build_and_publish(kind: str, final: Path, *, progress: bool, options: dict[str, Any]) -> None:
+    _publish(final, lambda staging: make_pair(kind, staging, progress=progress, **options))
+
+
+def _publish(final: Path, build: Callable[[Path], object]) -> None:
+    """Run ``build`` into a staging folder beside ``final`` and rename it into place."""
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the published pair should read like any folder
     try:
-        make_pair(kind, staging, progress=progress, **options)
+        build(staging)
         try:
             os.rename(staging, final)  # atomic on one filesystem; fails if `final` already exists
         except OSError as err:

@@ -1,0 +1,43 @@
+"""Draft heads built for the trained pair's target: what each kind is, and the one entry point that builds them.
+
+- ``eagle3``: an EAGLE-3 head (specserve.models.eagle3) trained on the target's aux hidden states; serve the trained
+  target with ``speculative_config={"method": "eagle3", "model": <head>, ...}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from specserve.models.arguments import HEAD_KINDS
+
+# Bump when anything that changes a built head changes (architecture, recipe, aux layers); the trained target's own
+# version (BUILD_VERSION) is part of the cache key besides.
+HEAD_VERSION = "h1"
+# The head's folder inside a build's output folder, beside specserve_build.json.
+HEAD_DIR = "head"
+# vLLM's speculative method for each head kind.
+HEAD_METHODS = {"eagle3": "eagle3"}
+assert tuple(sorted(HEAD_METHODS)) == HEAD_KINDS, "specserve.models.arguments.HEAD_KINDS lists the head kinds"
+
+
+@dataclass(frozen=True, slots=True)
+class HeadPaths:
+    """A built head: serve ``target`` with speculative_config {"method": HEAD_METHODS[kind], "model": head}."""
+
+    target: Path
+    head: Path
+
+
+def head_kind(kind: str) -> str:
+    if kind not in HEAD_METHODS:
+        raise ValueError(f"unknown draft head kind {kind!r}; expected one of {sorted(HEAD_METHODS)}")
+    return kind
+
+
+def make_head(kind: str, out_dir: Path, target_dir: Path, *, seed: int = 0, progress: bool = True) -> HeadPaths:
+    """Build the head ``kind`` for the target in ``target_dir`` (the trained pair's) under ``out_dir``."""
+    head_kind(kind)
+    from specserve.models import eagle3  # torch and transformers take seconds to import
+
+    return eagle3.make_eagle3_head(Path(out_dir), Path(target_dir), seed=seed, progress=progress)

@@ -42,6 +42,9 @@ class EngineTraits:
     # so a step with k drafts reads every request's KV k + 1 times (AdaSpec §4.1, Eq. 4). vLLM V1 scores all
     # positions in one pass.
     batch_expansion: bool = False
+    # The proposer finds all k drafts in one pass whatever k is (n-gram prompt lookup searches the request's tokens
+    # once), so a step at k > 0 runs one proposer pass, not k (``speculation.methods``: a method without weights).
+    one_proposer_pass: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,11 @@ only). A confidence is read as the acceptance drafts of that confidence have had
 calibrated. Where drafts are verified a step after they were made (vLLM) there is no loop to stop, and every draft
 made is verified.
 
+**Give each request the drafts it is worth** (``parts.per_request``, ``per_request``): each running request's own
+acceptance, shrunk toward the batch's by as little as the batch's requests differ, caps its drafts where its next
+draft is worth less than the verified token it costs; the batch k is the largest cap, and a k is priced with its
+caps. A batch whose requests accept alike is priced exactly as one k prices it.
+
 No separate SLO guard: for a fixed batch, maximising ``B * l(k) / D(k)`` is minimising the decodes' TPOT
 ``D(k) / l(k)``, which is what AdaSpec's SLO-aware efficiency (§5.3) protects.
 """
@@ -59,6 +64,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
@@ -69,6 +75,7 @@ from specserve.speculation.estimators.step_latency import HINGED, StepLatencyMod
 from specserve.speculation.policies.parts.early_stop import ConfidenceStop, StopCounter
 from specserve.speculation.policies.parts.goodput_core import MIN_STEP_S, GoodputCore, check_ranges, core_checks
 from specserve.speculation.policies.parts.kv_fit import largest_fitting_k
+from specserve.speculation.policies.parts.per_request import CappedPlan, RequestAcceptance, capped_goodputs
 from specserve.speculation.policies.parts.switching import DraftLag, measured_resume_s
 from specserve.speculation.policy import Policy, largest_k, register
 from specserve.speculation.types import Decision, EngineTraits, StepContext, StepRecord
@@ -117,6 +124,8 @@ class AdaptiveParams:
     early_stop_extra: int = 2
     # Seconds within which the predicted gain of resuming must repay the draft's catch-up.
     resume_payback_s: float = 1.0
+    # Cap each request's drafts by its own acceptance (``parts.per_request``); false: one k for the whole batch.
+    per_request: bool = True
 
     def __post_init__(self) -> None:
         checks = core_checks(self) | {
@@ -155,6 +164,9 @@ class AdaptivePolicy(Policy):
         self.num_resumes_deferred = 0
         # Steps whose k was cut so that their KV slots fit the free blocks.
         self.num_kv_cuts = 0
+        self.requests = RequestAcceptance(params.ema_half_life_steps) if params.per_request else None
+        # Steps that capped some request below the step's k.
+        self.num_capped_steps = 0
 
     def choose(self, ctx: StepContext) -> Decision:
         self._lag.see(ctx.draft_resident)
@@ -163,17 +175,33 @@ class AdaptivePolicy(Policy):
         if ctx.num_running == 0:
             # Nothing decodes, so k changes nothing this step; keeping it avoids two switches per idle gap.
             return Decision(k=self._k)
-        seconds, goodputs = self._prices(ctx)
+        if self.requests is not None:
+            self.requests.keep_only(ctx.request_ids)
+        seconds, goodputs, plan = self._prices(ctx)
         current = min(self._k, self.max_k)
         k, deferred = self._hold_stop(ctx, current, self._pick(ctx, goodputs, current))
         self._settle(k, deferred)
         run_k = self._fit_to_kv(ctx, self.core.run(ctx.now_s, k, goodputs, ctx.request_ids))
-        return self._stop_rule(ctx, k, run_k, seconds)
+        caps = plan.caps_to_run(k, run_k, ctx.request_ids) if plan is not None else ()
+        self.num_capped_steps += int(bool(caps))
+        return self._stop_rule(ctx, k, run_k, seconds, caps)
 
-    def _prices(self, ctx: StepContext) -> tuple[list[float], list[float]]:
-        """Per k = 0 .. max_k, the decodes' seconds and their predicted tokens per second."""
+    def _prices(self, ctx: StepContext) -> tuple[list[float], list[float], CappedPlan | None]:
+        """Per k = 0 .. max_k, the decodes' seconds at that k for every request and their predicted tokens per
+        second, each k with its per-request caps where some request's acceptance stands apart (the plan)."""
         seconds = np.maximum(self.decode_seconds_all(ctx), MIN_STEP_S).tolist()
-        return seconds, self.core.goodputs(ctx.num_running, seconds)
+        plan = self._plan(ctx)
+        return seconds, plan.goodputs if plan else self.core.goodputs(ctx.num_running, seconds), plan
+
+    def _plan(self, ctx: StepContext) -> CappedPlan | None:
+        if self.requests is None or len(ctx.request_ids) != ctx.num_running:
+            return None
+        acceptance = self.core.acceptance
+        survival = self.requests.survival(ctx.request_ids, acceptance.alphas(), acceptance.num_reached(), self.max_k)
+        if survival is None:
+            return None
+        factors = np.array(self.correction.factors(ctx.num_running, self.max_k + 1))
+        return capped_goodputs(survival, partial(self.decode_seconds_many, ctx, factors=factors), MIN_STEP_S)
 
     def _pick(self, ctx: StepContext, goodputs: Sequence[float], current: int) -> tuple[int, bool]:
         """The k these prices choose from ``current``, after the margins; and whether a resume was deferred."""
@@ -207,15 +235,18 @@ class AdaptivePolicy(Policy):
         self.num_kv_cuts += int(fitting < run_k)
         return fitting
 
-    def _stop_rule(self, ctx: StepContext, k: int, run_k: int, seconds: list[float]) -> Decision:
-        """The step's decision: ``run_k``, or where the engine asks after each draft pass, a budget beyond it with
-        the confidence rule that ends the loop. A probe (``k`` = 0) or an exploration down to 0 runs as it is."""
+    def _stop_rule(
+        self, ctx: StepContext, k: int, run_k: int, seconds: list[float], caps: tuple[tuple[str, int], ...]
+    ) -> Decision:
+        """The step's decision: ``run_k`` with ``caps``, or where the engine asks after each draft pass, a budget
+        beyond it with the confidence rule that ends the loop. A probe (``k`` = 0) or an exploration down to 0 runs
+        as it is."""
         if not (k > 0 and run_k > 0 and self.traits.asks_stop_drafting):
-            return Decision(k=run_k)
+            return Decision(k=run_k, max_k_per_request=caps)
         budget = largest_fitting_k(ctx, min(run_k + self.params.early_stop_extra, self.max_k))
         alphas = self.core.acceptance.alphas()
         stop = ConfidenceStop(ctx.num_running, seconds, alphas, budget, self._early_stops, self.calibration.acceptance)
-        return Decision(k=budget, draft_stop=stop)
+        return Decision(k=budget, max_k_per_request=caps, draft_stop=stop)
 
     def _resume_pays(self, ctx: StepContext, gain_tokens_per_s: float, k0_tokens_per_s: float) -> bool:
         """Whether the gain over k = 0 repays, within ``resume_payback_s``, the tokens the catch-up step costs."""
@@ -273,21 +304,37 @@ class AdaptivePolicy(Policy):
     def _observe_acceptance(self, record: StepRecord) -> None:
         """What a step says besides its cost: acceptance, the confidences' calibration, the draft's lag."""
         self.core.observe(record)
+        if self.requests is not None:
+            self.requests.observe(record)
         self.calibration.observe(record)
         self._lag.observe(record.k, record.num_draft_passes, record.num_batched_tokens, record.num_running)
 
     def decode_seconds_all(self, ctx: StepContext) -> np.ndarray:
         """Per k = 0 .. max_k, the step's time the decodes are charged with: all of it minus the prefill's own
         marginal cost."""
-        batch, prefill = ctx.num_running, ctx.num_prefill_tokens
         ks = np.arange(self.max_k + 1)
-        draft_passes = np.where(ks > 0, ks, int(self.traits.k0_runs_draft_pass))
+        return self.decode_seconds_many(ctx, ctx.num_running * ks, ks)
+
+    def decode_seconds_many(
+        self, ctx: StepContext, drafts: np.ndarray, passes: np.ndarray, factors: np.ndarray | None = None
+    ) -> np.ndarray:
+        """``decode_seconds_all`` for steps that verify ``drafts`` drafts over all requests with ``passes`` draft
+        passes (0 to max_k), one per row: per-request caps verify fewer drafts than the batch's k allows.
+        ``factors``: the correction's per-k factors at this batch, where the caller prices many shapes."""
+        batch, prefill = ctx.num_running, ctx.num_prefill_tokens
+        k0_passes = int(self.traits.k0_runs_draft_pass)
+        draft_passes = np.where(
+            passes > 0, np.minimum(passes, 1) if self.traits.one_proposer_pass else passes, k0_passes
+        )
         context: float | np.ndarray = ctx.num_context_tokens
         if self.traits.batch_expansion:
-            context = np.array([batch_expansion_context(ctx.num_context_tokens, batch, k) for k in ks.tolist()])
-        step_s = self.latency.predict_many(context, prefill + batch * (ks + 1), draft_passes, batch)
+            per_request = (drafts / max(batch, 1)).tolist()
+            context = np.array([batch_expansion_context(ctx.num_context_tokens, batch, k) for k in per_request])
+        step_s = self.latency.predict_many(context, prefill + batch + drafts, draft_passes, batch)
         prefill_s = self.latency.batched_token_seconds(prefill) if prefill else 0.0
-        factors = np.array(self.correction.factors(batch, self.max_k + 1))
+        if factors is None:
+            factors = np.array(self.correction.factors(batch, self.max_k + 1))
+        factors = factors[passes]
         # Learned on whole steps, the factors scale the decodes' part only: a few per cent on a long prefill
         # chunk would outweigh what the drafts riding on it cost.
         return (step_s - prefill_s) * factors
@@ -302,4 +349,6 @@ class AdaptivePolicy(Policy):
         out["draft_lag_tokens"] = float(self._lag.tokens)
         out["num_resumes_deferred"] = float(self.num_resumes_deferred)
         out["num_kv_cuts"] = float(self.num_kv_cuts)
+        out["num_capped_steps"] = float(self.num_capped_steps)
+        out["requests_tracked"] = float(len(self.requests.tracked())) if self.requests is not None else 0.0
         return out

@@ -41,6 +41,7 @@ from specserve.bench.load import (
     trace_plan,
 )
 from specserve.bench.stats import DEFAULT_RESAMPLES, METRICS
+from specserve.bench.workload import WORKLOADS, make_workload
 
 DEFAULT_NUM_REQUESTS = 100
 COMPARE_NUM_REQUESTS = 64
@@ -141,6 +142,10 @@ def add_commands(parser: argparse.ArgumentParser, dest: str, policies: PolicyBac
     run.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false", help="let requests stop at EOS")
     run.add_argument("--timeout", type=_positive(float), default=300.0, help="per-request limit, s (default 300)")
     run.add_argument("--seed", type=int, default=0, help="arrival times and prompts (default 0)")
+    run.add_argument(
+        "--workload", choices=WORKLOADS, default="random", help="random words (default), or mixed: copy and free-form"
+    )
+    run.add_argument("--copy-share", type=float, help="mixed: share of copy-heavy requests, 0-1 (default 0.5)")
     for name in ("ttft", "tpot", "e2e"):
         run.add_argument(f"--slo-{name}-ms", type=_positive(float), help=f"goodput: {name.upper()} limit, ms")
     run.add_argument("--json", action="store_true", help="print one JSON document on stdout")
@@ -265,11 +270,17 @@ def load_description(args: argparse.Namespace) -> dict[str, Any]:
     return {"kind": "rate", "segments": segments, "burstiness": args.burstiness, "range_ratio": args.range_ratio}
 
 
+def workload_description(args: argparse.Namespace) -> dict[str, Any]:
+    if args.workload == "mixed":
+        return {"kind": "mixed", "copy_share": 0.5 if args.copy_share is None else args.copy_share, "seed": args.seed}
+    return {"kind": args.workload, "seed": args.seed}
+
+
 def run_load(args: argparse.Namespace) -> int:
     url = base_url(args.url)
     plan = make_plan(args)
+    workload = make_workload(args.workload, args.seed, args.copy_share, args.tokenizer)
     from specserve.bench import client, report  # vLLM's request functions: slow to import
-    from specserve.bench.prompts import Prompter
 
     model = args.model or asyncio.run(client.first_model(url, args.timeout))
     target = client.Target(url, model, args.api, args.ignore_eos, args.temperature, args.timeout)
@@ -277,7 +288,7 @@ def run_load(args: argparse.Namespace) -> int:
     if note:
         print(f"specserve bench: {note}", file=sys.stderr)
     target = client.Target(url, model, args.api, ignore_eos, args.temperature, args.timeout)
-    runner = client.Runner(target, Prompter(args.seed, args.tokenizer), progress=args.progress)
+    runner = client.Runner(target, workload, progress=args.progress)
     outcomes, duration_s = asyncio.run(runner.run(plan))
     slo = {name: getattr(args, f"slo_{name}_ms") for name in ("ttft", "tpot", "e2e")}
     result = {
@@ -285,6 +296,7 @@ def run_load(args: argparse.Namespace) -> int:
         "model": model,
         "api": args.api,
         "load": load_description(args),
+        "workload": workload_description(args),
         "ignore_eos": ignore_eos,
         "temperature": args.temperature,
         **report.summarize(

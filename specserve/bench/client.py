@@ -33,7 +33,7 @@ from vllm.benchmarks.lib.endpoint_request_func import (
 )
 
 from specserve.bench.load import BenchError, Plan
-from specserve.bench.prompts import Prompter
+from specserve.bench.workload import PromptRequest, Workload
 
 # Names in the tracebacks vLLM's request function keeps when the stream breaks after the status line.
 _CONNECTION_ERRORS = (
@@ -74,6 +74,7 @@ class Outcome:
     error_kind: str | None
     scheduled_s: float | None  # open loop: its arrival time; closed loop: None
     sent_s: float  # from the start of the run
+    request_class: str | None = None  # the mixed workload's class (``workload``)
 
 
 @dataclass(slots=True)
@@ -162,7 +163,7 @@ class Runner:
     """Runs a plan against a target; ``run`` returns the outcomes in send order and the run's duration."""
 
     target: Target
-    prompter: Prompter
+    prompter: Workload
     progress: bool = True
     outcomes: list[Outcome] = field(default_factory=list)
 
@@ -178,11 +179,13 @@ class Runner:
         self.bar.close()
         return sorted(self.outcomes, key=lambda o: o.index), duration_s
 
-    async def _one(self, http: Any, plan: Plan, index: int, prompt: str, start: float, due: float | None) -> None:
-        prompt_len, max_tokens = plan.lengths(index)
+    async def _one(
+        self, http: Any, plan: Plan, index: int, prompt: PromptRequest, start: float, due: float | None
+    ) -> None:
+        max_tokens = plan.lengths(index)[1]
         sent_s = time.perf_counter() - start
-        output, kind = await send(http, self.target, prompt, prompt_len, max_tokens)
-        self.outcomes.append(Outcome(index, max_tokens, output, kind, due, sent_s))
+        output, kind = await send(http, self.target, prompt.text, prompt.prompt_tokens, max_tokens)
+        self.outcomes.append(Outcome(index, max_tokens, output, kind, due, sent_s, prompt.request_class))
         self.bar.update(1)
 
     async def _closed(self, http: Any, plan: Plan) -> float:
@@ -200,7 +203,7 @@ class Runner:
                 index = next(counter)
                 if plan.num_requests is not None and index >= plan.num_requests:
                     return
-                prompt = self.prompter.prompt(plan.lengths(index)[0])
+                prompt = self.prompter.request(index, plan.lengths(index)[0])
                 await self._one(http, plan, index, prompt, start, None)
 
         start = time.perf_counter()
@@ -210,7 +213,7 @@ class Runner:
     async def _open(self, http: Any, plan: Plan) -> float:
         assert plan.arrival_s is not None
         # Prompts first, so making them (a tokenizer is slow) cannot delay an arrival.
-        prompts = [self.prompter.prompt(plan.lengths(i)[0]) for i in range(len(plan.arrival_s))]
+        prompts = [self.prompter.request(i, plan.lengths(i)[0]) for i in range(len(plan.arrival_s))]
         tasks = []
         start = time.perf_counter()
         for index, due in enumerate(plan.arrival_s.tolist()):

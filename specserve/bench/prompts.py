@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from specserve.bench.workload import PromptRequest
+
 WORDS = (
     "the of and to in is that it was for on are as with his they at be this from have or by one had not but "
     "what all were when we there can an your which their said if do will each about how up out them then she "
@@ -39,6 +41,10 @@ class Prompter:
         if self.tokenizer is None:
             return self.words(n)
         return self._exact(n)
+
+    def request(self, index: int, n: int) -> PromptRequest:
+        """The next prompt, as the load generator asks for one (``workload.Workload``); the words carry no class."""
+        return PromptRequest(self.prompt(n), None, n)
 
     def prompts(self, count: int, n: int) -> list[str]:
         """The next ``count`` prompts of ``n`` tokens: what a closed loop of ``count`` requests sends, in order."""

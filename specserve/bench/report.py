@@ -124,11 +124,41 @@ def summarize(
         "goodput": goodput(outcomes, done, duration_s, slo_ms) if slo_ms else None,
         "errors": errors(outcomes),
     }
+    if any(o.request_class is not None for o in outcomes):
+        report["classes"] = by_class(outcomes, duration_s)
     lags = [o.sent_s - o.scheduled_s for o in outcomes if o.scheduled_s is not None]
     # Open loop only: how late the client sent its latest request; large values mean the client, not the
     # server, limited the offered load.
     report["max_send_lag_ms"] = max(lags) * 1000.0 if lags else None
     return report
+
+
+def by_class(outcomes: list[Outcome], duration_s: float) -> dict[str, dict[str, Any]]:
+    """The mixed workload's numbers per request class. A class's output tok/s is its tokens over the whole run's
+    time (the classes share the run, so their rates add up to the total); TPOT is how fast its requests decoded.
+
+    ``tokens_per_chunk``: output tokens over streamed chunks with a token. vLLM's OpenAI server streams one chunk
+    per request per engine step, and a speculative step emits the accepted drafts plus one token, so there it is
+    1 + the mean accepted drafts per step: the class's acceptance as the client sees it (1 without speculation).
+    A server that merges chunks (Ray Serve LLM, every 50 ms by default) raises it whatever the acceptance.
+    """
+    per_s = 1.0 / duration_s if duration_s > 0 else 0.0
+    result = {}
+    for name in sorted({o.request_class for o in outcomes if o.request_class is not None}):
+        mine = [o for o in outcomes if o.request_class == name]
+        done = [o for o in mine if o.error_kind is None]
+        tokens = sum(output_tokens(o) for o in done)
+        chunks = sum(len(o.output.itl) + 1 for o in done)
+        result[name] = {
+            "requests": {"sent": len(mine), "completed": len(done), "failed": len(mine) - len(done)},
+            "tokens": {"input": sum(o.output.prompt_len for o in done), "output": tokens},
+            "output_tokens_per_s": tokens * per_s,
+            "tokens_per_chunk": tokens / chunks if chunks else None,
+            "ttft_ms": stats_ms([o.output.ttft for o in done]),
+            "tpot_ms": stats_ms([tpot_s(o) for o in done if output_tokens(o) > 1]),
+            "e2e_ms": stats_ms([o.output.latency for o in done]),
+        }
+    return result
 
 
 def meets(outcome: Outcome, slo_ms: dict[str, float]) -> bool:
@@ -180,6 +210,7 @@ def per_request(outcomes: list[Outcome]) -> list[dict[str, Any]]:
                 "tpot_ms": tpot_s(o) * 1000.0 if ok else None,
                 "e2e_ms": o.output.latency * 1000.0 if ok else None,
                 "error": o.error_kind,
+                **({"class": o.request_class} if o.request_class is not None else {}),
             }
         )
     return rows
@@ -212,6 +243,15 @@ def table(report: dict[str, Any]) -> list[str]:
             "{:>10}".format("-" if row[k] is None else f"{row[k]:.1f}") for k in ("mean", "p50", "p90", "p99")
         )
         lines.append(f"{name.upper():<8}{cells}")
+    if classes := report.get("classes"):
+        lines += ["", f"{'class':<8}{'requests':>9}{'out tok/s':>11}{'TPOT mean':>11}{'TPOT p90':>10}{'tok/chunk':>11}"]
+        for name, c in classes.items():
+            tpot, per_chunk = c["tpot_ms"], c["tokens_per_chunk"]
+            mean, p90 = ("-" if v is None else f"{v:.1f}" for v in (tpot["mean"], tpot["p90"]))
+            chunk = "-" if per_chunk is None else f"{per_chunk:.2f}"
+            lines.append(
+                f"{name:<8}{c['requests']['completed']:>9}{c['output_tokens_per_s']:>11.2f}{mean:>11}{p90:>10}{chunk:>11}"
+            )
     if (g := report["goodput"]) is not None:
         slos = ", ".join(f"{k} <= {v:g} ms" for k, v in g["slo_ms"].items())
         lines += ["", f"goodput     {g['share']:.1%} of requests meet {slos}"]

@@ -221,6 +221,13 @@ class SignalsConfig(_Closed):
     )
 
 
+class AcceptanceClass(_Closed):
+    """One kind of request in a mixed workload (a copy-heavy edit, a free-form answer), drawn by its share."""
+
+    share: float = Field(gt=0, le=1, description="fraction of requests of this kind")
+    mean: float = Field(ge=0, le=1, description="its requests' mean per-token alpha")
+
+
 class AcceptanceConfig(_Closed):
     mean: float = Field(ge=0, le=1, description="mean per-request alpha (e.g. TurboSpec Table 3)")
     concentration: float | None = Field(
@@ -228,7 +235,25 @@ class AcceptanceConfig(_Closed):
     )
     decay: float = Field(1.0, gt=0, le=1, description="alpha_j = alpha * decay**j at draft position j")
     regimes: list[Regime] = Field(default_factory=list, description="later means, by request arrival time")
+    classes: list[AcceptanceClass] = Field(
+        default_factory=list,
+        description="kinds of requests with their own mean: each request draws its kind by share, then its alpha "
+        "from Beta around that kind's mean with ``concentration``; ``mean`` must be their share-weighted mean",
+    )
     signals: SignalsConfig = Field(default_factory=SignalsConfig, description="draft confidence, entropy and KL")
+
+    @model_validator(mode="after")
+    def _classes_add_up(self) -> AcceptanceConfig:
+        if not self.classes:
+            return self
+        if self.regimes:
+            raise ValueError("acceptance.classes and acceptance.regimes cannot be combined")
+        if abs(sum(c.share for c in self.classes) - 1.0) > 1e-6:
+            raise ValueError("acceptance.classes: shares must add up to 1")
+        weighted = sum(c.share * c.mean for c in self.classes)
+        if abs(weighted - self.mean) > 0.005:
+            raise ValueError(f"acceptance.mean {self.mean} is not the classes' weighted mean {weighted:.3f}")
+        return self
 
 
 class SloConfig(_Closed):

@@ -75,6 +75,8 @@ class DraftMemorySim:
     def __init__(self, cfg: MemoryConfig, resolved: ResolvedScenario, replicas: list[Replica]) -> None:
         self.cfg = cfg
         self.replicas = replicas
+        if resolved.draft is None:  # resolve() refuses offload for a method without weights
+            raise ValueError(f"scenario {resolved.scenario.name!r}: no draft weights to offload")
         self.draft_bytes = int(resolved.draft.weight_bytes)
         self.capacity = KvCapacity(resolved.num_kv_blocks, self.draft_bytes, resolved.kv_block_bytes)
         params = ResidencyParams(

@@ -27,6 +27,7 @@ from specserve.sim.events import EventQueue, Phase
 from specserve.sim.feeds import ClosedLoop, OpenLoop, Sends
 from specserve.sim.latency import StepTimer
 from specserve.sim.oracle import Truth, build_policy
+from specserve.sim.proposer import Proposer
 from specserve.sim.replica import Replica
 from specserve.sim.routing import Router
 from specserve.sim.scenario import ResolvedScenario, ScenarioError
@@ -118,11 +119,15 @@ class Simulator:
             self._check_fits(workload)
             feed = OpenLoop(workload, RequestTable(workload, acceptance.draw_alphas(workload.arrival_s, alpha_rng)))
         table = feed.table
-        signals = SignalModel(scenario.acceptance.signals) if scenario.acceptance.signals.enabled else None
+        # A lookup samples no logits: its drafts carry no confidence, entropy or KL (speculation.methods).
+        with_signals = scenario.acceptance.signals.enabled and self.resolved.proposer.method.has_draft_logits
+        signals = SignalModel(scenario.acceptance.signals) if with_signals else None
+        proposer = self.resolved.proposer
         traits = EngineTraits(
             max_k=engine.max_k,
-            k0_runs_draft_pass=engine.k0_runs_draft_pass,
-            resume_s_per_token=None if engine.k0_runs_draft_pass else _draft_s_per_token(self.resolved.timer),
+            k0_runs_draft_pass=proposer.k0_runs_pass,
+            resume_s_per_token=_resume_s_per_token(proposer, self.resolved.timer),
+            one_proposer_pass=proposer.one_pass,
             # Drafts made a step ahead (vLLM) are made before anything could ask to stop the loop.
             asks_stop_drafting=signals is not None and not engine.drafts_ahead,
             drafts_ahead=engine.drafts_ahead,
@@ -147,6 +152,7 @@ class Simulator:
                 slo_tpot_s,
                 self.on_step,
                 jitter_rng,
+                proposer,
             )
             replicas.append(truth.replica)
         memory = DraftMemorySim(scenario.memory, self.resolved, replicas) if scenario.memory.offload else None
@@ -233,6 +239,14 @@ class Simulator:
                 f"{longest - engine.max_k} "
                 f"tokens never fits engine.max_num_batched_tokens={engine.max_num_batched_tokens}"
             )
+
+
+def _resume_s_per_token(proposer: Proposer, timer: StepTimer) -> float | None:
+    """``EngineTraits.resume_s_per_token``: None where k = 0 runs the proposer's pass, 0 where a skipped step leaves
+    nothing to catch up (a lookup), else what the draft's catch-up costs per token."""
+    if proposer.k0_runs_pass:
+        return None
+    return _draft_s_per_token(timer) if proposer.catches_up else 0.0
 
 
 def _draft_s_per_token(timer: StepTimer) -> float:

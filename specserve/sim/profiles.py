@@ -14,7 +14,11 @@ from typing import Literal, overload
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from specserve.speculation.methods import method
+
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+# The methods the simulator models (sim/proposer.py): MTP (the target's own layers) and suffix decoding are not.
+SIMULATED_METHODS = ("draft_model", "eagle", "eagle3", "ngram")
 GIB = 1024**3
 
 
@@ -63,13 +67,23 @@ class LinearFit(_Closed):
 
 class PairFit(_Closed):
     target: LinearFit
-    draft: LinearFit = Field(description="one draft forward pass")
+    draft: LinearFit | None = Field(None, description="one draft forward pass (a pair without weights has none)")
 
 
 class PairProfile(_Closed):
     description: str = ""
+    method: str = Field(
+        "draft_model",
+        description="speculative method (specserve.speculation.methods): draft_model, eagle, eagle3, mtp or ngram; "
+        "what a k = 0 step runs and what the proposer costs follow from it (sim/proposer.py)",
+    )
     target: str = Field(description="name in models.yaml")
-    draft: str = Field(description="name in models.yaml")
+    draft: str | None = Field(None, description="name in models.yaml; the draft model or head, none for a lookup")
+    lookup: LinearFit | None = Field(
+        None,
+        description="a lookup method's one search per step (ngram): s_per_context_token over the running requests' "
+        "tokens, s_per_batched_token per request searched, intercept_s per step",
+    )
     tp: int = Field(1, gt=0, description="default tensor-parallel size of the target")
     linear: dict[str, PairFit] = Field(default_factory=dict, description="fitted latency per hardware name")
 
@@ -127,8 +141,19 @@ def pair_profiles() -> dict[str, PairProfile]:
     pairs = _load("pairs.yaml", PairProfile)
     models = model_profiles()
     for name, pair in pairs.items():
+        if pair.method not in SIMULATED_METHODS:
+            raise ProfileError(
+                f"pairs.yaml: entry {name!r}: method {pair.method!r} is not simulated; "
+                f"one of {', '.join(SIMULATED_METHODS)}"
+            )
+        needs_draft = method(pair.method).needs_draft
+        if needs_draft != (pair.draft is not None) or needs_draft == (pair.lookup is not None):
+            raise ProfileError(
+                f"pairs.yaml: entry {name!r}: method {pair.method!r} needs "
+                + ("a draft (and no lookup)" if needs_draft else "a lookup fit (and no draft)")
+            )
         for role in ("target", "draft"):
-            if getattr(pair, role) not in models:
+            if getattr(pair, role) not in models and getattr(pair, role) is not None:
                 raise ProfileError(f"pairs.yaml: entry {name!r}: {role} {getattr(pair, role)!r} is not in models.yaml")
     return pairs
 

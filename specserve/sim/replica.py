@@ -29,6 +29,7 @@ from specserve.sim.batch import RequestTable, RunningBatch
 from specserve.sim.config import EngineConfig
 from specserve.sim.drafting import Drafter, Drafts, StopHook
 from specserve.sim.latency import StepTimer
+from specserve.sim.proposer import Proposer, proposer_for
 from specserve.sim.steps import StepListener, StepStats, further_pass_tokens, step_record
 from specserve.speculation import Decision, GuardedPolicy, Policy, StepContext, StepRecord
 from specserve.speculation.context import build_step_context, kv_blocks_needed, most_kv_blocks_per_decode
@@ -70,6 +71,7 @@ class Replica:
         slo_tpot_s: float | None = None,
         on_step: StepListener | None = None,
         jitter_rng: np.random.Generator | None = None,
+        proposer: Proposer | None = None,
     ) -> None:
         self.index = index
         self.cfg = engine
@@ -81,6 +83,8 @@ class Replica:
         # a step at k = 0 and a count in ``guard.errors``, not a crash.
         self.guard = GuardedPolicy(policy)
         self.drafter = drafter
+        # What the method's proposer runs per step and at k = 0; a draft model on ``engine``'s k = 0 by default.
+        self.proposer = proposer if proposer is not None else proposer_for("draft_model", engine)
         self.table = table
         self.slo_tpot_s = slo_tpot_s
         self.on_step = on_step
@@ -323,11 +327,17 @@ class Replica:
                 grant = self._verify_only_drafted(grant, rows, drafts.drafted)
         scheduled = grant.tokens > 0
         new_tokens = grant.tokens - grant.drafts
-        skipped = not self.draft_resident or skips_draft_pass(
-            enabled=not self.cfg.k0_runs_draft_pass,
-            k=k,
-            num_new_requests=int((scheduled & (b.num_computed == 0)).sum()),
-            num_scheduled_tokens=grant.tokens[scheduled].tolist() if k == 0 else (),
+        # A lookup has nothing to prefill or sync: at k = 0 it runs no search at all.
+        lookup_idle = k == 0 and self.proposer.one_pass
+        skipped = (
+            not self.draft_resident
+            or lookup_idle
+            or skips_draft_pass(
+                enabled=not self.proposer.k0_runs_pass,
+                k=k,
+                num_new_requests=int((scheduled & (b.num_computed == 0)).sum()),
+                num_scheduled_tokens=grant.tokens[scheduled].tolist() if k == 0 else (),
+            )
         )
         if self.cfg.drafts_ahead:
             # Every pass drafts for the next step, one token per scheduled request beyond the first pass's read.
@@ -339,13 +349,18 @@ class Replica:
             further = further_pass_tokens(drafts, num_passes)
             # Every drafting row drafted at least once (drafting.Drafts), so a step with drafts verifies some.
             speculates = drafts is not None
-        if num_passes:
+        if self.proposer.one_pass:
+            # One lookup per step finds every draft, for each request it searches (proposer.py).
+            num_passes = min(num_passes, 1)
+            draft_pass_tokens = [int(scheduled.sum())] * num_passes
+        elif num_passes:
             read = grant.tokens if self.cfg.draft_first_pass == "scheduled" else new_tokens
             first_pass_tokens = int(read.sum()) + self._catch_up(scheduled, int(grant.tokens.sum()), read, new_tokens)
             draft_pass_tokens = [first_pass_tokens, *further]
         else:
             draft_pass_tokens = []
-            b.draft_lag += new_tokens
+            if self.proposer.method.catches_up():  # a lookup keeps no KV to fall behind
+                b.draft_lag += new_tokens
         num_context = int(b.num_computed[scheduled].sum())
         num_batched = int(grant.tokens.sum())
         target_context = self._expanded_context(num_context, rows, drafts)

@@ -7,7 +7,7 @@ frozen object (house rule 6: derived values are never written back into the conf
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -17,6 +17,8 @@ from pydantic import ValidationError
 from specserve.sim.config import Scenario, StreamConfig, TraceArrivals
 from specserve.sim.latency import LinearForward, StepTimer, roofline_timer
 from specserve.sim.profiles import GIB, HardwareProfile, ModelProfile, PairProfile, ProfileError, lookup
+from specserve.sim.proposer import Proposer, proposer_for
+from specserve.speculation.methods import offload_refusal
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "scenarios"
 _Stream = TypeVar("_Stream", bound=StreamConfig)
@@ -73,7 +75,8 @@ class ResolvedScenario:
     hardware: HardwareProfile
     pair: PairProfile
     target: ModelProfile
-    draft: ModelProfile
+    # The draft model or head; None for a method without weights (a lookup).
+    draft: ModelProfile | None
     tp: int
     # KV blocks per engine; a block holds block_size tokens of the target's and the draft's KV, since
     # vLLM gives the draft's layers the same block table.
@@ -83,17 +86,24 @@ class ResolvedScenario:
     # Bytes of one KV block on the GPU holding the draft (target's share under TP plus the draft's).
     kv_block_bytes: int
     timer: StepTimer
+    # What the pair's method runs per step and at k = 0 (proposer.py).
+    proposer: Proposer
 
 
 def resolve(scenario: Scenario) -> ResolvedScenario:
     try:
         hardware = lookup("hardware", scenario.hardware)
         pair = lookup("pair", scenario.pair)
-        target, draft = lookup("model", pair.target), lookup("model", pair.draft)
+        target = lookup("model", pair.target)
+        draft = lookup("model", pair.draft) if pair.draft is not None else None
     except ProfileError as exc:
         raise ScenarioError(f"scenario {scenario.name!r}: {exc}") from None
+    proposer = proposer_for(pair.method, scenario.engine)
+    if scenario.memory.offload and not proposer.method.offloadable:
+        raise ScenarioError(f"scenario {scenario.name!r}: {offload_refusal(proposer.method)}")
     tp = scenario.tp or pair.tp
-    block_bytes = scenario.engine.block_size * (target.kv_bytes_per_token / tp + draft.kv_bytes_per_token)
+    draft_kv = draft.kv_bytes_per_token if draft is not None else 0
+    block_bytes = scenario.engine.block_size * (target.kv_bytes_per_token / tp + draft_kv)
     num_blocks = scenario.engine.num_kv_blocks or _kv_blocks_from_memory(
         scenario, hardware, target, draft, tp, block_bytes
     )
@@ -105,9 +115,10 @@ def resolve(scenario: Scenario) -> ResolvedScenario:
         draft=draft,
         tp=tp,
         num_kv_blocks=num_blocks,
-        num_draft_weight_blocks=math.ceil(draft.weight_bytes / block_bytes),
+        num_draft_weight_blocks=math.ceil(draft.weight_bytes / block_bytes) if draft is not None else 0,
         kv_block_bytes=math.ceil(block_bytes),
         timer=_timer(scenario, hardware, pair, target, draft, tp),
+        proposer=proposer,
     )
 
 
@@ -115,7 +126,7 @@ def _kv_blocks_from_memory(
     scenario: Scenario,
     hardware: HardwareProfile,
     target: ModelProfile,
-    draft: ModelProfile,
+    draft: ModelProfile | None,
     tp: int,
     block_bytes: float,
 ) -> int:
@@ -126,7 +137,7 @@ def _kv_blocks_from_memory(
         hardware.memory_gib * GIB * engine.gpu_memory_utilization
         - engine.reserved_gib * GIB
         - target.weight_bytes / tp
-        - draft.weight_bytes
+        - (draft.weight_bytes if draft is not None else 0.0)
     )
     num_blocks = int(free_bytes // block_bytes)
     if num_blocks < 1:
@@ -142,10 +153,12 @@ def _timer(
     hardware: HardwareProfile,
     pair: PairProfile,
     target: ModelProfile,
-    draft: ModelProfile,
+    draft: ModelProfile | None,
     tp: int,
 ) -> StepTimer:
     cfg = scenario.latency
+    # A lookup's one search per step is priced by the pair's own fit, whatever the target's latency model.
+    lookup_fit = LinearForward.from_fit(pair.lookup) if pair.lookup is not None else None
     if cfg.kind == "linear":
         fit = pair.linear.get(scenario.hardware)
         if fit is None:
@@ -155,6 +168,12 @@ def _timer(
             )
         if tp != pair.tp:
             raise ScenarioError(f"scenario {scenario.name!r}: the linear fit is for tp={pair.tp}, not tp={tp}")
+        draft_fit = lookup_fit or (LinearForward.from_fit(fit.draft) if fit.draft is not None else None)
+        if draft_fit is None:
+            raise ScenarioError(
+                f"scenario {scenario.name!r}: pair {scenario.pair!r} has no draft fit on {scenario.hardware!r}"
+            )
         # The fitted intercepts already include the engine's per-step overhead.
-        return StepTimer(LinearForward.from_fit(fit.target), LinearForward.from_fit(fit.draft), 0.0)
-    return roofline_timer(cfg, hardware, target, draft, tp)
+        return StepTimer(LinearForward.from_fit(fit.target), draft_fit, 0.0)
+    timer = roofline_timer(cfg, hardware, target, draft or target, tp)
+    return replace(timer, draft=lookup_fit) if lookup_fit is not None else timer

@@ -2,8 +2,9 @@
 
 Each request draws its own alpha at arrival from Beta(mean * c, (1 - mean) * c), where the mean is the
 regime in force at its arrival time (a workload shift such as TurboSpec's Sonnet -> ShareGPT at 60 s,
-TurboSpec §8.1, Fig. 15b). Draft j of a request (0-based) is accepted with probability
-alpha * decay**j, independently; the request keeps the longest accepted prefix (Leviathan et al.'s
+TurboSpec §8.1, Fig. 15b), or from the request's kind where the workload mixes kinds (``AcceptanceConfig.classes``:
+a copy-heavy edit accepts nearly every draft, a free-form answer few). Draft j of a request (0-based) is accepted
+with probability alpha * decay**j, independently; the request keeps the longest accepted prefix (Leviathan et al.'s
 i.i.d. model behind TurboSpec Eq. 4 when decay = 1).
 """
 
@@ -21,12 +22,17 @@ class TrueAcceptance:
         self._starts_s = np.array([0.0] + [r.start_s for r in cfg.regimes])
         self._means = np.array([cfg.mean] + [r.mean for r in cfg.regimes])
         self._concentration = cfg.concentration
+        self._class_shares = np.array([c.share for c in cfg.classes])
+        self._class_means = np.array([c.mean for c in cfg.classes])
         # Multiplier per draft position, shape (max_k,).
         self.position_factors = cfg.decay ** np.arange(max(max_k, 1), dtype=np.float64)
 
     def draw_alphas(self, arrival_s: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """One alpha per request, from the regime in force at its arrival."""
-        means = self._means[np.searchsorted(self._starts_s, arrival_s, side="right") - 1]
+        if len(self._class_means):
+            means = self._class_means[rng.choice(len(self._class_means), size=len(arrival_s), p=self._class_shares)]
+        else:
+            means = self._means[np.searchsorted(self._starts_s, arrival_s, side="right") - 1]
         if self._concentration is None:
             return means.astype(np.float64)
         # Beta needs both shapes > 0; a mean of exactly 0 or 1 means every alpha is that value.

@@ -11,6 +11,7 @@ import pytest
 from engine_helpers import PROMPTS, running_engine
 
 from specserve.models.prompts import OPENINGS
+from specserve.speculation import methods
 
 # Prompts whose greedy continuation repeats their own spans, so that a lookup finds matches.
 COPYING = [" ".join([OPENINGS[i]] * 4) for i in range(4)]
@@ -54,3 +55,46 @@ def test_ngram_telemetry_names_its_method_and_k0(ngram):
     t = ngram.telemetry()
     assert t.policy.method == "ngram"
     assert t.policy.k0 == "skip, nothing to catch up"
+
+
+@pytest.fixture(scope="module")
+def eagle3(trained_pair):
+    from specserve.models.cache import cached_head
+
+    head = str(cached_head("eagle3", progress=False))
+    with running_engine(trained_pair, policy="fixed:k=0", method="eagle3", draft=head, max_k=3) as engine:
+        yield engine
+
+
+@pytest.mark.parametrize("policy", ["fixed:k=3", "cycle:ks=3-3-0-0-0-0-0-0-3-3-3-3", "adaptive"])
+def test_eagle3_is_lossless_under_every_policy(eagle3, policy):
+    eagle3.set_policy("fixed:k=0")
+    reference = eagle3.generate(max_tokens=48)
+    eagle3.set_policy(policy)
+    assert eagle3.generate(max_tokens=48) == reference
+
+
+def test_eagle3_k0_runs_the_heads_pass_and_resumes_at_full_acceptance(eagle3):
+    assert eagle3.telemetry().policy.k0 == methods.method("eagle3").k0.value
+    eagle3.set_policy("fixed:k=0")
+    before, worker_before = eagle3.telemetry(), eagle3.draft_pass_counts()
+    eagle3.generate(max_tokens=24)
+    after, worker_after = eagle3.telemetry(), eagle3.draft_pass_counts()
+    # The head's sync pass ran on every step: nothing skipped, on either side.
+    assert after.speculation.num_steps_draft_skipped == before.speculation.num_steps_draft_skipped
+    assert worker_after["skipped"] == worker_before["skipped"]
+    assert worker_after["ran"] - worker_before["ran"] == after.speculation.num_steps - before.speculation.num_steps
+
+    def first_position_acceptance(policy: str) -> float:
+        eagle3.set_policy(policy)
+        b = eagle3.telemetry().speculation
+        eagle3.generate(max_tokens=64)
+        a = eagle3.telemetry().speculation
+        return (a.num_accepted_per_pos[0] - b.num_accepted_per_pos[0]) / (
+            a.num_reached_per_pos[0] - b.num_reached_per_pos[0]
+        )
+
+    # Its KV kept whole through k = 0 stretches, the head drafts after a resumption as it does at steady k.
+    steady = first_position_acceptance("fixed:k=3")
+    resumed = first_position_acceptance("cycle:ks=3-3-0-0-0-0-0-0-3-3-3-3")
+    assert resumed == pytest.approx(steady, abs=0.1)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 KINDS = ("perf", "random", "self", "trained")
 # Draft heads built for the trained pair's target (specserve.models.heads).
-HEAD_KINDS = ("eagle3",)
+HEAD_KINDS = ("eagle3", "mtp")
 # Sizes of the perf pair (specserve.models.perf.PERF_SIZES) and its default agreement.
 PERF_SIZE_NAMES = ("S", "M")
 DEFAULT_PERF_SIZE = "S"

@@ -93,10 +93,12 @@ class TeacherPool:
 
 
 @torch.no_grad()
-def teacher_pool(target: LlamaForCausalLM, sequences: torch.Tensor, chunk: int = 32) -> TeacherPool:
+def teacher_pool(
+    target: LlamaForCausalLM, sequences: torch.Tensor, layer_ids: tuple[int, ...] = AUX_LAYER_IDS, chunk: int = 32
+) -> TeacherPool:
     aux, log_probs = [], []
     for part in sequences.split(chunk):
-        aux.append(aux_hidden_states(target, part, AUX_LAYER_IDS).to(torch.bfloat16))
+        aux.append(aux_hidden_states(target, part, layer_ids).to(torch.bfloat16))
         log_probs.append(F.log_softmax(target(input_ids=part).logits.float(), dim=-1).to(torch.bfloat16))
     return TeacherPool(sequences, torch.cat(aux), torch.cat(log_probs))
 
@@ -171,6 +173,29 @@ def new_head(target: LlamaForCausalLM, seed: int) -> Eagle3Head:
     return head
 
 
+def target_pools(
+    target_dir: Path, recipe: HeadRecipe, seed: int, layer_ids: tuple[int, ...]
+) -> tuple[LlamaForCausalLM, TeacherPool, TeacherPool]:
+    """The target, its training pool (greedy continuations of corpus prefixes and corpus windows) and its
+    evaluation pool (further greedy continuations), with aux states at ``layer_ids``."""
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(target_dir)
+    data = training.token_stream(tokenizer, read_corpus())
+    gen = torch.Generator().manual_seed(seed)
+
+    def windows(batch_size: int) -> training.Batch:
+        return training.corpus_windows(data, batch_size, recipe.seq_len, gen)
+
+    with no_transformers_progress_bars():
+        target = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    target.requires_grad_(False)
+    prefix_len = recipe.rollout_prefix_len
+    rollouts = training.greedy_rollouts(target, windows(recipe.num_rollouts)[:, :prefix_len], recipe.seq_len)
+    num_windows = round(recipe.num_rollouts * (1 - recipe.rollout_fraction) / recipe.rollout_fraction)
+    pool = teacher_pool(target, torch.cat([rollouts, windows(num_windows)]), layer_ids)
+    eval_paths = training.greedy_rollouts(target, windows(NUM_EVAL_PATHS)[:, :prefix_len], prefix_len + 64)
+    return target, pool, teacher_pool(target, eval_paths, layer_ids)
+
+
 def make_eagle3_head(
     out_dir: Path,
     target_dir: Path,
@@ -182,40 +207,26 @@ def make_eagle3_head(
     """Train an EAGLE-3 head for the target in ``target_dir`` and save it as ``out_dir/head`` (2-5 min)."""
     recipe = recipe or HeadRecipe()
     started, out_dir = time.monotonic(), Path(out_dir)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(target_dir)
-    data = training.token_stream(tokenizer, read_corpus())
-    gen = torch.Generator().manual_seed(seed)
-
-    def windows(batch_size: int) -> training.Batch:
-        return training.corpus_windows(data, batch_size, recipe.seq_len, gen)
 
     with (
         torch_threads(HEAD_BUILD_THREADS),
         tqdm(total=recipe.steps, desc="rollouts", file=sys.stderr, disable=not progress) as bar,
     ):
-        with no_transformers_progress_bars():
-            target = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-        target.requires_grad_(False)
-        prefix_len = recipe.rollout_prefix_len
-        rollouts = training.greedy_rollouts(target, windows(recipe.num_rollouts)[:, :prefix_len], recipe.seq_len)
-        num_windows = round(recipe.num_rollouts * (1 - recipe.rollout_fraction) / recipe.rollout_fraction)
-        pool = teacher_pool(target, torch.cat([rollouts, windows(num_windows)]))
-        eval_paths = training.greedy_rollouts(target, windows(NUM_EVAL_PATHS)[:, :prefix_len], prefix_len + 64)
-        eval_pool = teacher_pool(target, eval_paths)
+        target, pool, eval_pool = target_pools(target_dir, recipe, seed, AUX_LAYER_IDS)
         bar.set_description("eagle3")
         head = new_head(target, seed)
         loss = training.train(
             head,  # type: ignore[arg-type]
-            pool_rows(pool, recipe.batch_size, gen),
+            pool_rows(pool, recipe.batch_size, torch.Generator().manual_seed(seed + 1)),
             head_loss(pool, TTT_STEPS, recipe.step_weight_decay),
             steps=recipe.steps,
             lr=recipe.lr,
             warmup_steps=recipe.warmup_steps,
             bar=bar,
         )
-        agreement = step_agreement(head, eval_pool, prefix_len - 1, TTT_STEPS)
+        agreement = step_agreement(head, eval_pool, recipe.rollout_prefix_len - 1, TTT_STEPS)
         paths = HeadPaths(target=Path(target_dir), head=out_dir / HEAD_DIR)
-        save_head(head, paths.target, tokenizer, paths.head)
+        save_head(head, paths.target, PreTrainedTokenizerFast.from_pretrained(target_dir), paths.head)
     info = dict(
         kind="eagle3",
         seed=seed,

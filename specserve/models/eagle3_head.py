@@ -43,22 +43,22 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Llama attention whose q/k/v read a 2 x hidden input (llama_eagle3.py:82-96)."""
+    """Llama attention; the EAGLE-3 layer's q/k/v read a 2 x hidden input (llama_eagle3.py:82-96), a Qwen2 layer's
+    have biases (specserve.models.mtp)."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, input_width: int, qkv_bias: bool = False) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.rope_theta = float(config.rope_parameters["rope_theta"])
-        width = 2 * config.hidden_size
-        self.q_proj = nn.Linear(width, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(width, self.num_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(width, self.num_kv_heads * self.head_dim, bias=False)
+        self.q_proj = nn.Linear(input_width, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(input_width, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(input_width, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Queries, keys and values of ``x`` [B, A, 2h] at ``positions`` [A], heads first: [B, heads, A, d]."""
+        """Queries, keys and values of ``x`` [B, A, width] at ``positions`` [A], heads first: [B, heads, A, d]."""
         batch, length, _ = x.shape
 
         def heads(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -70,6 +70,12 @@ class Attention(nn.Module):
         v = heads(self.v_proj(x), self.num_kv_heads)
         group = self.num_heads // self.num_kv_heads
         return q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+    def causal(self, x: torch.Tensor) -> torch.Tensor:
+        """Causal self-attention of ``x`` [B, N, width] at positions 0..N-1, through ``o_proj``."""
+        q, k, v = self.project(x, torch.arange(x.size(1)))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
 
 
 class MLP(nn.Module):
@@ -90,7 +96,7 @@ class Midlayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps)
         self.hidden_norm = RMSNorm(config.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, input_width=2 * config.hidden_size)
         self.mlp = MLP(config)
 
 

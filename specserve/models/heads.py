@@ -2,6 +2,9 @@
 
 - ``eagle3``: an EAGLE-3 head (specserve.models.eagle3) trained on the target's aux hidden states; serve the trained
   target with ``speculative_config={"method": "eagle3", "model": <head>, ...}``.
+- ``mtp``: the trained target itself as a MiMo model with one trained MTP layer (specserve.models.mtp); it is a new
+  target folder: serve it with ``speculative_config={"method": "mtp", ...}`` (``model`` may be left out or name the
+  same folder).
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ HEAD_VERSION = "h1"
 # The head's folder inside a build's output folder, beside specserve_build.json.
 HEAD_DIR = "head"
 # vLLM's speculative method for each head kind.
-HEAD_METHODS = {"eagle3": "eagle3"}
+HEAD_METHODS = {"eagle3": "eagle3", "mtp": "mtp"}
 assert tuple(sorted(HEAD_METHODS)) == HEAD_KINDS, "specserve.models.arguments.HEAD_KINDS lists the head kinds"
 
 
 @dataclass(frozen=True, slots=True)
 class HeadPaths:
-    """A built head: serve ``target`` with speculative_config {"method": HEAD_METHODS[kind], "model": head}."""
+    """A built head: serve ``target`` with speculative_config {"method": HEAD_METHODS[kind], "model": head}; for
+    ``mtp`` both are the one MiMo folder."""
 
     target: Path
     head: Path
@@ -38,6 +42,11 @@ def head_kind(kind: str) -> str:
 def make_head(kind: str, out_dir: Path, target_dir: Path, *, seed: int = 0, progress: bool = True) -> HeadPaths:
     """Build the head ``kind`` for the target in ``target_dir`` (the trained pair's) under ``out_dir``."""
     head_kind(kind)
-    from specserve.models import eagle3  # torch and transformers take seconds to import
+    # torch and transformers take seconds to import
+    if kind == "mtp":
+        from specserve.models import mtp
+
+        return mtp.make_mtp_target(Path(out_dir), Path(target_dir), seed=seed, progress=progress)
+    from specserve.models import eagle3
 
     return eagle3.make_eagle3_head(Path(out_dir), Path(target_dir), seed=seed, progress=progress)

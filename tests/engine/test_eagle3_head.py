@@ -1,12 +1,14 @@
-"""The bundled EAGLE-3 head on vLLM's own eagle3 speculation (plain ``vllm.LLM``, no specserve scheduler): greedy
-output is the target's, and the trained head's acceptance is far above an untrained head's of the same shape."""
+"""The bundled draft heads on vLLM's own speculation (plain ``vllm.LLM``, no specserve scheduler): the EAGLE-3 head
+(method eagle3) and the MiMo-layout target with its MTP layer (method mtp). Greedy output is the trained target's
+plain output, and a trained head is accepted far more often than an untrained one of the same shape."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specserve.models import eagle3
+from specserve.models import eagle3, mtp
 from specserve.models.cache import cached_head
 from specserve.models.prompts import OPENINGS
 from specserve.replicas.tools.offline import MEASURE_ENGINE_KWARGS, offline_llm, spec_decode_counters
@@ -15,11 +17,11 @@ K = 3
 MAX_TOKENS = 48
 
 
-def decode(target: str, head: str | None) -> tuple[list[list[int]], dict]:
+def decode(target: str, head: str | None, method: str = "eagle3", k: int = K) -> tuple[list[list[int]], dict]:
     """Greedy outputs for the openings, and vLLM's spec-decode counters over the run (empty without a head)."""
     from vllm import SamplingParams
 
-    speculative = {"method": "eagle3", "model": head, "num_speculative_tokens": K} if head else None
+    speculative = {"method": method, "model": head, "num_speculative_tokens": k} if head else None
     with offline_llm(model=target, speculative_config=speculative, **MEASURE_ENGINE_KWARGS) as llm:
         before = spec_decode_counters(llm)
         params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -43,9 +45,13 @@ def untrained_head(target_dir, out_dir) -> str:
     return str(head_dir)
 
 
-def test_eagle3_head_is_lossless_and_accepted(trained_pair, tmp_path, record_property):
+@pytest.fixture(scope="module")
+def plain(trained_pair) -> list[list[int]]:
+    return decode(str(trained_pair.target), None)[0]
+
+
+def test_eagle3_head_is_lossless_and_accepted(trained_pair, plain, tmp_path, record_property):
     target, head = str(trained_pair.target), str(cached_head("eagle3"))
-    plain, _ = decode(target, None)
     trained_tokens, trained = decode(target, head)
     untrained_tokens, untrained = decode(target, untrained_head(trained_pair.target, tmp_path))
     record_property("trained", trained)
@@ -58,3 +64,27 @@ def test_eagle3_head_is_lossless_and_accepted(trained_pair, tmp_path, record_pro
     # Every position of the trained head is accepted more often than the untrained head's first.
     assert min(trained["acceptance_per_pos"]) > 2 * untrained["acceptance_per_pos"][0]
     assert trained["mean_accepted_length"] > untrained["mean_accepted_length"] + 1.0
+
+
+def untrained_mtp_target(target_dir, out_dir) -> str:
+    """The MTP build's starting point: the same trunk with a seeded MTP layer never trained."""
+    config = LlamaForCausalLM.from_pretrained(target_dir).config
+    mtp.save_mimo(target_dir, [mtp.new_mtp_layer(config, seed=0)], out_dir)
+    return str(out_dir)
+
+
+@pytest.mark.parametrize("k", [1, K])
+def test_mtp_target_is_lossless_and_accepted(trained_pair, plain, tmp_path, record_property, k):
+    model = str(cached_head("mtp"))
+    # The MiMo folder is the trained target with zero q/k/v biases: its speculative output is the target's own.
+    trained_tokens, trained = decode(model, model, method="mtp", k=k)
+    untrained_model = untrained_mtp_target(trained_pair.target, tmp_path / "untrained")
+    untrained_tokens, untrained = decode(untrained_model, untrained_model, method="mtp", k=k)
+    record_property("trained", trained)
+    record_property("untrained", untrained)
+    print(f"\nk={k} trained MTP layer: {trained}\nuntrained MTP layer: {untrained}")
+
+    assert trained_tokens == plain
+    assert untrained_tokens == plain
+    assert trained["acceptance_per_pos"][0] > 2 * untrained["acceptance_per_pos"][0]
+    assert trained["mean_accepted_length"] > untrained["mean_accepted_length"] + 0.25 * k

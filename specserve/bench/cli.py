@@ -146,6 +146,7 @@ def add_commands(parser: argparse.ArgumentParser, dest: str, policies: PolicyBac
         "--workload", choices=WORKLOADS, default="random", help="random words (default), or mixed: copy and free-form"
     )
     run.add_argument("--copy-share", type=float, help="mixed: share of copy-heavy requests, 0-1 (default 0.5)")
+    run.add_argument("--metrics-url", help="the server's Prometheus page: its speculative acceptance over the run")
     for name in ("ttft", "tpot", "e2e"):
         run.add_argument(f"--slo-{name}-ms", type=_positive(float), help=f"goodput: {name.upper()} limit, ms")
     run.add_argument("--json", action="store_true", help="print one JSON document on stdout")
@@ -289,6 +290,10 @@ def run_load(args: argparse.Namespace) -> int:
         print(f"specserve bench: {note}", file=sys.stderr)
     target = client.Target(url, model, args.api, ignore_eos, args.temperature, args.timeout)
     runner = client.Runner(target, workload, progress=args.progress)
+    if args.metrics_url:
+        from specserve.bench import server_metrics
+
+        before = asyncio.run(server_metrics.read_counters(args.metrics_url, args.timeout))
     outcomes, duration_s = asyncio.run(runner.run(plan))
     slo = {name: getattr(args, f"slo_{name}_ms") for name in ("ttft", "tpot", "e2e")}
     result = {
@@ -303,6 +308,9 @@ def run_load(args: argparse.Namespace) -> int:
             outcomes, duration_s, {k: v for k, v in slo.items() if v is not None}, plan.window_s, plan.phases
         ),
     }
+    if args.metrics_url:
+        after = asyncio.run(server_metrics.read_counters(args.metrics_url, args.timeout))
+        result["speculation"] = server_metrics.acceptance(before, after, args.metrics_url)
     if args.per_request:
         result["per_request"] = report.per_request(outcomes)
     if args.json:

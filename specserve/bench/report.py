@@ -134,8 +134,10 @@ def summarize(
 
 
 def by_class(outcomes: list[Outcome], duration_s: float) -> dict[str, dict[str, Any]]:
-    """The mixed workload's numbers per request class. A class's output tok/s is its tokens over the whole run's
-    time (the classes share the run, so their rates add up to the total); TPOT is how fast its requests decoded.
+    """The mixed workload's numbers per request class. ``output_tokens_per_s``: the class's tokens over the whole
+    run's time (the classes share the run, so these add up to the total, and with equal lengths and shares they are
+    equal whatever the speculation did); ``request_tokens_per_s``: the mean over its requests of output tokens over
+    E2E, the speed one client of the class saw; TPOT, TTFT and E2E as for the run.
 
     ``tokens_per_chunk``: output tokens over streamed chunks with a token. vLLM's OpenAI server streams one chunk
     per request per engine step, and a speculative step emits the accepted drafts plus one token, so there it is
@@ -149,10 +151,12 @@ def by_class(outcomes: list[Outcome], duration_s: float) -> dict[str, dict[str, 
         done = [o for o in mine if o.error_kind is None]
         tokens = sum(output_tokens(o) for o in done)
         chunks = sum(len(o.output.itl) + 1 for o in done)
+        speeds = [output_tokens(o) / o.output.latency for o in done if o.output.latency > 0]
         result[name] = {
             "requests": {"sent": len(mine), "completed": len(done), "failed": len(mine) - len(done)},
             "tokens": {"input": sum(o.output.prompt_len for o in done), "output": tokens},
             "output_tokens_per_s": tokens * per_s,
+            "request_tokens_per_s": float(np.mean(speeds)) if speeds else None,
             "tokens_per_chunk": tokens / chunks if chunks else None,
             "ttft_ms": stats_ms([o.output.ttft for o in done]),
             "tpot_ms": stats_ms([tpot_s(o) for o in done if output_tokens(o) > 1]),
@@ -243,14 +247,29 @@ def table(report: dict[str, Any]) -> list[str]:
             "{:>10}".format("-" if row[k] is None else f"{row[k]:.1f}") for k in ("mean", "p50", "p90", "p99")
         )
         lines.append(f"{name.upper():<8}{cells}")
+    if (spec := report.get("speculation")) is not None:
+        if spec.get("acceptance") is not None:
+            drafted = f"{spec['accepted_tokens']:.0f} of {spec['draft_tokens']:.0f} draft tokens"
+            lines.append(f"acceptance  {spec['acceptance']:.3f} ({drafted}, the server's counters)")
+        else:
+            lines.append(f"acceptance  - ({spec.get('note', 'no draft tokens in the run')})")
     if classes := report.get("classes"):
-        lines += ["", f"{'class':<8}{'requests':>9}{'out tok/s':>11}{'TPOT mean':>11}{'TPOT p90':>10}{'tok/chunk':>11}"]
+        head = f"{'class':<8}{'requests':>9}{'out tok/s':>11}{'tok/s/req':>11}{'TPOT mean':>11}{'TPOT p90':>10}"
+        lines += ["", head + f"{'tok/chunk':>11}"]
         for name, c in classes.items():
-            tpot, per_chunk = c["tpot_ms"], c["tokens_per_chunk"]
-            mean, p90 = ("-" if v is None else f"{v:.1f}" for v in (tpot["mean"], tpot["p90"]))
-            chunk = "-" if per_chunk is None else f"{per_chunk:.2f}"
+            tpot = c["tpot_ms"]
+            shown = [
+                "-" if v is None else f"{v:.{digits}f}"
+                for v, digits in (
+                    (c["request_tokens_per_s"], 1),
+                    (tpot["mean"], 1),
+                    (tpot["p90"], 1),
+                    (c["tokens_per_chunk"], 2),
+                )
+            ]
             lines.append(
-                f"{name:<8}{c['requests']['completed']:>9}{c['output_tokens_per_s']:>11.2f}{mean:>11}{p90:>10}{chunk:>11}"
+                f"{name:<8}{c['requests']['completed']:>9}{c['output_tokens_per_s']:>11.2f}"
+                f"{shown[0]:>11}{shown[1]:>11}{shown[2]:>10}{shown[3]:>11}"
             )
     if (g := report["goodput"]) is not None:
         slos = ", ".join(f"{k} <= {v:g} ms" for k, v in g["slo_ms"].items())

@@ -143,3 +143,42 @@ def test_bench_run_reports_the_classes_and_the_workload(monkeypatch, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["workload"] == {"kind": "mixed", "copy_share": 0.3, "seed": 0}
     assert {name: c["requests"]["sent"] for name, c in result["classes"].items()} == {COPY: 6, FREE: 14}
+
+
+VLLM_PAGE = """# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny"} 600.0
+vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="tiny"} 400.0
+vllm:spec_decode_num_draft_tokens_created{engine="0",model_name="tiny"} 1.7e9
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny"} 300.0
+vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="tiny"} 200.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny",position="0"} 250.0
+"""
+
+
+def test_the_servers_counters_are_summed_over_engines_and_differenced_over_the_run():
+    from specserve.bench import server_metrics
+
+    before = server_metrics.spec_counters(VLLM_PAGE)
+    assert before == {"draft": 1000.0, "accepted": 500.0}
+    # Ray Serve LLM's re-export: a ray_ prefix, the colon an underscore, no _total.
+    later = VLLM_PAGE.replace("vllm:", "ray_vllm_").replace("_total{", "{").replace("600.0", "700.0")
+    after = server_metrics.spec_counters(later.replace("300.0", "390.0"))
+    assert server_metrics.acceptance(before, after, "u") == {
+        "metrics_url": "u",
+        "draft_tokens": 100.0,
+        "accepted_tokens": 90.0,
+        "acceptance": 0.9,
+    }
+    assert server_metrics.spec_counters("vllm:num_requests_running 3\n") is None
+    assert "note" in server_metrics.acceptance(None, None, "u")
+
+
+def test_the_table_shows_each_class_and_the_servers_acceptance(monkeypatch):
+    _, outcomes, duration_s = run_plan(monkeypatch, closed_plan(2, Lengths(16, 8), 20, None), MixedWorkload(0))
+    result = {"url": "u", "model": "m", "load": {"kind": "concurrency"}, **report.summarize(outcomes, duration_s, {})}
+    result["speculation"] = {"draft_tokens": 100.0, "accepted_tokens": 90.0, "acceptance": 0.9}
+    lines = report.table(result)
+    assert any(line.startswith("acceptance  0.900 (90 of 100") for line in lines)
+    rows = {line.split()[0]: line.split() for line in lines if line.split()[:1] in ([COPY], [FREE])}
+    assert rows[COPY][-1] == "4.00" and rows[FREE][-1] == "1.00"

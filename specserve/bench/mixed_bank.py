@@ -6,16 +6,18 @@ Probed with transformers, a line repeated three times in the prompt was not cont
 2,000 corpus windows its greedy continuation of a 12-token prefix matched the corpus for at most 7 tokens. What
 it does write reliably is its own greedy text: short attractors (a comment of its own words, ``def __init__(self,
 other):`` stubs) it falls into from a given opening. So a copy prompt here is ``# Repeat NAME as NAME_copy:``,
-the function ``NAME`` whose body is the target's own greedy text, and the renamed header; the body is iterated to
+the function ``NAME`` whose body is the target's own greedy text, and the renamed opening; the body is iterated to
 a fixed point (write the prompt with body B, take the target's greedy answer as the next B) and kept only where
 the answer equals the body exactly, so the target answers by re-stating a span of its prompt. Any other model
 reads the same prompt as an instruction to repeat a block with one rename, which is a copy task too.
 
-Openings are ``def NAME(ARGS):`` headers from the training corpus (``specserve.models.tokenizer.read_corpus``);
-the free-form prompts are other headers of it, bare. Prompt plus answer stays under 128 tokens of the tiny
-tokenizer, the window the target was trained on.
+Openings are ``def NAME(ARGS):`` headers from the training corpus (``specserve.models.tokenizer.read_corpus``),
+bare or with their body's first line; the free-form prompts are other openings, alone. A copy prompt stays within
+``MAX_PROMPT_TOKENS`` so that with a 40-token answer the whole stays within the 128 tokens of the tiny tokenizer
+the target was trained on. The bank holds text, not token ids, so it serves any endpoint; the fixed point holds
+for vLLM's bf16 CPU numerics, and another backend's may flip a near-tie in a few blocks.
 
-Run (about two minutes on a 2-core CPU): ``python -m specserve.bench.mixed_bank``. vLLM spawns its EngineCore, so
+Run (a few minutes on a 2-core CPU): ``python -m specserve.bench.mixed_bank``. vLLM spawns its EngineCore, so
 this module needs its ``__main__`` guard.
 """
 

@@ -8,7 +8,8 @@ The mixed workload sends two classes of request, tagged so the report gives numb
   ``ngram`` method) finds its drafts in the prompt.
 - ``free``: a bare function opening; nothing in the prompt says what comes next.
 
-Both come from ``mixed_bank.json`` (see ``mixed_bank`` for why its copy blocks are the tiny target's own text).
+Both come from ``mixed_bank.json``, which ``bench/mixed_bank.py`` builds (its docstring says why the copy blocks
+are the bundled tiny target's own text).
 Which class request ``i`` is, and which bank entry it takes, depend only on the seed and ``i``: the same command
 sends the same requests in the same order, whatever the load shape and however many requests it sends. The
 share of copy requests among the first ``m`` is ``round(m * share)`` at every multiple of ``MIX_BLOCK``, their
@@ -21,12 +22,15 @@ import json
 import math
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from specserve.bench.load import BenchError
-from specserve.bench.mixed_bank import BANK_PATH, copy_prompt, opening
+
+# Built by bench/mixed_bank.py from the bundled tiny target (its docstring says how and why).
+BANK_PATH = Path(__file__).with_name("mixed_bank.json")
 
 COPY, FREE = "copy", "free"
 CLASSES = (COPY, FREE)
@@ -46,6 +50,17 @@ class PromptRequest:
 
 class Workload(Protocol):
     def request(self, index: int, prompt_tokens: int) -> PromptRequest: ...
+
+
+def opening(name: str, args: str, first: str) -> str:
+    """A function's opening: its header, and the first line of its body where the bank gives one."""
+    return f"def {name}({args}):\n{first}"
+
+
+def copy_prompt(name: str, args: str, first: str, block: str) -> str:
+    """The copy request: an instruction, the function, and its renamed opening, which the answer continues."""
+    renamed = opening(f"{name}_copy", args, first)
+    return f"# Repeat {name} as {name}_copy:\n{opening(name, args, first)}{block}\n\n{renamed}"
 
 
 @cache

@@ -12,8 +12,7 @@ from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
 from specserve.bench import client, report
 from specserve.bench.cli import add_commands, run_load
 from specserve.bench.load import BenchError, Lengths, closed_plan, open_plan, parse_rate
-from specserve.bench.mixed_bank import BANK_PATH
-from specserve.bench.workload import COPY, FREE, MIX_BLOCK, MixedWorkload, bank, make_workload
+from specserve.bench.workload import BANK_PATH, COPY, FREE, MIX_BLOCK, MixedWorkload, bank, make_workload
 
 
 def test_the_same_seed_sends_the_same_requests_and_another_seed_others():

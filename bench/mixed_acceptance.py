@@ -5,9 +5,9 @@ requests sent one class at a time, and vLLM's spec-decode counters (``spec_decod
 class: acceptance = accepted draft tokens / draft tokens. Methods: prompt-lookup ``ngram`` (k = 4, n-grams of 2-4
 tokens) and the pair's distilled ``draft_model`` (k = 4).
 
-``python -m specserve.bench.mixed_acceptance [--requests 40] [--output-len 40] [--seed 0] [--out FILE]``; prints one
-JSON document last on stdout (vLLM's log lines come before it) and writes it to ``--out``. vLLM spawns its
-EngineCore, so this module needs its ``__main__`` guard.
+``PYTHONPATH=$PWD .venv/bin/python bench/mixed_acceptance.py [--requests 40] [--output-len 40] [--seed 0]
+[--out FILE]``; prints one JSON document last on stdout (vLLM's log lines come before it) and writes it to
+``--out``. vLLM spawns its EngineCore, so this script needs its ``__main__`` guard.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Builds ``mixed_bank.json``, the prompt bank of the mixed workload (``workload``), from the bundled tiny target.
+"""Builds ``specserve/bench/mixed_bank.json``, the prompt bank of the mixed workload (``specserve.bench.workload``),
+from the bundled tiny target.
 
 Why a bank drawn from the target and not hand-written code: the tiny target (4 layers, trained on 128-token
 windows of stdlib Python, ``specserve.models.training``) neither copies from its context nor recites its corpus.
@@ -17,8 +18,9 @@ bare or with their body's first line; the free-form prompts are other openings, 
 the target was trained on. The bank holds text, not token ids, so it serves any endpoint; the fixed point holds
 for vLLM's bf16 CPU numerics, and another backend's may flip a near-tie in a few blocks.
 
-Run (a few minutes on a 2-core CPU): ``python -m specserve.bench.mixed_bank``. vLLM spawns its EngineCore, so
-this module needs its ``__main__`` guard.
+Run (a few minutes on a 2-core CPU): ``PYTHONPATH=$PWD .venv/bin/python bench/mixed_bank.py``. vLLM spawns its
+EngineCore, so this script needs its ``__main__`` guard. It lives outside the package because the load generator
+imports no vLLM beyond its benchmark helpers (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -32,22 +34,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-BANK_PATH = Path(__file__).with_name("mixed_bank.json")
+from specserve.bench.workload import BANK_PATH, copy_prompt, opening
+
 # Target tokens in a copy block: what a copy answer repeats. Prompt and answer stay within the training window.
 BLOCK_TOKENS = 40
 MAX_PROMPT_TOKENS = 88
 FIXED_POINT_ROUNDS = 10
 HEADER = re.compile(r"(?m)^def (\w+)\(([^)\n]*)\):\n(    [^\n]{4,40}\n)")
-
-
-def opening(name: str, args: str, first: str) -> str:
-    return f"def {name}({args}):\n{first}"
-
-
-def copy_prompt(name: str, args: str, first: str, block: str) -> str:
-    """The copy request: an instruction, the function, and its renamed opening, which the answer continues."""
-    renamed = opening(f"{name}_copy", args, first)
-    return f"# Repeat {name} as {name}_copy:\n{opening(name, args, first)}{block}\n\n{renamed}"
 
 
 def headers(seed: int) -> list[tuple[str, str, str]]:
@@ -100,7 +93,7 @@ def build(target: str, candidates: int, seed: int) -> dict[str, Any]:
         shutil.rmtree(scratch, ignore_errors=True)
     free = [{"name": n, "args": a, "first": f} for n, a, f in rest[: max(len(copies), 1) * 2]]
     return {
-        "about": "specserve.bench.mixed_bank: copy blocks the tiny trained target re-states (greedy, vLLM bf16)",
+        "about": "bench/mixed_bank.py: copy blocks the tiny trained target re-states (greedy, vLLM bf16)",
         "block_tokens": BLOCK_TOKENS,
         "seed": seed,
         "candidates": candidates,

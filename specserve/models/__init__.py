@@ -8,7 +8,9 @@
 Kinds: ``trained`` (distilled draft, position-0 acceptance about 0.8), ``self`` (draft = target,
 acceptance 1.0), ``random`` (unrelated random draft, acceptance about 0) and ``perf`` (a target many
 times costlier per step than its draft, with a chosen agreement: ``cached_pair("perf", size="S",
-agreement=0.8)``). ``measure_acceptance``
+agreement=0.8)``). Draft heads for the trained target: ``cached_head("eagle3")`` (an EAGLE-3 head, method
+"eagle3") and ``cached_head("mtp")`` (the target with an MTP layer, method "mtp"; specserve.models.heads).
+``measure_acceptance``
 (in ``specserve.models.measure``) starts a real vLLM engine; it is not imported here because
 importing vLLM takes seconds.
 """
@@ -23,10 +25,12 @@ _EXPORTS = {
     "make_pair": "specserve.models.build",
     "cache_root": "specserve.models.cache",
     "cached_pair": "specserve.models.cache",
+    "cached_head": "specserve.models.cache",
+    "HeadPaths": "specserve.models.heads",
 }
-__all__ = ["KINDS", *_EXPORTS]
+__all__ = ["HEAD_KINDS", "KINDS", *_EXPORTS]
 
-from specserve.models.arguments import KINDS  # noqa: E402
+from specserve.models.arguments import HEAD_KINDS, KINDS  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specserve.models.build import BUILD_INFO_FILE, BUILD_VERSION, PairPaths, make_pair, pair_options
-from specserve.models.heads import HEAD_DIR, HEAD_VERSION, HeadPaths, head_kind, make_head
+from specserve.models.heads import HEAD_VERSION, HeadPaths, head_kind, head_paths, make_head
 
 CACHE_ENV = "SPECSERVE_CACHE"
 
@@ -81,7 +81,7 @@ def cached_head_paths(kind: str = "eagle3", cache_dir: Path | None = None, *, pr
         with _exclusive_lock(root / f".{key}.lock"):
             if not is_complete(final):
                 _publish(final, lambda staging: make_head(kind, staging, target, progress=progress))
-    return HeadPaths(target=target, head=final / HEAD_DIR)
+    return head_paths(kind, final, target)
 
 
 def is_complete(pair_dir: Path) -> bool:

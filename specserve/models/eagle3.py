@@ -33,7 +33,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 from specserve.models import training
 from specserve.models.build import BUILD_INFO_FILE, SAVE_DTYPE, no_transformers_progress_bars, torch_threads
 from specserve.models.eagle3_head import Eagle3Head
-from specserve.models.heads import HEAD_DIR, HeadPaths
+from specserve.models.heads import HeadPaths, head_paths
 from specserve.models.tokenizer import read_corpus, save_tokenizer
 
 # Residual-stream taps of the 4-layer target: low, middle and the last layer's output (EAGLE-3 §3 fuses low-,
@@ -113,7 +113,7 @@ def head_loss(pool: TeacherPool, steps: int, weight_decay: float) -> training.Lo
     """Forward KL(target || head) at every unrolled step, weighted ``weight_decay ** (step - 1)``; the loss's
     batch is a set of the pool's rows."""
 
-    def loss(head: Eagle3Head, rows: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def loss(head: Eagle3Head, rows: torch.Tensor) -> torch.Tensor:
         tokens, aux, teacher = pool.tokens[rows], pool.aux[rows].float(), pool.log_probs[rows].float()
         total, weights = torch.zeros(()), 0.0
         for step, logits in enumerate(head.unroll(aux, tokens, steps), start=1):
@@ -216,7 +216,7 @@ def make_eagle3_head(
         bar.set_description("eagle3")
         head = new_head(target, seed)
         loss = training.train(
-            head,  # type: ignore[arg-type]
+            head,
             pool_rows(pool, recipe.batch_size, torch.Generator().manual_seed(seed + 1)),
             head_loss(pool, TTT_STEPS, recipe.step_weight_decay),
             steps=recipe.steps,
@@ -225,7 +225,7 @@ def make_eagle3_head(
             bar=bar,
         )
         agreement = step_agreement(head, eval_pool, recipe.rollout_prefix_len - 1, TTT_STEPS)
-        paths = HeadPaths(target=Path(target_dir), head=out_dir / HEAD_DIR)
+        paths = head_paths("eagle3", out_dir, target_dir)
         save_head(head, paths.target, PreTrainedTokenizerFast.from_pretrained(target_dir), paths.head)
     info = dict(
         kind="eagle3",

@@ -33,6 +33,12 @@ class HeadPaths:
     head: Path
 
 
+def head_paths(kind: str, out_dir: Path, target_dir: Path) -> HeadPaths:
+    """Where a build of ``kind`` into ``out_dir`` puts its folders: an MTP build is a target of its own."""
+    head = Path(out_dir) / HEAD_DIR
+    return HeadPaths(target=head if head_kind(kind) == "mtp" else Path(target_dir), head=head)
+
+
 def head_kind(kind: str) -> str:
     if kind not in HEAD_METHODS:
         raise ValueError(f"unknown draft head kind {kind!r}; expected one of {sorted(HEAD_METHODS)}")

@@ -6,17 +6,18 @@ attention always has q/k/v biases (vllm/model_executor/models/qwen2.py:162), so 
 and compute the same function. ``num_nextn_predict_layers`` MTP layers follow under ``model.mtp_layers.<i>.``
 (vllm/model_executor/models/mimo_mtp.py:43-88, names mapped at mimo_mtp.py:168-186): ``token_layernorm`` and
 ``hidden_layernorm`` normalise the next token's embedding (zeroed at position 0) and the trunk's last hidden state
-before its final norm (mimo.py:85-86), ``input_proj`` maps their concatenation [hidden, embedding] to one hidden
+before its final norm (mimo.py:87), ``input_proj`` maps their concatenation [hidden, embedding] to one hidden
 vector, a Qwen2 decoder layer and ``final_layernorm`` follow, and the trunk's ``lm_head`` gives the logits. vLLM turns
 the config's ``MiMoForCausalLM`` into ``MiMoMTPModel`` for ``speculative_config={"method": "mtp"}``
 (vllm/config/speculative.py:725-734) and shares the trunk's embedding and lm_head with it
-(vllm/v1/spec_decode/llm_base_proposer.py:1465-1470, 1537-1542).
+(vllm/v1/spec_decode/llm_base_proposer.py:1466-1472, 1545-1551).
 
 The MTP layer is trained like the EAGLE-3 head's first step (specserve.models.eagle3): forward KL to the target's
 next-token distribution one token further on, on the target's greedy continuations and corpus windows (Gloeckle et
 al., "Better & Faster Large Language Models via Multi-token Prediction", 2024, §2, with a frozen trunk). vLLM's MiMo
 MTP predicts one token per layer and reruns layer 0, fed its own normed output, for every further draft token
-(mimo_mtp.py:200 allows step 0 only; the proposer's loop passes no step index, llm_base_proposer.py:730-741).
+(mimo_mtp.py:200 allows step 0 only; the proposer's loop passes no step index, llm_base_proposer.py:732-738;
+vLLM warns that k > 1 reruns the same layer, vllm/config/speculative.py:1376-1385).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from specserve.models import training
 from specserve.models.build import BUILD_INFO_FILE, SAVE_DTYPE, torch_threads
 from specserve.models.eagle3 import HEAD_BUILD_THREADS, HeadRecipe, TeacherPool, pool_rows, target_pools
 from specserve.models.eagle3_head import MLP, Attention, RMSNorm
-from specserve.models.heads import HEAD_DIR, HeadPaths
+from specserve.models.heads import HeadPaths, head_paths
 
 NUM_MTP_LAYERS = 1
 # One draft step per sequence (not three, as the EAGLE-3 head): fewer steps reach the same loss.
@@ -98,7 +99,7 @@ class MTPTrainee(nn.Module):
 
 
 def mtp_loss(pool: TeacherPool) -> training.LossFn:
-    def loss(model: MTPTrainee, rows: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def loss(model: MTPTrainee, rows: torch.Tensor) -> torch.Tensor:
         logits = model.logits(pool.tokens[rows], pool.aux[rows].float())
         wanted = pool.log_probs[rows][:, 1:].float()
         vocab = logits.size(-1)
@@ -172,7 +173,7 @@ def make_mtp_target(
         layer = new_mtp_layer(target.config, seed)
         model = MTPTrainee(layer, target.model.embed_tokens.weight.float(), target.lm_head.weight.float())
         loss = training.train(
-            model,  # type: ignore[arg-type]
+            model,
             pool_rows(pool, recipe.batch_size, torch.Generator().manual_seed(seed + 1)),
             mtp_loss(pool),
             steps=recipe.steps,
@@ -181,8 +182,8 @@ def make_mtp_target(
             bar=bar,
         )
         agreement = mtp_agreement(model, eval_pool, recipe.rollout_prefix_len - 1)
-    model_dir = out_dir / HEAD_DIR
-    save_mimo(target_dir, [layer], model_dir)
+    paths = head_paths("mtp", out_dir, target_dir)
+    save_mimo(target_dir, [layer], paths.head)
     info = dict(
         kind="mtp",
         seed=seed,
@@ -193,4 +194,4 @@ def make_mtp_target(
         step_agreement=[round(agreement, 4)],
     )
     (out_dir / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    return HeadPaths(target=model_dir, head=model_dir)
+    return paths

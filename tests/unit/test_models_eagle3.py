@@ -16,7 +16,7 @@ from specserve.models import eagle3
 from specserve.models.__main__ import build_parser
 from specserve.models.build import torch_threads
 from specserve.models.eagle3_head import Eagle3Head
-from specserve.models.tokenizer import train_tokenizer
+from specserve.models.tokenizer import read_corpus, save_tokenizer, train_tokenizer
 
 TOY = dict(
     vocab_size=96,
@@ -151,3 +151,26 @@ def test_command_line_takes_head_kinds():
     assert parser.parse_args(["cached", "--kind", "eagle3"]).kind == "eagle3"
     with pytest.raises(SystemExit):
         parser.parse_args(["make", "--kind", "medusa", "--out", "x"])
+
+
+def test_cached_head_refuses_an_unknown_kind_before_building(tmp_path):
+    from specserve.models.cache import cached_head
+
+    with pytest.raises(ValueError, match="medusa"):
+        cached_head("medusa", tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_head_build_is_deterministic(tmp_path):
+    tokenizer = train_tokenizer(read_corpus())
+    torch.manual_seed(0)
+    toy = LlamaForCausalLM(LlamaConfig(**{**TOY, "vocab_size": len(tokenizer)})).eval()
+    target_dir = tmp_path / "target"
+    toy.save_pretrained(target_dir)
+    save_tokenizer(tokenizer, target_dir)
+    recipe = eagle3.HeadRecipe(seq_len=24, batch_size=4, steps=3, warmup_steps=1, num_rollouts=4, rollout_prefix_len=8)
+    built = [eagle3.make_eagle3_head(tmp_path / name, target_dir, progress=False, recipe=recipe).head for name in "ab"]
+    first, second = (load_file(head / "model.safetensors") for head in built)
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[name], second[name]) for name in first)
+    assert (built[0] / "config.json").read_text() == (built[1] / "config.json").read_text()

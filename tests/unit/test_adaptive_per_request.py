@@ -54,7 +54,7 @@ MIXED = [f"copy-{i}" for i in range(BATCH // 2)] + [f"free-{i}" for i in range(B
 MIXED_ALPHAS = [0.95] * (BATCH // 2) + [0.2] * (BATCH // 2)
 
 
-def mixed_policy(spec: str = "adaptive") -> AdaptivePolicy:
+def mixed_policy(spec: str = "adaptive:per_request=true") -> AdaptivePolicy:
     policy, rng = fitted(spec), random.Random(3)
     for _ in range(60):
         policy.observe(step(MIXED, MIXED_ALPHAS, 6, rng))
@@ -117,7 +117,7 @@ def test_a_request_that_leaves_is_forgotten() -> None:
 
 
 def test_requests_that_accept_alike_choose_exactly_what_one_batch_k_chooses() -> None:
-    per_request, batch = fitted("adaptive"), fitted("adaptive:per_request=false")
+    per_request, batch = fitted("adaptive:per_request=true"), fitted("adaptive:per_request=false")
     rng, ids = random.Random(5), [f"r{i}" for i in range(BATCH)]
     for t in range(300):
         ctx = context(ids, now_s=0.05 * t)

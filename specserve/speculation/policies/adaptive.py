@@ -124,8 +124,9 @@ class AdaptiveParams:
     early_stop_extra: int = 2
     # Seconds within which the predicted gain of resuming must repay the draft's catch-up.
     resume_payback_s: float = 1.0
-    # Cap each request's drafts by its own acceptance (``parts.per_request``); false: one k for the whole batch.
-    per_request: bool = True
+    # Cap each request's drafts by its own acceptance (``parts.per_request``); false: one k for the whole batch. Off
+    # by default: it missed issue 61's simulator bar (docs/policies/adaptive.md, "Per-request caps").
+    per_request: bool = False
 
     def __post_init__(self) -> None:
         checks = core_checks(self) | {

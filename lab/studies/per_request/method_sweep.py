@@ -3,7 +3,7 @@ the three method-{draft,eagle,ngram}-h100-8b-batch scenarios, alike but for the 
 loop (1 to 256 clients) read as tokens per second at ``fixed:k=3`` over the target alone (llama3.1-8b+ngram at
 ``fixed:k=0``: no proposer runs). Prints the table, writes ``--out``.{md,json,png}.
 
-    PYTHONPATH=$PWD .venv/bin/python lab/studies/per_request/method_sweep.py [--out bench/results/method-sweep-h100-8b]
+    PYTHONPATH=$PWD .venv/bin/python lab/studies/per_request/method_sweep.py [--out bench/results/method-sweep-sim-8b]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def phase_rates(job: tuple[str, str]) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="bench/results/method-sweep-h100-8b")
+    parser.add_argument("--out", default="bench/results/method-sweep-sim-8b")
     args = parser.parse_args()
     jobs = [("method-ngram-h100-8b-batch", "fixed:k=0")]
     jobs += [(f"method-{m}-h100-8b-batch", "fixed:k=3") for m in METHODS.values()]

@@ -75,31 +75,31 @@ class AppArgs(ServeConfig):
 def model_pair(config: ServeConfig) -> tuple[Any, str | None]:
     """Target and draft as the engines load them: folders made absolute, Hugging Face ids and object storage as
     given, or the bundled tiny trained pair (built once, then cached)."""
-    name = config.speculation.method
     if config.model_source is None:
-        from specserve.models import cached_pair
-
-        pair = cached_pair("trained")
-        return str(pair.target), bundled_draft(name, str(pair.draft))
+        return bundled_models(config.speculation.method)
     draft = config.speculation.draft
     return _located(config.model_source), None if draft is None else _located(draft)
 
 
-def bundled_draft(name: str, pair_draft: str) -> str | None:
-    """What method ``name`` speculates with on the bundled tiny target: its draft model, its EAGLE-3 head (built
-    once, then cached), or nothing (lookup). ConfigError for a method the bundled target has nothing for."""
-    m = method(name)
-    if m.source is Source.DRAFT_MODEL:
-        return pair_draft
-    if m.source is Source.NONE:
-        return None
-    if name == "eagle3":
-        from specserve.models.cache import cached_head
+def bundled_models(name: str) -> tuple[str, str | None]:
+    """Target and draft for method ``name`` on the bundled tiny target (built once, then cached): its draft model;
+    its EAGLE-3 head; for MTP the same target written as a MiMo model with one MTP layer; nothing for lookup.
+    ConfigError for a method the bundled target has nothing for (``eagle``: EAGLE-1's head format)."""
+    from specserve.models import cached_pair
+    from specserve.models.cache import cached_head_paths
 
-        return str(cached_head("eagle3"))
+    m = method(name)
+    pair = cached_pair("trained")
+    if m.source is Source.DRAFT_MODEL:
+        return str(pair.target), str(pair.draft)
+    if m.source is Source.NONE:
+        return str(pair.target), None
+    if name in ("eagle3", "mtp"):
+        paths = cached_head_paths(name)
+        return str(paths.target), None if m.source is Source.TARGET else str(paths.head)
     raise ConfigError(
-        f"speculation.method: {name}: the bundled tiny target has no {m.source.value}; use eagle3 (its bundled head) "
-        "or ngram, or set model_loading_config.model_source and speculation.draft for your own"
+        f"speculation.method: {name}: the bundled tiny target has no head in that format; use eagle3 or mtp "
+        "(bundled) or ngram, or set model_loading_config.model_source and speculation.draft for your own"
     )
 
 

@@ -1,6 +1,6 @@
-"""Serve tier: each method besides the draft model (n-gram lookup, an EAGLE-3 head) served through HTTP with prefix
-caching on: greedy answers identical to plain decoding (fixed:k=0) under fixed:k=max, a cycle of k = 0 stretches and
-resumptions, and adaptive; `status` names the method and what its k = 0 does.
+"""Serve tier: each method besides the draft model (n-gram lookup, an EAGLE-3 head, an MTP layer) served through HTTP
+with prefix caching on: greedy answers identical to plain decoding (fixed:k=0) under fixed:k=max, a cycle of k = 0
+stretches and resumptions, and adaptive; `status` names the method and what its k = 0 does.
 
 The draft model's served identity with prefix caching is the default path's, covered by the endpoint tier.
 """
@@ -27,7 +27,7 @@ def answers(client: OpenAI) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("name", ["ngram", "eagle3"])
+@pytest.mark.parametrize("name", ["ngram", "eagle3", "mtp"])
 def test_a_method_serves_plain_decodings_answers_under_every_policy(tmp_path, trained_pair, name):
     config = tmp_path / "serve.yaml"
     config.write_text(

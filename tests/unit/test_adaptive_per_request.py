@@ -46,6 +46,11 @@ def context(ids: list[str], now_s: float = 0.0) -> StepContext:
     return StepContext(now_s=now_s, num_running=len(ids), num_waiting=0, num_context_tokens=0, request_ids=tuple(ids))
 
 
+def requests_of(policy: AdaptivePolicy) -> RequestAcceptance:
+    assert policy.requests is not None
+    return policy.requests
+
+
 def cap_of(decision, request_id: str) -> int:
     return dict(decision.max_k_per_request).get(request_id, decision.k)
 
@@ -78,7 +83,7 @@ def test_a_request_without_evidence_of_its_own_is_priced_as_the_batch() -> None:
     policy = mixed_policy()
     acceptance = policy.core.acceptance
     ids = [*MIXED, "newcomer"]
-    survival = policy.requests.survival(ids, acceptance.alphas(), acceptance.num_reached(), policy.max_k)
+    survival = requests_of(policy).survival(ids, acceptance.alphas(), acceptance.num_reached(), policy.max_k)
     assert survival is not None
     assert survival[-1] == pytest.approx(np.cumprod(acceptance.alphas()[: policy.max_k]))
     # The copy-heavy requests' own evidence puts them above the batch, the free-form ones below it.
@@ -104,13 +109,13 @@ def test_a_batch_whose_requests_accept_alike_keeps_the_batch_prices() -> None:
 
 def test_a_request_that_leaves_is_forgotten() -> None:
     policy = mixed_policy()
-    assert "free-0" in policy.requests.tracked()
+    assert "free-0" in requests_of(policy).tracked()
     staying = [rid for rid in MIXED if rid != "free-0"]
     policy.choose(context(staying))
-    assert "free-0" not in policy.requests.tracked()
+    assert "free-0" not in requests_of(policy).tracked()
     # Back under the same id, it is a newcomer: priced as the batch, not as the free-form request it was.
     acceptance = policy.core.acceptance
-    survival = policy.requests.survival(MIXED, acceptance.alphas(), acceptance.num_reached(), policy.max_k)
+    survival = requests_of(policy).survival(MIXED, acceptance.alphas(), acceptance.num_reached(), policy.max_k)
     assert survival is not None
     assert survival[MIXED.index("free-0")] == pytest.approx(np.cumprod(acceptance.alphas()[: policy.max_k]))
     assert (survival[MIXED.index("free-1")] < survival[MIXED.index("free-0")]).all()

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from specserve.sim import simulate
-from specserve.sim.config import AcceptanceConfig
+from specserve.sim.config import AcceptanceConfig, Scenario
 from specserve.sim.profiles import pair_profiles
 from specserve.sim.scenario import load_scenario, parse_scenario, resolve
 from specserve.sim.true_acceptance import TrueAcceptance
 from specserve.speculation import StepRecord
 
 
-def scenario(pair: str, k: int, clients: int = 8, **engine: object) -> object:
+def scenario(pair: str, k: int, clients: int = 8, **engine: bool) -> Scenario:
     return parse_scenario(
         {
             "name": f"{pair}-k{k}",
@@ -30,7 +30,7 @@ def scenario(pair: str, k: int, clients: int = 8, **engine: object) -> object:
     )
 
 
-def records(pair: str, policy: str, **engine: object) -> list[StepRecord]:
+def records(pair: str, policy: str, **engine: bool) -> list[StepRecord]:
     seen: list[StepRecord] = []
     simulate(scenario(pair, 0, **engine), policy, 0, on_step=lambda record, _: seen.append(record))
     return seen

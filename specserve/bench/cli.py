@@ -204,6 +204,10 @@ def _add_compare(commands: argparse._SubParsersAction, policies: PolicyBackend) 
     compare.add_argument("--timeout", type=_positive(float), default=300.0, help="per-request limit, s (300)")
     compare.add_argument("--switch-timeout", type=_positive(float), default=60.0, help="per policy switch, s (60)")
     compare.add_argument("--seed", type=int, default=0, help="prompts (plus the round) and the bootstrap (0)")
+    compare.add_argument(
+        "--workload", choices=WORKLOADS, default="random", help="random words (default), or mixed: copy and free-form"
+    )
+    compare.add_argument("--copy-share", type=float, help="mixed: share of copy-heavy requests, 0-1 (default 0.5)")
     compare.add_argument("--resamples", type=_positive(int), default=DEFAULT_RESAMPLES, help="bootstrap resamples")
     compare.add_argument("--out", help="path prefix of PREFIX.md/.json/*.png (default bench/results/compare-TIME)")
     compare.set_defaults(bench_run=run_compare, policy_backend=policies)
@@ -406,8 +410,8 @@ def run_compare(args: argparse.Namespace) -> int:
     prefix = Path(args.out or f"bench/results/compare-{time.strftime('%Y%m%d-%H%M%S')}")
 
     from specserve.bench import client, report  # vLLM's request functions: slow to import
-    from specserve.bench.prompts import Prompter
 
+    make_workload(args.workload, args.seed, args.copy_share, args.tokenizer)  # bad --copy-share: before any load
     model = args.model or asyncio.run(client.first_model(url, args.timeout))
     target = client.Target(url, model, args.api, args.ignore_eos, args.temperature, args.timeout)
     ignore_eos, note = asyncio.run(client.probe(target))
@@ -426,7 +430,9 @@ def run_compare(args: argparse.Namespace) -> int:
 
     def run_one(point: Any, round_index: int) -> dict[str, Any]:
         salted = replace(target, cache_salt=run_cache_salt(comparison_id, next(run_numbers)))
-        runner = client.Runner(salted, Prompter(args.seed + round_index, args.tokenizer), progress=False)
+        # The round's requests: the same for every policy of the round, new ones each round.
+        workload = make_workload(args.workload, args.seed + round_index, args.copy_share, args.tokenizer)
+        runner = client.Runner(salted, workload, progress=False)
         outcomes, duration_s = asyncio.run(runner.run(point.plan))
         summary = report.summarize(outcomes, duration_s, {}, point.plan.window_s, point.plan.phases)
         if summary["requests"]["completed"] == 0:
@@ -441,6 +447,7 @@ def run_compare(args: argparse.Namespace) -> int:
         "url": url,
         "model": model,
         "load_note": _load_note(args),
+        "workload": workload_description(args),
         "settings": {
             "rounds": settings.rounds,
             "max_rounds": settings.max_rounds,
@@ -471,7 +478,8 @@ def run_compare(args: argparse.Namespace) -> int:
             width = max(args.concurrency or [p.clients for p in args.clients or ()] or [4])
             log(f"specserve bench: warm-up, {args.warmup} requests at concurrency {width}")
             warm = closed_plan(width, lengths(args), num_requests=args.warmup, duration_s=None)
-            prompter = Prompter(args.seed + settings.max_rounds, args.tokenizer)  # a seed no round uses
+            # A seed no round uses.
+            prompter = make_workload(args.workload, args.seed + settings.max_rounds, args.copy_share, args.tokenizer)
             asyncio.run(client.Runner(target, prompter, progress=False).run(warm))
         comparison.run()
     finally:

@@ -67,7 +67,7 @@ from specserve.speculation import (
 from specserve.speculation.confident_prefix import confident_prefix
 from specserve.speculation.context import build_step_context, kv_blocks_needed, most_kv_blocks_per_decode
 from specserve.speculation.draft_sync import DraftKVTracker, DraftPassPlan, ScheduledRequest, plan_step
-from specserve.speculation.methods import DEFAULT_METHOD, K0, method
+from specserve.speculation.methods import DEFAULT_METHOD, K0, Source, method
 from specserve.speculation.step_log import encode as encode_step
 from specserve.speculation.types import without_acceptance
 
@@ -112,6 +112,8 @@ class AdaptiveKScheduler(Scheduler):
             resume_s_per_token=resume_cost(self.vllm_config) if self.skips_k0_draft_pass else None,
             verifies_confident_prefix=self.num_spec_tokens > 0 and control.draft_signals,
             drafts_ahead=True,
+            # A lookup finds every draft in one search, whatever k.
+            one_proposer_pass=self.method.source is Source.NONE,
         )
         # Guarded: a policy that raises or answers nonsense costs a k = 0 step and a count, never the engine.
         self.policy = GuardedPolicy(make_policy(control.policy, self.traits), logger)

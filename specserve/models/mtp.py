@@ -117,18 +117,14 @@ def mtp_agreement(model: MTPTrainee, pool: TeacherPool, start: int) -> float:
 
 
 def mimo_config(target_config: dict) -> dict:
-    """The trained target's Llama config as a MiMo (Qwen2) one with MTP layers."""
-    dropped = ("mlp_bias", "attention_bias", "pretraining_tp")
-    config = {key: value for key, value in target_config.items() if key not in dropped}
-    config.update(
-        architectures=["MiMoForCausalLM"],
-        model_type="qwen2",  # transformers has no "mimo" config; vLLM keys MiMo on the architecture
-        num_nextn_predict_layers=NUM_MTP_LAYERS,
-        use_sliding_window=False,
-        sliding_window=None,
-        max_window_layers=target_config["num_hidden_layers"],
-    )
-    return config
+    """The trained target's Llama config naming MiMo as its architecture, with MTP layers.
+
+    ``model_type`` stays "llama": vLLM keys MiMo on the architecture alone (vllm/config/speculative.py:725,
+    vllm/model_executor/models/registry.py:176), and every field its Qwen2 layers read is a Llama one too. As "qwen2"
+    the folder would also make transformers 5 load its tokenizer as Qwen2Tokenizer, which splits text its own way
+    (transformers/models/auto/tokenization_auto.py:418, 843-866): vLLM then tokenized the prompts differently.
+    """
+    return target_config | {"architectures": ["MiMoForCausalLM"], "num_nextn_predict_layers": NUM_MTP_LAYERS}
 
 
 def with_qkv_biases(weights: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

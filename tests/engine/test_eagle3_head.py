@@ -10,6 +10,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specserve.models import eagle3, mtp
 from specserve.models.cache import cached_head
+from specserve.models.heads import HEAD_DIR
 from specserve.models.prompts import OPENINGS
 from specserve.replicas.tools.offline import MEASURE_ENGINE_KWARGS, offline_llm, spec_decode_counters
 
@@ -40,7 +41,7 @@ def untrained_head(target_dir, out_dir) -> str:
     """The build's own starting point: a seeded head never trained (its lm_head is the target's)."""
     target = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(target_dir)
-    head_dir = out_dir / eagle3.HEAD_DIR
+    head_dir = out_dir / HEAD_DIR
     eagle3.save_head(eagle3.new_head(target, seed=0), target_dir, tokenizer, head_dir)
     return str(head_dir)
 

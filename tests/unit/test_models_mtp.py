@@ -8,10 +8,11 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2ForCausalLM
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from specserve.models import mtp
 from specserve.models.build import torch_threads
+from specserve.models.tokenizer import save_tokenizer, train_tokenizer
 
 TOY = dict(
     vocab_size=96,
@@ -47,6 +48,7 @@ def toy_target(tmp_path_factory):
     model = LlamaForCausalLM(LlamaConfig(**TOY)).eval()
     path = tmp_path_factory.mktemp("toy") / "target"
     model.to(torch.bfloat16).save_pretrained(path)
+    save_tokenizer(train_tokenizer(["def f(x):\n    return x\n"] * 4), path)
     return path
 
 
@@ -63,9 +65,17 @@ def test_mimo_folder_is_the_same_trunk_with_mtp_layers(toy_target, tmp_path):
     assert not [n for n in weights if n.startswith("model.mtp_layers.1.")]
     assert torch.count_nonzero(weights["model.layers.0.self_attn.q_proj.bias"]) == 0
 
+    # vLLM loads the tokenizer with transformers' AutoTokenizer, which picks its class by model type.
+    text = "def f(x):\n    return x\n"
+    assert (
+        AutoTokenizer.from_pretrained(tmp_path)(text).input_ids
+        == AutoTokenizer.from_pretrained(toy_target)(text).input_ids
+    )
+
     tokens = torch.randint(0, TOY["vocab_size"], (2, 9))
     llama = LlamaForCausalLM.from_pretrained(toy_target, dtype=torch.float32).eval()
-    qwen2 = Qwen2ForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    qwen2 = Qwen2ForCausalLM(Qwen2Config(**saved)).eval()
+    qwen2.load_state_dict(load_file(tmp_path / "model.safetensors"), strict=False)
     with torch.no_grad():
         torch.testing.assert_close(qwen2(input_ids=tokens).logits, llama(input_ids=tokens).logits)
 

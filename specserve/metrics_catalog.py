@@ -58,7 +58,7 @@ REPLICA_LABELS = (MODEL, REPLICA)
 POLICY = "policy"  # the running policy's spec
 POSITION = "position"  # draft position, 0 .. max_k - 1
 K = "k"  # speculation length chosen for a step, 0 .. max_k
-STATE = "state"  # draft residency: resident, offloaded, contracting
+STATE = "state"  # draft residency (resident, offloaded, ...), acceptance collapse (healthy, collapsed, ...)
 DIRECTION = "direction"  # draft transfer: offload, reload
 WHERE = "where"  # a policy error: choose, observe, bad_k, describe (speculation/guard.py)
 KIND = "kind"  # controller decision: grant_reload, queue_reload, grant_offload, refuse_offload
@@ -178,6 +178,20 @@ KV_BLOCKS_MIGRATED = _replica(
 KV_MIGRATE_SECONDS = _replica(
     "specserve_kv_migrate_seconds_total", Kind.COUNTER, "Seconds spent moving live KV blocks at contraction."
 )
+ACCEPTANCE_COLLAPSES = _replica(
+    "specserve_acceptance_collapses_total",
+    Kind.COUNTER,
+    "Acceptance collapses the engine detected (first-position acceptance fell below a quarter of its own "
+    "established baseline, with confidence) and acted on: speculation off, the draft restored from its checkpoint "
+    "where it can be, speculation back once a probe finds acceptance back.",
+)
+ACCEPTANCE_COLLAPSE_STATE = _replica(
+    "specserve_acceptance_collapse_state",
+    Kind.GAUGE,
+    "1 for the acceptance-collapse machine's current state (label state: healthy, collapsed, restoring, probing; "
+    "none without speculation).",
+    STATE,
+)
 NUM_REQUESTS_RUNNING = _replica("specserve_num_requests_running", Kind.GAUGE, "Requests in the decode batch.")
 NUM_REQUESTS_WAITING = _replica("specserve_num_requests_waiting", Kind.GAUGE, "Requests queued for admission.")
 CONTROLLER_CONNECTED = _replica(
@@ -227,6 +241,8 @@ REPLICA_METRICS: tuple[Metric, ...] = (
     DRAFT_RELOAD_FAILURES,
     KV_BLOCKS_MIGRATED,
     KV_MIGRATE_SECONDS,
+    ACCEPTANCE_COLLAPSES,
+    ACCEPTANCE_COLLAPSE_STATE,
     NUM_REQUESTS_RUNNING,
     NUM_REQUESTS_WAITING,
     CONTROLLER_CONNECTED,

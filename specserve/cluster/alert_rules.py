@@ -40,6 +40,9 @@ BY_REPLICA = f"{catalog.MODEL}, {catalog.REPLICA}"
 # weak but working pair reads 0.2 or more; 100 drafts in 5 minutes keep a handful of verdicts from firing it.
 ACCEPTANCE_FLOOR = 0.05
 ACCEPTANCE_MIN_DRAFTS = 100
+# A collapse the replica restores is over in seconds (a reload and a probe); one that lasts 10 minutes is
+# failing restores or probes (whose backoff reaches 2 minutes by then).
+COLLAPSE_STUCK = "10m"
 # The policy's design target is 1 % of a step; ten times that means the policy, not the model, sets the pace.
 POLICY_SHARE_MAX = 0.10
 # Nightjar's burst trace adapts once; more than 6 offloads in 30 minutes is a cycle every 5 minutes or less,
@@ -96,6 +99,7 @@ def alerts() -> list[Alert]:
     free, total = catalog.KV_BLOCKS_FREE.exported, catalog.KV_BLOCKS_TOTAL.exported
     waiting = catalog.NUM_REQUESTS_WAITING.exported
     offload = f'{{{catalog.DIRECTION}="offload"}}'
+    stuck = f'{{{catalog.STATE}=~"collapsed|restoring"}}'
     return [
         Alert(
             "SpecserveAcceptanceCollapsed",
@@ -104,9 +108,22 @@ def alerts() -> list[Alert]:
             "critical",
             "Drafts on {{ $labels.replica }} are almost never accepted",
             f"Under {ACCEPTANCE_FLOOR:.0%} of first-position drafts accepted over 5 minutes while the replica "
-            "speculates. A draft whose KV fell behind (after k = 0 or a reload) or whose weights came back wrong "
-            "looks like this; every speculating step then costs more than plain decoding. "
-            "`specserve policy set fixed:k=0` stops the loss while you look.",
+            "speculates. A replica acts on a collapse from an acceptance it had established (speculation off, the "
+            "draft restored, `specserve_acceptance_collapses_total`), which stops the drafts within seconds, so "
+            "this fires for what that leaves: a draft near-useless from the start (the wrong draft, weights broken "
+            "at load), or a collapse under the detector's confidence. Every speculating step then costs more than "
+            "plain decoding. `specserve policy set fixed:k=0` stops the loss while you look.",
+        ),
+        Alert(
+            "SpecserveSpeculationOffAfterCollapse",
+            f"max by ({BY_REPLICA}) ({catalog.ACCEPTANCE_COLLAPSE_STATE.exported}{stuck}) == 1",
+            f"{COLLAPSE_STUCK}",
+            "warning",
+            "{{ $labels.replica }} has kept speculation off since an acceptance collapse",
+            f"The replica detected an acceptance collapse and speculation has stayed off for {COLLAPSE_STUCK}: "
+            "rebuilding the draft from its checkpoint fails, or the draft cannot be restored on this engine and its "
+            "probes keep finding acceptance under the floor. Serving goes on at plain decoding speed; "
+            "`specserve status --json` (collapse_last_action, collapse_restore_refusal) says which.",
         ),
         Alert(
             "SpecserveDraftReloadFailing",

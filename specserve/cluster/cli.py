@@ -313,7 +313,9 @@ def _status(args: argparse.Namespace) -> int:
 
 def status_table(snapshots: list[Any]) -> list[str]:
     """One line per replica under a header, columns padded to their widest cell."""
-    header = ("REPLICA", "NODE", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV USED/TOTAL", "DRAFT", "CHECKS")
+    header = (
+        "REPLICA", "NODE", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV USED/TOTAL", "DRAFT", "COLLAPSE", "CHECKS"
+    )  # fmt: skip
     table = [header]
     for s in snapshots:
         e, load, memory = s.engine, s.engine.load, s.engine.draft_memory
@@ -335,6 +337,7 @@ def status_table(snapshots: list[Any]) -> list[str]:
                 str(load.num_waiting),
                 kv,
                 memory.state.value if memory is not None else "none",
+                e.collapse.collapse_state.value if e.collapse is not None else "none",
                 "failed:" + ",".join(e.failed_checks) if e.failed_checks else "ok",
             )
         )

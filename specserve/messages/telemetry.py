@@ -199,6 +199,8 @@ class CollapseSnapshot:
     # The latest transition's reason, with its numbers, and when it happened (Unix seconds; 0: none yet).
     collapse_last_action: str = ""
     collapse_last_action_s: float = 0.0
+    # When the latest collapse was detected (Unix seconds; 0: never): speculation is off from the next step.
+    collapse_detected_s: float = 0.0
     # The detector's baseline first-position acceptance (None until established) and the floor a collapse is
     # below (None while the detector is unarmed: a draft poor from the start never arms it).
     collapse_baseline: float | None = None

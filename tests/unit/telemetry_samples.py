@@ -15,6 +15,7 @@ from specserve.messages import (
     PolicySnapshot,
     SpeculationCounters,
 )
+from specserve.messages.telemetry import CollapseSnapshot
 
 # An engine with max_k 4 that ran 3 steps at k = 2, 9 tokens out, on a pool of 10 KV blocks, its draft resident.
 SAMPLE = EngineTelemetry(
@@ -31,6 +32,7 @@ SAMPLE = EngineTelemetry(
     acceptance_ema=AcceptanceEstimate(per_pos=(0.6, 0.5, 0.5, 0.5)),
     step_durations_s=(0.01,),
     draft_memory=DraftMemorySnapshot(state=DraftState.RESIDENT, baseline_blocks=0, draft_bytes=0),
+    collapse=CollapseSnapshot(),
 )
 
 
@@ -56,4 +58,4 @@ def changed(engine: EngineTelemetry, **changes: Any) -> EngineTelemetry:
     return replace(engine, **parts)
 
 
-_PARTS = ("policy", "load", "speculation", "acceptance_ema", "draft_memory")
+_PARTS = ("policy", "load", "speculation", "acceptance_ema", "draft_memory", "collapse")

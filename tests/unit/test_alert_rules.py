@@ -83,6 +83,7 @@ def _replica() -> dict[str, str]:
 
 
 ACC, REACHED = catalog.ACCEPTED_TOKENS.exported, catalog.REACHED_DRAFT_TOKENS.exported
+STATE = catalog.ACCEPTANCE_COLLAPSE_STATE.exported
 HEALTHY = [
     series(REACHED, "0+100x40", position="0"),
     series(ACC, "0+60x40", position="0"),
@@ -126,6 +127,20 @@ CASES: list[dict] = [
             series(REACHED, "0+10x20", position="0", replica="few"),
         ],
         "tests": [silent("SpecserveAcceptanceCollapsed", "15m")],
+    },
+    {
+        "name": "speculation off for 10 minutes after a collapse fires; a collapse restored in a minute does not",
+        "series": [
+            series(STATE, "0x2 1x20", state="collapsed"),
+            series(STATE, "1x2 0x20", state="healthy"),
+            series(STATE, "0x2 1 0x20", state="collapsed", replica="restored"),
+            series(STATE, "0x3 1x20", state="probing", replica="restored"),
+            series(STATE, "0x20", state="collapsed", replica="other"),
+        ],
+        "tests": [
+            silent("SpecserveSpeculationOffAfterCollapse", "11m"),
+            fired("SpecserveSpeculationOffAfterCollapse", "13m"),
+        ],
     },
     {
         "name": "a reload's first failure arrives as a new series at 1",

@@ -116,6 +116,8 @@ def _post_step(self: EngineCore, model_executed: bool) -> None:
         _original_post_step(self, model_executed)
     if ours and scheduler.elastic is not None:
         scheduler.elastic.tick(self)
+    if ours and scheduler.collapse is not None:
+        scheduler.collapse.tick(self)  # after the elastic tick, which adopts a rebuilt draft
 
 
 #: Each utility's name (``engine_args.Utility``) and the method EngineCore answers it with.

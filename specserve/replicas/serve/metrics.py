@@ -7,6 +7,7 @@ from ray.util import metrics
 
 from specserve import metrics_catalog as catalog
 from specserve.messages import DraftTransfers, EngineTelemetry, PolicySnapshot, SpeculationCounters
+from specserve.messages.telemetry import CollapseSnapshot
 
 
 class ReplicaMetrics:
@@ -41,6 +42,8 @@ class ReplicaMetrics:
         self._reload_failures = _counter(catalog.DRAFT_RELOAD_FAILURES, tags)
         self._migrated = _counter(catalog.KV_BLOCKS_MIGRATED, tags)
         self._migrate_s = _counter(catalog.KV_MIGRATE_SECONDS, tags)
+        self._collapses = _counter(catalog.ACCEPTANCE_COLLAPSES, tags)
+        self._collapse_state = _gauge(catalog.ACCEPTANCE_COLLAPSE_STATE, tags)
         self._running = _gauge(catalog.NUM_REQUESTS_RUNNING, tags)
         self._waiting = _gauge(catalog.NUM_REQUESTS_WAITING, tags)
         self._controller = _gauge(catalog.CONTROLLER_CONNECTED, tags)
@@ -48,6 +51,7 @@ class ReplicaMetrics:
         self._last: EngineTelemetry | None = None
         self._last_policy: str | None = None
         self._last_draft_state: str | None = None
+        self._last_collapse_state: str | None = None
 
     @property
     def num_steps_seen(self) -> int:
@@ -85,6 +89,7 @@ class ReplicaMetrics:
         for check in now.failed_checks:
             self._failed_check.set(1, tags={catalog.CHECK: check})
         self._update_memory(now)
+        self._update_collapse(now)
         self._last = now
 
     def controller_connected(self, connected: bool) -> None:
@@ -136,6 +141,18 @@ class ReplicaMetrics:
         ):
             _add_field_delta(counter, field, transfers, was)
 
+    def _update_collapse(self, telemetry: EngineTelemetry) -> None:
+        now = telemetry.collapse
+        before = self._last.collapse if self._last is not None else None
+        state = now.collapse_state.value if now is not None else "none"
+        # Set every round, as the draft state: Ray stops exporting a gauge series that is not recorded again.
+        if self._last_collapse_state not in (None, state):
+            self._collapse_state.set(0, tags={catalog.STATE: self._last_collapse_state})
+        self._collapse_state.set(1, tags={catalog.STATE: state})
+        self._last_collapse_state = state
+        if now is not None:
+            _add_field_delta(self._collapses, "num_collapses", now, before)
+
 
 def _gauge(metric: catalog.Metric, tags: dict[str, str]) -> metrics.Gauge:
     gauge = metrics.Gauge(metric.name, description=metric.description, tag_keys=metric.labels)
@@ -160,8 +177,8 @@ def _histogram(metric: catalog.Metric, tags: dict[str, str]) -> metrics.Histogra
 def _add_field_delta(
     counter: metrics.Counter,
     field: str,
-    now: SpeculationCounters | DraftTransfers,
-    before: SpeculationCounters | DraftTransfers | None,
+    now: SpeculationCounters | DraftTransfers | CollapseSnapshot,
+    before: SpeculationCounters | DraftTransfers | CollapseSnapshot | None,
     tags: dict[str, str] | None = None,
 ) -> None:
     """Add what the cumulative counter ``field`` of a telemetry part grew by since ``before`` (None before the first

@@ -314,7 +314,7 @@ def _status(args: argparse.Namespace) -> int:
 def status_table(snapshots: list[Any]) -> list[str]:
     """One line per replica under a header, columns padded to their widest cell."""
     header = (
-        "REPLICA", "NODE", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV USED/TOTAL", "DRAFT", "COLLAPSE", "CHECKS"
+        "REPLICA", "NODE", "METHOD", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV USED/TOTAL", "DRAFT", "COLLAPSE", "CHECKS"
     )  # fmt: skip
     table = [header]
     for s in snapshots:
@@ -330,6 +330,7 @@ def status_table(snapshots: list[Any]) -> list[str]:
             (
                 s.replica_id,
                 s.node_id[:12],
+                e.policy.method,
                 e.policy.spec,
                 str(e.policy.k),
                 acceptance,

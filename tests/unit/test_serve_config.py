@@ -191,10 +191,11 @@ def test_status_table_has_a_header_and_one_line_per_replica():
     ]
     header, *rows = status_table(snapshots)
     assert header.split() == [
-        "REPLICA", "NODE", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV", "USED/TOTAL", "DRAFT", "COLLAPSE", "CHECKS"
+        "REPLICA", "NODE", "METHOD", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV", "USED/TOTAL", "DRAFT", "COLLAPSE",
+        "CHECKS",
     ]  # fmt: skip
     assert rows[0].split() == [
-        "r1", "0123456789ab", "fixed:k=2", "2", "0.80", "3", "1", "40/100", "resident", "healthy", "ok"
+        "r1", "0123456789ab", "draft_model", "fixed:k=2", "2", "0.80", "3", "1", "40/100", "resident", "healthy", "ok"
     ]  # fmt: skip
     assert len(rows) == 2 and rows[1].startswith("replica-2 ")
     assert header.index("NODE") == rows[0].index("0123") == rows[1].index("0123"), "columns line up"

@@ -119,7 +119,7 @@ def test_status_shows_the_replica_with_k_and_acceptance(server, client):
     assert table.returncode == 0
     # The table is the command's result: on stdout, where `specserve status | grep` finds it.
     header, *rows = table.stdout.splitlines()
-    assert header.split()[:5] == ["REPLICA", "NODE", "POLICY", "K", "ACCEPT"]
+    assert header.split()[:6] == ["REPLICA", "NODE", "METHOD", "POLICY", "K", "ACCEPT"]
     assert [row.split()[0] for row in rows] == [replica["replica_id"]]
     assert replica["replica_id"] not in table.stderr and "ACCEPT" not in table.stderr
 

@@ -56,6 +56,8 @@ REPLICA = "replica"
 REPLICA_LABELS = (MODEL, REPLICA)
 # The further labels, each on the metrics that name it.
 POLICY = "policy"  # the running policy's spec
+METHOD = "method"  # the speculative method (speculation/methods.py): draft_model, eagle, eagle3, mtp, ngram
+K0 = "k0"  # what the method's k = 0 does on this engine (methods.K0's words)
 POSITION = "position"  # draft position, 0 .. max_k - 1
 K = "k"  # speculation length chosen for a step, 0 .. max_k
 STATE = "state"  # draft residency (resident, offloaded, ...), acceptance collapse (healthy, collapsed, ...)
@@ -109,6 +111,13 @@ SPECULATION_K = _replica("specserve_speculation_k", Kind.GAUGE, "Speculation len
 SPECULATION_MAX_K = _replica("specserve_speculation_max_k", Kind.GAUGE, "Largest k the engine was started with.")
 POLICY_INFO = _replica(
     "specserve_policy_info", Kind.GAUGE, "1 for the policy currently running (label: policy).", POLICY
+)
+METHOD_INFO = _replica(
+    "specserve_speculation_method_info",
+    Kind.GAUGE,
+    "1 for the replica's speculative method (label method) and what its k = 0 does there (label k0).",
+    METHOD,
+    K0,
 )
 ACCEPTANCE_EMA = _replica(
     "specserve_acceptance_ema",
@@ -221,6 +230,7 @@ REPLICA_METRICS: tuple[Metric, ...] = (
     SPECULATION_K,
     SPECULATION_MAX_K,
     POLICY_INFO,
+    METHOD_INFO,
     ACCEPTANCE_EMA,
     DRAFT_TOKENS,
     REACHED_DRAFT_TOKENS,

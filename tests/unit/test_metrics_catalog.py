@@ -62,6 +62,7 @@ EXPORTED_NAMES = {
     "ray_specserve_kv_migrate_seconds_total",
     "ray_specserve_acceptance_collapses_total",
     "ray_specserve_acceptance_collapse_state",
+    "ray_specserve_speculation_method_info",
     "ray_specserve_num_requests_running",
     "ray_specserve_num_requests_waiting",
     "ray_specserve_controller_connected",

@@ -22,6 +22,7 @@ class ReplicaMetrics:
         self._k = _gauge(catalog.SPECULATION_K, tags)
         self._max_k = _gauge(catalog.SPECULATION_MAX_K, tags)
         self._policy = _gauge(catalog.POLICY_INFO, tags)
+        self._method = _gauge(catalog.METHOD_INFO, tags)
         self._acceptance = _gauge(catalog.ACCEPTANCE_EMA, tags)
         self._drafted = _counter(catalog.DRAFT_TOKENS, tags)
         self._reached = _counter(catalog.REACHED_DRAFT_TOKENS, tags)
@@ -100,6 +101,8 @@ class ReplicaMetrics:
         before = self._last.policy if self._last is not None else None
         self._k.set(now.k)
         self._max_k.set(now.max_k)
+        # Set every round: Ray stops exporting a gauge series that is not recorded again.
+        self._method.set(1, tags={catalog.METHOD: now.method, catalog.K0: now.k0})
         if now.spec != self._last_policy:
             if self._last_policy is not None:
                 self._policy.set(0, tags={catalog.POLICY: self._last_policy})

@@ -68,16 +68,24 @@ def test_eagle3_head_is_lossless_and_accepted(trained_pair, plain, tmp_path, rec
 
 
 def untrained_mtp_target(target_dir, out_dir) -> str:
-    """The MTP build's starting point: the same trunk with a seeded MTP layer never trained."""
+    """The MTP build's starting point: the same trunk with a seeded MTP layer never trained (so the same plain
+    output)."""
     config = LlamaForCausalLM.from_pretrained(target_dir).config
     mtp.save_mimo(target_dir, [mtp.new_mtp_layer(config, seed=0)], out_dir)
     return str(out_dir)
 
 
+@pytest.fixture(scope="module")
+def mtp_plain() -> list[list[int]]:
+    # The MiMo folder's own plain output, not the Llama target's: the same weights, but vLLM's MiMo adds the last
+    # residual in bf16 before the final norm (mimo.py:87) where Llama's fused add-norm adds and normalises in fp32
+    # (vllm/ir/ops/layernorm.py:44-58), and on one opening of eight a near tie went the other way after 29 tokens.
+    return decode(str(cached_head("mtp")), None)[0]
+
+
 @pytest.mark.parametrize("k", [1, K])
-def test_mtp_target_is_lossless_and_accepted(trained_pair, plain, tmp_path, record_property, k):
+def test_mtp_target_is_lossless_and_accepted(trained_pair, mtp_plain, tmp_path, record_property, k):
     model = str(cached_head("mtp"))
-    # The MiMo folder is the trained target with zero q/k/v biases: its speculative output is the target's own.
     trained_tokens, trained = decode(model, model, method="mtp", k=k)
     untrained_model = untrained_mtp_target(trained_pair.target, tmp_path / "untrained")
     untrained_tokens, untrained = decode(untrained_model, untrained_model, method="mtp", k=k)
@@ -85,7 +93,7 @@ def test_mtp_target_is_lossless_and_accepted(trained_pair, plain, tmp_path, reco
     record_property("untrained", untrained)
     print(f"\nk={k} trained MTP layer: {trained}\nuntrained MTP layer: {untrained}")
 
-    assert trained_tokens == plain
-    assert untrained_tokens == plain
+    assert trained_tokens == mtp_plain
+    assert untrained_tokens == mtp_plain
     assert trained["acceptance_per_pos"][0] > 2 * untrained["acceptance_per_pos"][0]
     assert trained["mean_accepted_length"] > untrained["mean_accepted_length"] + 0.25 * k

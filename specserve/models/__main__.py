@@ -3,8 +3,8 @@
 python -m specserve.models make --kind trained --out DIR
 python -m specserve.models make --kind perf --size S --agreement 0.8 --out DIR
 python -m specserve.models cached --kind self
-python -m specserve.models make --kind eagle3 --out DIR     (a head for the cached trained pair's target)
-python -m specserve.models cached --kind eagle3
+python -m specserve.models make --kind eagle3 --out DIR     (an EAGLE-3 head for the cached trained pair's target)
+python -m specserve.models cached --kind mtp                (that target as a MiMo model with a trained MTP layer)
 python -m specserve.models measure --target DIR/target --draft DIR/draft [--k 4]
 """
 

@@ -123,6 +123,8 @@ class AcceptanceCliff:
         self.params = params
         self.window: deque[tuple[int, int]] = deque()  # per step: (trials, successes)
         self.times: deque[float] = deque()  # per step in the window: when it ran
+        # The stretch of the latest steps that fired the test: (successes, trials).
+        self.fired = (0, 0)
         self.window_trials = self.window_successes = 0
         # The decayed baseline: successes and trials, older than the window.
         self.base_successes = self.base_trials = 0.0
@@ -183,6 +185,7 @@ class AcceptanceCliff:
             if trials < needed or successes >= floor * trials:
                 continue
             if binomial_tail(successes, trials, floor) <= self.params.confidence:
+                self.fired = (successes, trials)
                 return True
         return False
 
@@ -283,7 +286,7 @@ class CollapseMachine:
             self._failed_good_probes = 0
             self._backoff_s = self.params.backoff_s
             reason = (
-                f"first-position acceptance {d.window_successes}/{d.window_trials} against a baseline of "
+                f"first-position acceptance {d.fired[0]}/{d.fired[1]} against a baseline of "
                 f"{d.baseline:.2f} (floor {self.floor:.2f}): speculation off"
             )
             d.clear_window()

@@ -140,6 +140,8 @@ def test_collapse_restore_probe_and_back():
     collapse(machine, rng)
     assert machine.state is CollapseState.COLLAPSED and machine.forced_k(4) == 0
     assert machine.num_collapses == 1 and "baseline of 0.8" in last(machine).reason
+    # The reason counts the stretch that fired, not the older good trials still in the window.
+    assert "first-position acceptance 0/" in last(machine).reason
     assert machine.wants_restore(100.0)
     machine.restoring(100.0, "rebuilding")
     assert machine.forced_k(4) == 0 and not machine.wants_restore(100.0)

@@ -38,8 +38,10 @@ def skipping_enabled(vllm_config: Any) -> bool:
     only: CPU vLLM forces synchronous scheduling).
     """
     data = (vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
+    if not data:
+        return False
     m = engine_method(vllm_config)
-    if not data or m is None or not m.skips_at_k0():
+    if m is None or not m.skips_at_k0():
         return False
     if getattr(vllm_config.scheduler_config, "async_scheduling", False):
         return False

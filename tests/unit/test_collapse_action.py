@@ -8,11 +8,12 @@ from types import SimpleNamespace
 import pytest
 
 from specserve.replicas.core.collapse_action import restore_refusal
+from specserve.speculation.methods import method as method_named
 
 
 def scheduler(method: str = "draft_model", refused: str = "", draft_bytes: int = 1000, skips: bool = True):
     return SimpleNamespace(
-        vllm_config=SimpleNamespace(speculative_config=SimpleNamespace(method=method)),
+        method=method_named(method),
         elastic=SimpleNamespace(refused=refused, draft_bytes=draft_bytes),
         skips_k0_draft_pass=skips,
     )

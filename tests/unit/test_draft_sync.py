@@ -170,7 +170,7 @@ def test_both_engine_sides_read_one_switch_from_the_engine_config():
         assert kwargs["worker_extension_cls"] == "specserve.replicas.worker.extension.InstalledWorkerExtension"
         return SimpleNamespace(
             additional_config=kwargs["additional_config"],
-            speculative_config=kwargs["speculative_config"] if speculative else None,
+            speculative_config=SimpleNamespace(**kwargs["speculative_config"]) if speculative else None,
             scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
         )
 

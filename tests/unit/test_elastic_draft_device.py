@@ -18,7 +18,7 @@ def scheduler_on(device: str, tmp_path) -> SimpleNamespace:
     return SimpleNamespace(
         vllm_config=SimpleNamespace(
             device_config=SimpleNamespace(device_type=device),
-            speculative_config=SimpleNamespace(draft_model_config=draft),
+            speculative_config=SimpleNamespace(method="draft_model", draft_model_config=draft),
         ),
         kv_cache_manager=SimpleNamespace(block_pool=SimpleNamespace(num_gpu_blocks=8)),
         skips_k0_draft_pass=True,

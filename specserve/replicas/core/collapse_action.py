@@ -40,11 +40,10 @@ from specserve.speculation.collapse import (
     Transition,
     first_position_trials,
 )
+from specserve.speculation.methods import Method, Source
 
 logger = engine_logger(__name__)
 
-# vLLM's ``speculative_config.method`` names of proposers without weights.
-WITHOUT_WEIGHTS = ("ngram", "ngram_gpu", "suffix")
 REASON = "acceptance collapse"
 # Steps the policy relearns from once the draft is back: as many as a policy set at run time replays (the
 # scheduler's WARM_START_STEPS).
@@ -53,13 +52,11 @@ WARM_START_STEPS = 1024
 
 def restore_refusal(scheduler: Any) -> str:
     """Why this engine cannot rebuild its draft from its source ("" where it can)."""
-    method = getattr(scheduler.vllm_config.speculative_config, "method", None) or "draft_model"
-    if method in WITHOUT_WEIGHTS:
-        return f"{method} has no weights to restore"
-    if method != "draft_model":
-        return (
-            f"restoring a {method} draft is not supported: only a separate draft model is rebuilt on a running engine"
-        )
+    m: Method = scheduler.method
+    if m.source is Source.NONE:
+        return f"{m.name} has no weights to restore"
+    if not m.restorable:
+        return f"restoring a {m.name} draft is not supported: only a separate draft model is rebuilt while serving"
     elastic = scheduler.elastic
     if elastic is None:
         return "the engine does not speculate"
@@ -77,11 +74,10 @@ class CollapseAction:
 
     def __init__(self, scheduler: Any, params: CollapseParams | None = None) -> None:
         self.scheduler = scheduler
-        method = getattr(scheduler.vllm_config.speculative_config, "method", None)
         self.machine = CollapseMachine(
             params or CollapseParams(),
             restore_refusal=restore_refusal(scheduler),
-            has_weights=method not in WITHOUT_WEIGHTS,
+            has_weights=scheduler.method.source is not Source.NONE,
         )
         # The draft-transfer counts when the restore started: its reload (or failure) is the next one counted.
         self._reloads_before = self._failures_before = 0

@@ -314,7 +314,8 @@ def _status(args: argparse.Namespace) -> int:
 def status_table(snapshots: list[Any]) -> list[str]:
     """One line per replica under a header, columns padded to their widest cell."""
     header = (
-        "REPLICA", "NODE", "METHOD", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV USED/TOTAL", "DRAFT", "COLLAPSE", "CHECKS"
+        "REPLICA", "NODE", "METHOD", "POLICY", "K", "ACCEPT", "BATCH", "WAIT", "KV USED/TOTAL", "DRAFT", "COLLAPSE",
+        "CHECKS",
     )  # fmt: skip
     table = [header]
     for s in snapshots:

@@ -83,7 +83,8 @@ def mtp_plain() -> list[list[int]]:
     return decode(str(cached_head("mtp")), None)[0]
 
 
-@pytest.mark.parametrize("k", [1, K])
+# k = 1 is `make test-slow`'s: k = K drafts through the same layer, and the serve tier runs MTP under every policy.
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), K])
 def test_mtp_target_is_lossless_and_accepted(trained_pair, mtp_plain, tmp_path, record_property, k):
     model = str(cached_head("mtp"))
     trained_tokens, trained = decode(model, model, method="mtp", k=k)

@@ -1,4 +1,6 @@
-"""Engine tier: every method specserve controls, under its own k = 0 (``specserve.speculation.methods``).
+"""Engine tier: every method specserve controls, under its own k = 0 (``specserve.speculation.methods``). MTP, whose
+k = 0 is the heads' rule, runs in the serve tier (``tests/serve/test_methods_served.py``) and under vLLM's own
+``mtp`` in ``test_eagle3_head.py``.
 
 n-gram lookup skips its proposer at k = 0 and has nothing to catch up; an EAGLE-3 head runs its one sync pass at
 k = 0 (its KV needs the target's hidden states of every position). Each is lossless through k = 0 stretches and
@@ -55,29 +57,6 @@ def test_ngram_telemetry_names_its_method_and_k0(ngram):
     t = ngram.telemetry()
     assert t.policy.method == "ngram"
     assert t.policy.k0 == "skip, nothing to catch up"
-
-
-@pytest.fixture(scope="module")
-def mtp():
-    from specserve.models.cache import cached_head_paths
-
-    # The tiny target written as a MiMo model with one MTP layer: a target of its own.
-    with running_engine(cached_head_paths("mtp", progress=False), policy="fixed:k=0", method="mtp", max_k=2) as engine:
-        yield engine
-
-
-@pytest.mark.parametrize("policy", ["fixed:k=2", "cycle:ks=2-2-0-0-0-0-0-0-2-2-2-2", "adaptive"])
-def test_mtp_is_lossless_under_every_policy_and_runs_its_layer_at_k0(mtp, policy):
-    mtp.set_policy("fixed:k=0")
-    before = mtp.draft_pass_counts()
-    reference = mtp.generate(max_tokens=48)
-    assert mtp.draft_pass_counts()["skipped"] == before["skipped"], "k = 0 runs the MTP layer's pass"
-    mtp.set_policy(policy)
-    b = mtp.telemetry().speculation
-    assert mtp.generate(max_tokens=48) == reference
-    a = mtp.telemetry().speculation
-    if policy != "adaptive":  # adaptive may settle at k = 0 on this CPU
-        assert sum(a.num_accepted_per_pos) > sum(b.num_accepted_per_pos)
 
 
 @pytest.fixture(scope="module")

@@ -76,8 +76,8 @@ def check_method(name: str, draft: str | None, draft_offload: bool) -> None:
     why = methods.refusal(name, has_suffix_library=importlib.util.find_spec("arctic_inference") is not None)
     if why:
         raise ValueError(f"method {name}: {why}")
-    if draft is not None and not m.needs_draft:
-        raise ValueError(f"draft {draft!r}: method {name} takes none ({m.source.value})")
+    # The bundled target brings its own draft: a missing one is checked where the models are resolved.
+    methods.check_draft(m, draft, required=False)
     if draft_offload and not m.offloadable:
         raise ValueError(methods.offload_refusal(m))
 
@@ -319,8 +319,7 @@ def speculative_llm_config_kwargs(
     check_engine_kwargs(user)
     on_gpu = device == "gpu"
     check_engine_cpus(cpu_engine.engine_cpus, user.get("tensor_parallel_size", 1), cpu_engine.executor, on_gpu)
-    if spec.draft is None and methods.method(spec.method).needs_draft:
-        raise ValueError(f"draft: required for method {spec.method} (a Hugging Face id or a folder)")
+    methods.check_draft(methods.method(spec.method), spec.draft)
     ours = speculative_engine_kwargs(
         EngineSpec(
             target="",  # the model comes from model_loading_config; only the keys below are kept

@@ -119,6 +119,15 @@ def refusal(name: str, *, has_suffix_library: bool) -> str | None:
     return "; ".join(reasons)
 
 
+def check_draft(m: Method, draft: str | None, *, required: bool = True) -> None:
+    """ValueError where ``draft`` is given to a method that takes none, or (``required``) missing for one that needs
+    it: a draft model or a head."""
+    if draft is not None and not m.needs_draft:
+        raise ValueError(f"draft {draft!r}: method {m.name} takes none ({m.source.value})")
+    if required and draft is None and m.needs_draft:
+        raise ValueError(f"draft: required for method {m.name} ({m.source.value}: a Hugging Face id or a folder)")
+
+
 def offload_refusal(m: Method) -> str:
     """Why ``draft_offload`` cannot run with method ``m`` (call where ``m.offloadable`` is false)."""
     return (

@@ -8,7 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specserve.speculation.methods import DEFAULT_METHOD, NGRAM_LOOKUP_MAX, NGRAM_LOOKUP_MIN, Source, method
+from specserve.speculation.methods import (
+    DEFAULT_METHOD,
+    NGRAM_LOOKUP_MAX,
+    NGRAM_LOOKUP_MIN,
+    Source,
+    check_draft,
+    method,
+)
 
 #: Key under vLLM's ``additional_config`` that carries specserve's settings into the EngineCore
 #: process, where the scheduler reads them (no environment variables, so engines can differ).
@@ -216,12 +223,9 @@ def speculative_config(name: str, draft: str | None, max_k: int, max_num_seqs: i
         # the scheduler overrides the table's value every step anyway.
         "num_speculative_tokens_per_batch_size": [[1, max_num_seqs, max_k]],
     }
-    if m.needs_draft:
-        if not draft:
-            raise ValueError(f"draft: method {name} needs one ({m.source.value})")
+    check_draft(m, draft)
+    if draft is not None:
         config["model"] = draft
-    elif draft:
-        raise ValueError(f"draft {draft!r}: method {name} takes none ({m.source.value})")
     if m.source is Source.NONE and name == "ngram":
         config.update(prompt_lookup_max=NGRAM_LOOKUP_MAX, prompt_lookup_min=NGRAM_LOOKUP_MIN)
     return config

@@ -119,9 +119,17 @@ def _propose_or_skip(
     return [[] for _ in self.input_batch.req_ids]
 
 
+_EXACT_ATTR = "_specserve_exact_width"
+
+
 def _exact_width(runner: GPUModelRunner) -> bool:
-    """Whether the engine's method drafts exactly k (a model) or up to k (a lookup finds what it finds)."""
-    return method(runner.speculative_config.method).exact_width
+    """Whether the engine's method drafts exactly k (a model) or up to k (a lookup finds what it finds); read from
+    the config once per runner, as ``k0_skip.runner_skips`` is, since it is asked every drafting step."""
+    exact = getattr(runner, _EXACT_ATTR, None)
+    if exact is None:
+        exact = method(runner.speculative_config.method).exact_width
+        setattr(runner, _EXACT_ATTR, exact)
+    return exact
 
 
 def _count_proposal(drafts: list[list[int]] | torch.Tensor, k: int, exact: bool = True) -> None:

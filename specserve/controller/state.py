@@ -2,8 +2,17 @@
 
 It keeps the latest snapshot per replica, forgets replicas that stop reporting, queues directives
 (policy changes) that each replica collects with its next telemetry push, and plans draft transfers
-across replicas (``specserve.memory.plan_cluster``): at each push the pushing replica learns whether
+across replicas (``specserve.memory.cluster_plan``): at each push the pushing replica learns whether
 its wanted reload or offload is granted, queued or refused.
+
+A push costs the same whatever the cluster's size. The pushing replica's decisions depend on its node (the
+node's link, its members' transfers) and its deployment (the floor of resident drafts, the order of offload
+wants), never on the rest of the cluster, so each push plans only those, from views kept up to date push by
+push: the members of each node, each deployment's count of resident drafts and its offload wants in planner
+order, each deployment's sums of acceptance evidence for the priors, and the replicas in the order they were
+last heard from, so that ageing out looks only at the oldest. The decisions are those of planning the whole
+cluster at every push (``memory.plan_cluster``), which the controller did before; a test replays push
+sequences through both.
 
 Grants outlive the round that gave them: a replica reports its grant only at its next push, so until
 then the controller counts it as granted itself, or two replicas pushing one after the other could
@@ -14,10 +23,19 @@ that did not (the trigger let go between the snapshot and the grant, then held a
 
 from __future__ import annotations
 
-from collections import Counter, deque
+import bisect
+from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from specserve.memory import ClusterMemoryParams, ReplicaMemory, plan_cluster
+from specserve.memory import ClusterMemoryParams, ReplicaMemory
+from specserve.memory.cluster_plan import (
+    counts_resident,
+    offload_directive,
+    offload_order,
+    plan_node_reloads,
+    wants_offload,
+)
 from specserve.messages import (
     AcceptancePrior,
     Directive,
@@ -28,12 +46,78 @@ from specserve.messages import (
     PolicyDirective,
     ReplicaSnapshot,
 )
+from specserve.messages.telemetry import AcceptanceEstimate
 
 # Host-to-device bandwidth assumed for a node none of whose replicas has reloaded a draft yet: PCIe 4.0 x16,
 # about 25 GB/s in practice. Once one has, the node's measured reload rate replaces it (``node_bandwidths``).
 DEFAULT_HOST_TO_DEVICE_BYTES_PER_S = 25e9
 # Memory decisions kept for `ClusterController.memory_decisions` (the log has them all).
 MAX_DECISIONS = 64
+
+
+@dataclass(slots=True)
+class _Deployment:
+    """One deployment's running view: the drafts its floor counts, its ungranted offload wants in planner order,
+    and the sums of its replicas' acceptance evidence (for the priors)."""
+
+    num_members: int = 0
+    num_resident: int = 0
+    offload_wants: list[tuple[float, str]] = field(default_factory=list)
+    num_with_evidence: int = 0
+    widths: Counter[int] = field(default_factory=Counter)
+    accepted: list[float] = field(default_factory=list)
+    reached: list[float] = field(default_factory=list)
+
+    def add(self, memory: ReplicaMemory, evidence: AcceptanceEstimate | None, sign: int) -> None:
+        self.num_members += sign
+        self.num_resident += sign * counts_resident(memory)
+        if wants_offload(memory):
+            key = offload_order(memory)
+            if sign > 0:
+                bisect.insort(self.offload_wants, key)
+            else:
+                del self.offload_wants[bisect.bisect_left(self.offload_wants, key)]
+        if evidence is not None:
+            self._add_evidence(evidence, sign)
+
+    def _add_evidence(self, e: AcceptanceEstimate, sign: int) -> None:
+        width = len(e.reached_per_pos)
+        self.num_with_evidence += sign
+        self.widths[width] += sign
+        if not self.widths[width]:
+            del self.widths[width]
+        if not self.num_with_evidence:
+            # Nothing left to average: start the sums afresh rather than carry their rounding on.
+            self.accepted, self.reached = [], []
+            return
+        grow = width - len(self.reached)
+        if grow > 0:
+            self.accepted += [0.0] * grow
+            self.reached += [0.0] * grow
+        for p in range(width):
+            self.accepted[p] += sign * e.accepted_per_pos[p]
+            self.reached[p] += sign * e.reached_per_pos[p]
+
+    def prior(self) -> AcceptancePrior | None:
+        """One typical replica's worth of the evidence: the average over the replicas that have any, on the
+        positions they all have."""
+        n = self.num_with_evidence
+        width = min(self.widths, default=0)
+        if not n or not width:
+            return None
+        return AcceptancePrior(
+            tuple(a / n for a in self.accepted[:width]), tuple(r / n for r in self.reached[:width]), n
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """What the views hold for one replica: its latest snapshot, the memory view built from it (with any grant
+    handed out since) and the acceptance evidence it adds to its deployment's sums."""
+
+    snapshot: ReplicaSnapshot
+    memory: ReplicaMemory
+    evidence: AcceptanceEstimate | None
 
 
 class ControllerState:
@@ -54,8 +138,11 @@ class ControllerState:
         # by value: `ClusterController.memory_decisions` hands them to the CLI as plain strings.
         self.decisions: deque[tuple[float, str, str, str]] = deque(maxlen=MAX_DECISIONS)
         self.decision_counts: Counter[str] = Counter()
-        self._snapshots: dict[str, ReplicaSnapshot] = {}
-        self._last_seen_s: dict[str, float] = {}
+        self._entries: dict[str, _Entry] = {}
+        # Replica -> when it last pushed, least recent first: ageing out stops at the first one still fresh.
+        self._last_seen_s: OrderedDict[str, float] = OrderedDict()
+        self._nodes: defaultdict[str, set[str]] = defaultdict(set)
+        self._deployments: defaultdict[str, _Deployment] = defaultdict(_Deployment)
         self._pending: dict[str, list[PolicyDirective]] = {}
         # A cluster-wide policy also reaches replicas that register after it was set.
         self._cluster_policy: PolicyDirective | None = None
@@ -65,59 +152,118 @@ class ControllerState:
 
         A replica new to the controller that has verified no draft yet also gets its deployment's acceptance
         prior, after its policy (which the prior seeds)."""
+        now = self._clock()
         replica = snapshot.replica_id
-        is_new = replica not in self._snapshots
-        self._grants.pop(replica, None)  # this snapshot shows whether the last grant took
-        self._snapshots[replica] = snapshot
-        self._last_seen_s[replica] = self._clock()
+        # Unknown to the views: a replica that fell silent is new again once it has aged out.
+        is_new = replica not in self._entries
+        # Fresh before the others age out: a replica is never dropped by its own push.
+        self._last_seen_s[replica] = now
+        self._last_seen_s.move_to_end(replica)
+        self._expire(now)
         pending: list[Directive] = list(self._pending.pop(replica, []))
         if is_new and self._cluster_policy is not None and not pending:
             pending = [self._cluster_policy]
-        if is_new and not any(snapshot.engine.speculation.num_reached_per_pos) and (prior := self._prior_for(snapshot)):
-            pending.append(prior)
-        return pending + self._plan_memory(replica)
+        if is_new and not any(snapshot.engine.speculation.num_reached_per_pos):
+            # Before the replica's own evidence joins the sums: the prior is its peers'.
+            if (prior := self._prior(snapshot.model_id)) is not None:
+                pending.append(prior)
+        self._grants.pop(replica, None)  # this snapshot shows whether the last grant took
+        self._record(snapshot)
+        return pending + self._plan_memory(replica, now)
 
-    def _prior_for(self, snapshot: ReplicaSnapshot) -> AcceptancePrior | None:
-        """The deployment's other live replicas' acceptance evidence, averaged: one typical replica's worth."""
-        peers = [
-            s.engine.acceptance_ema
-            for s in self.replicas()
-            if s.model_id == snapshot.model_id
-            and s.replica_id != snapshot.replica_id
-            and any(s.engine.acceptance_ema.reached_per_pos)
-        ]
-        width = min((len(e.reached_per_pos) for e in peers), default=0)
-        if not width:
-            return None
-        accepted = [sum(e.accepted_per_pos[p] for e in peers) / len(peers) for p in range(width)]
-        reached = [sum(e.reached_per_pos[p] for e in peers) / len(peers) for p in range(width)]
-        return AcceptancePrior(tuple(accepted), tuple(reached), len(peers))
+    def _prior(self, model_id: str) -> AcceptancePrior | None:
+        deployment = self._deployments.get(model_id)
+        return deployment.prior() if deployment is not None else None
 
-    def _plan_memory(self, replica: str) -> list[MemoryDirective]:
-        """Plan every live replica's transfers; hand out the pushing replica's part."""
-        live = self.replicas()
-        memories = [self._memory_of(s) for s in live]
-        mine = [d for d in plan_cluster(memories, self.node_bandwidths(live), self._memory) if d.replica_id == replica]
+    def push_many(self, snapshots: list[ReplicaSnapshot]) -> list[list[Directive]]:
+        """Several replicas' pushes in one call (a node's, batched): each one's directives, in order."""
+        return [self.push(s) for s in snapshots]
+
+    # -- the views -----------------------------------------------------------------------------------------
+
+    def _record(self, snapshot: ReplicaSnapshot) -> None:
+        self._forget_views(snapshot.replica_id)
+        ema = snapshot.engine.acceptance_ema
+        entry = _Entry(snapshot, self._memory_of(snapshot), ema if any(ema.reached_per_pos) else None)
+        self._entries[snapshot.replica_id] = entry
+        self._nodes[snapshot.node_id].add(snapshot.replica_id)
+        self._deployments[snapshot.model_id].add(entry.memory, entry.evidence, +1)
+
+    def _forget_views(self, replica: str) -> None:
+        entry = self._entries.pop(replica, None)
+        if entry is None:
+            return
+        snapshot = entry.snapshot
+        members = self._nodes[snapshot.node_id]
+        members.discard(replica)
+        if not members:
+            del self._nodes[snapshot.node_id]
+        deployment = self._deployments[snapshot.model_id]
+        deployment.add(entry.memory, entry.evidence, -1)
+        if not deployment.num_members:
+            del self._deployments[snapshot.model_id]
+
+    def _regrant(self, replica: str, grant: MemoryDecision) -> None:
+        """A grant handed out changes the replica's view until its next push reports it."""
+        self._grants[replica] = grant
+        snapshot = self._entries[replica].snapshot
+        self._record(snapshot)
+
+    def _expire(self, now: float) -> None:
+        while self._last_seen_s:
+            replica, seen = next(iter(self._last_seen_s.items()))
+            if now - seen <= self._stale_after_s:
+                return
+            self._drop(replica)
+
+    def _drop(self, replica: str) -> None:
+        self._last_seen_s.pop(replica, None)
+        self._forget_views(replica)
+        self._pending.pop(replica, None)
+        self._grants.pop(replica, None)
+
+    # -- memory planning -------------------------------------------------------------------------------
+
+    def _plan_memory(self, replica: str, now: float) -> list[MemoryDirective]:
+        """The pushing replica's part of the cluster's plan: its node's reloads, its deployment's offloads."""
+        entry = self._entries[replica]
+        mine: list[MemoryDirective] = []
+        me = entry.memory
+        if me.reload_wanted and not me.reload_granted:
+            node = entry.snapshot.node_id
+            members = [self._entries[r].memory for r in sorted(self._nodes[node])]
+            bandwidth = self._node_bandwidth(node)
+            mine += [d for d in plan_node_reloads(node, members, bandwidth, self._memory) if d.replica_id == replica]
+        if wants_offload(me):
+            deployment = self._deployments[entry.snapshot.model_id]
+            rank = bisect.bisect_left(deployment.offload_wants, offload_order(me))
+            mine.append(offload_directive(me, rank, deployment.num_resident, self._memory))
         for directive in mine:
             if directive.kind.grants:
-                self._grants[replica] = directive.kind
-            self.decisions.append((self._clock(), replica, directive.kind.value, directive.reason))
+                self._regrant(replica, directive.kind)
+            self.decisions.append((now, replica, directive.kind.value, directive.reason))
             self.decision_counts[directive.kind.value] += 1
         return mine
 
-    def node_bandwidths(self, live: list[ReplicaSnapshot] | None = None) -> dict[str, float]:
-        """Bytes per second a draft reload moves, per node: as configured; else as measured, the node's replicas'
+    def _node_bandwidth(self, node: str) -> float:
+        """Bytes per second a draft reload moves on ``node``: as configured; else as measured, the node's replicas'
         reloaded bytes over their reloads' seconds (a reload that shared the link reads slow, so the measure errs
         toward fewer concurrent reloads); else the PCIe default."""
-        moved: dict[str, list[float]] = {}
-        for s in live if live is not None else self.replicas():
-            totals = moved.setdefault(s.node_id, [0.0, 0.0])
-            transfers = s.engine.draft_memory.transfers if s.engine.draft_memory is not None else None
+        if node in self._bandwidth:
+            return self._bandwidth[node]
+        moved = seconds = 0.0
+        for r in sorted(self._nodes[node]):
+            memory = self._entries[r].snapshot.engine.draft_memory
+            transfers = memory.transfers if memory is not None else None
             if transfers is not None and transfers.reload_s > 0 and transfers.bytes_reloaded > 0:
-                totals[0] += transfers.bytes_reloaded
-                totals[1] += transfers.reload_s
-        measured = {node: b / t if t > 0 else DEFAULT_HOST_TO_DEVICE_BYTES_PER_S for node, (b, t) in moved.items()}
-        return measured | self._bandwidth
+                moved += transfers.bytes_reloaded
+                seconds += transfers.reload_s
+        return moved / seconds if seconds > 0 else DEFAULT_HOST_TO_DEVICE_BYTES_PER_S
+
+    def node_bandwidths(self) -> dict[str, float]:
+        """Every live node's reload bandwidth (``_node_bandwidth``), with configured nodes not yet seen."""
+        self._expire(self._clock())
+        return {node: self._node_bandwidth(node) for node in sorted(self._nodes)} | self._bandwidth
 
     def _memory_of(self, snapshot: ReplicaSnapshot) -> ReplicaMemory:
         replica = snapshot.replica_id
@@ -139,22 +285,21 @@ class ControllerState:
             draft_bytes=memory.draft_bytes,
         )
 
+    # -- the operator's side (the CLI): these may look at every replica ------------------------------------
+
     def unregister(self, replica: str) -> None:
         """A replica shutting down says goodbye, so status need not wait for it to go stale."""
-        self._snapshots.pop(replica, None)
-        self._last_seen_s.pop(replica, None)
-        self._pending.pop(replica, None)
-        self._grants.pop(replica, None)
+        self._drop(replica)
 
     def replicas(self) -> list[ReplicaSnapshot]:
         """Live replicas, ordered by id; replicas silent for ``stale_after_s`` are dropped."""
-        now = self._clock()
-        for replica, seen in list(self._last_seen_s.items()):
-            if now - seen > self._stale_after_s:
-                del self._last_seen_s[replica], self._snapshots[replica]
-                self._pending.pop(replica, None)
-                self._grants.pop(replica, None)
-        return [self._snapshots[r] for r in sorted(self._snapshots)]
+        self._expire(self._clock())
+        return [self._entries[r].snapshot for r in sorted(self._entries)]
+
+    def num_replicas(self) -> int:
+        """How many replicas are live, without listing them."""
+        self._expire(self._clock())
+        return len(self._entries)
 
     @property
     def cluster_policy(self) -> str | None:

@@ -92,54 +92,76 @@ def _plan_reloads(
         by_node[r.node_id].append(r)
     out: list[MemoryDirective] = []
     for node, members in sorted(by_node.items()):
-        waiting = sorted(
-            (r for r in members if r.reload_wanted and not r.reload_granted),
-            key=lambda r: (-r.expected_gain, r.replica_id),
-        )
-        if not waiting:
-            continue
-        if node not in bandwidth:
+        if node not in bandwidth and any(r.reload_wanted and not r.reload_granted for r in members):
             raise ValueError(f"no host-to-device bandwidth for node {node!r}")
-        slots = transfer_slots(bandwidth[node], max(r.draft_bytes for r in members), params)
-        busy = sum(map(_in_flight, members))
-        link = f"{bandwidth[node] / 1e9:.3g} GB/s"
-        for position, r in enumerate(waiting):
-            if busy < slots:
-                busy += 1
-                why = f"node {node} ({link}): {busy}/{slots} transfers with this one; gain rank {position + 1}"
-                out.append(MemoryDirective(r.replica_id, MemoryDecision.GRANT_RELOAD, why))
-            else:
-                why = (
-                    f"node {node} ({link}): {busy}/{slots} transfers in flight; "
-                    f"queued {position + 1 - slots} by expected gain"
-                )
-                out.append(MemoryDirective(r.replica_id, MemoryDecision.QUEUE_RELOAD, why))
+        out += plan_node_reloads(node, members, bandwidth.get(node, 0.0), params)
     return out
+
+
+def plan_node_reloads(
+    node: str, members: Sequence[ReplicaMemory], bandwidth_bytes_per_s: float, params: ClusterMemoryParams
+) -> list[MemoryDirective]:
+    """One node's reload directives: a node's link is its own, so its plan needs only its members (the controller
+    plans the pushing replica's node alone, whatever the cluster's size)."""
+    waiting = sorted(
+        (r for r in members if r.reload_wanted and not r.reload_granted),
+        key=lambda r: (-r.expected_gain, r.replica_id),
+    )
+    if not waiting:
+        return []
+    slots = transfer_slots(bandwidth_bytes_per_s, max(r.draft_bytes for r in members), params)
+    busy = sum(map(_in_flight, members))
+    link = f"{bandwidth_bytes_per_s / 1e9:.3g} GB/s"
+    out: list[MemoryDirective] = []
+    for position, r in enumerate(waiting):
+        if busy < slots:
+            busy += 1
+            why = f"node {node} ({link}): {busy}/{slots} transfers with this one; gain rank {position + 1}"
+            out.append(MemoryDirective(r.replica_id, MemoryDecision.GRANT_RELOAD, why))
+        else:
+            queued = position + 1 - slots
+            why = f"node {node} ({link}): {busy}/{slots} transfers in flight; queued {queued} by expected gain"
+            out.append(MemoryDirective(r.replica_id, MemoryDecision.QUEUE_RELOAD, why))
+    return out
+
+
+def counts_resident(r: ReplicaMemory) -> bool:
+    """A draft the deployment's floor counts: resident and not granted an offload."""
+    return r.state is DraftState.RESIDENT and not r.offload_granted
+
+
+def wants_offload(r: ReplicaMemory) -> bool:
+    return r.offload_wanted and not r.offload_granted
+
+
+def offload_order(r: ReplicaMemory) -> tuple[float, str]:
+    """The replica that expects least from speculating gives its draft up first."""
+    return (r.expected_gain, r.replica_id)
+
+
+def offload_directive(r: ReplicaMemory, rank: int, num_resident: int, params: ClusterMemoryParams) -> MemoryDirective:
+    """The offload directive of the wanting replica at ``rank`` (0: first in ``offload_order``) of a deployment with
+    ``num_resident`` counted drafts before any of its wants is granted: the ones ahead of it are granted while the
+    floor allows, so it is granted if fewer than ``num_resident - floor`` are ahead of it."""
+    floor = params.min_resident_per_deployment
+    granted_ahead = min(rank, max(0, num_resident - floor))
+    left = num_resident - granted_ahead
+    if left - 1 >= floor:
+        return MemoryDirective(
+            r.replica_id, MemoryDecision.GRANT_OFFLOAD, f"{left - 1} stay resident in {r.deployment}"
+        )
+    why = f"{r.deployment} keeps at least {floor} resident drafts; {left} are"
+    return MemoryDirective(r.replica_id, MemoryDecision.REFUSE_OFFLOAD, why)
 
 
 def _plan_offloads(replicas: Sequence[ReplicaMemory], params: ClusterMemoryParams) -> list[MemoryDirective]:
     resident: dict[str, int] = defaultdict(int)
     for r in replicas:
-        if r.state is DraftState.RESIDENT and not r.offload_granted:
+        if counts_resident(r):
             resident[r.deployment] += 1
+    ahead: dict[str, int] = defaultdict(int)
     out: list[MemoryDirective] = []
-    floor = params.min_resident_per_deployment
-    # The replica that expects least from speculating gives its draft up first.
-    wanting = sorted(
-        (r for r in replicas if r.offload_wanted and not r.offload_granted),
-        key=lambda r: (r.expected_gain, r.replica_id),
-    )
-    for r in wanting:
-        if resident[r.deployment] - 1 >= floor:
-            resident[r.deployment] -= 1
-            out.append(
-                MemoryDirective(
-                    r.replica_id,
-                    MemoryDecision.GRANT_OFFLOAD,
-                    f"{resident[r.deployment]} stay resident in {r.deployment}",
-                )
-            )
-        else:
-            why = f"{r.deployment} keeps at least {floor} resident drafts; {resident[r.deployment]} are"
-            out.append(MemoryDirective(r.replica_id, MemoryDecision.REFUSE_OFFLOAD, why))
+    for r in sorted(filter(wants_offload, replicas), key=offload_order):
+        out.append(offload_directive(r, ahead[r.deployment], resident[r.deployment], params))
+        ahead[r.deployment] += 1
     return out

@@ -71,8 +71,12 @@ class Drafter:
 
     def _num_passes(self, planned: np.ndarray, confidence: np.ndarray, stop: StopHook) -> int:
         """Ask the policy after every pass run; the first True ends the loop after that pass."""
-        drafting = np.arange(confidence.shape[1]) < planned[:, None]
-        means = ((confidence * drafting).sum(axis=0) / drafting.sum(axis=0)).tolist()
+        if int(planned.min()) == confidence.shape[1]:
+            # Every row drafts every position (the common step): the same sums without the mask.
+            means = (confidence.sum(axis=0) / len(planned)).tolist()
+        else:
+            drafting = np.arange(confidence.shape[1]) < planned[:, None]
+            means = ((confidence * drafting).sum(axis=0) / drafting.sum(axis=0)).tolist()
         for position, mean in enumerate(means):
             if stop(position, mean):
                 return position + 1

@@ -166,7 +166,7 @@ class Replica:
         first = first[np.isnan(self.table.first_token_s[first])]
         self.table.first_token_s[first] = now_s
         finished = b.num_output >= b.max_output
-        num_finished = int(finished.sum())
+        num_finished = int(np.count_nonzero(finished))
         done = b.ids[finished]
         if num_finished:
             self.table.num_output[done] = b.num_output[finished]
@@ -178,7 +178,7 @@ class Replica:
             used = self.num_kv_blocks_total - self.num_kv_blocks_free
             stats = StepStats(
                 self.index,
-                int(pending.sampled.sum()),
+                int(np.count_nonzero(pending.sampled)),
                 pending.num_preempted,
                 pending.num_waiting,
                 num_finished,
@@ -335,14 +335,14 @@ class Replica:
             or skips_draft_pass(
                 enabled=not self.proposer.k0_runs_pass,
                 k=k,
-                num_new_requests=int((scheduled & (b.num_computed == 0)).sum()),
+                num_new_requests=int(np.count_nonzero(scheduled & (b.num_computed == 0))),
                 num_scheduled_tokens=grant.tokens[scheduled].tolist() if k == 0 else (),
             )
         )
         if self.cfg.drafts_ahead:
             # Every pass drafts for the next step, one token per scheduled request beyond the first pass's read.
             num_passes = k if k > 0 else int(not skipped)
-            further = [int(scheduled.sum())] * max(num_passes - 1, 0)
+            further = [int(np.count_nonzero(scheduled))] * max(num_passes - 1, 0)
             speculates = k > 0
         else:
             num_passes = int(drafts.drafted.max()) if drafts else int(not skipped)
@@ -352,7 +352,7 @@ class Replica:
         if self.proposer.one_pass:
             # One lookup per step finds every draft, for each request it searches (proposer.py).
             num_passes = min(num_passes, 1)
-            draft_pass_tokens = [int(scheduled.sum())] * num_passes
+            draft_pass_tokens = [int(np.count_nonzero(scheduled))] * num_passes
         elif num_passes:
             read = grant.tokens if self.cfg.draft_first_pass == "scheduled" else new_tokens
             first_pass_tokens = int(read.sum()) + self._catch_up(scheduled, int(grant.tokens.sum()), read, new_tokens)
@@ -377,7 +377,7 @@ class Replica:
             num_context,
             num_batched,
             num_passes,
-            int(sampled.sum() + accepted.sum()),
+            int(np.count_nonzero(sampled)) + int(accepted.sum()),
             request_ids,
             drafts,
             (forward_s, draft_s),

@@ -61,9 +61,11 @@ class SignalModel:
 
     def sample(self, probs: np.ndarray, passed: np.ndarray, rng: np.random.Generator) -> DraftSignals:
         """Signals given each position's acceptance probability and its verdict (arrays of one shape)."""
-        a = np.clip(probs, _EPS, 1 - _EPS) * self.concentration
+        # np.minimum(np.maximum()) is np.clip without its Python wrapper; this runs once per simulated step.
+        a = np.minimum(np.maximum(probs, _EPS), 1 - _EPS) * self.concentration
         confidence = rng.beta(a + passed, self.concentration - a + ~passed)
-        np.clip(confidence, _EPS, 1 - _EPS, out=confidence)
+        np.maximum(confidence, _EPS, out=confidence)
+        np.minimum(confidence, 1 - _EPS, out=confidence)
         rest = 1 - confidence
         log_alternatives = self.log_max_alternatives * rng.random(confidence.shape)
         entropy = rest * (log_alternatives - np.log(rest)) - confidence * np.log(confidence)

@@ -74,7 +74,7 @@ def step_record(
         now_s=now_s,
         k=k,
         duration_s=duration_s,
-        num_running=int(scheduled.sum()),
+        num_running=int(np.count_nonzero(scheduled)),
         num_context_tokens=num_context,
         num_batched_tokens=num_batched,
         num_draft_passes=num_passes,

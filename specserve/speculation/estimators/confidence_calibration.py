@@ -40,14 +40,18 @@ class ConfidenceCalibration:
         """Every verified draft whose prefix was accepted counts in its confidence's bin, accepted or not."""
         if not record.draft_confidence_per_request:
             return
-        self._reached = [r * self._decay for r in self._reached]
-        self._accepted = [a * self._decay for a in self._accepted]
+        reached = self._reached = [r * self._decay for r in self._reached]
+        accepted_ = self._accepted = [a * self._decay for a in self._accepted]
+        # ``_bin`` inlined and a rejected draft's 0.0 not added (x + 0.0 is x): every step runs this per draft.
+        num_bins, top = self.num_bins, self.num_bins - 1
         per_request = zip(record.num_accepted_per_request, record.draft_confidence_per_request, strict=False)
         for accepted, confidences in per_request:
             for position, confidence in enumerate(confidences[: accepted + 1]):
-                b = self._bin(confidence)
-                self._reached[b] += 1.0
-                self._accepted[b] += float(position < accepted)
+                b = int(confidence * num_bins)
+                b = top if b > top else (0 if b < 0 else b)
+                reached[b] += 1.0
+                if position < accepted:
+                    accepted_[b] += 1.0
 
     def acceptance(self, confidence: float) -> float:
         """The acceptance a draft of this confidence has had, the confidence itself where nothing was seen."""

@@ -197,6 +197,9 @@ class StepLatencyModel:
         self._moment = np.zeros(n)  # forgotten sum of z * duration_s
         self._num_samples = 0.0
         self._coefficients: np.ndarray | None = None
+        # predict_many's terms that depend only on the coefficients and the batch, per batch size; cleared at each
+        # solve. A policy prices every k at one batch each step, and the batch changes far less often than that.
+        self._batch_terms: dict[float, tuple[float, float]] = {}
 
     def observe(self, record: StepRecord) -> float:
         """Learn from one step. Returns the seconds the model predicted for it before learning from it."""
@@ -264,18 +267,25 @@ class StepLatencyModel:
         phi = self._current()
         n = np.asarray(num_batched_tokens, dtype=np.float64)
         b = float(num_running)
+        per_pass_s, rest_fixed_s = self._batch_terms.get(b) or self._cache_batch_terms(phi, b)
+        token_spline = phi[self._token_spline]
+        tokens_s = token_spline[0] * n + np.maximum(n[:, None] - self._token_knots, 0.0) @ token_spline[1:]
+        passes = np.asarray(num_draft_passes, dtype=np.float64)
+        rest_s = rest_fixed_s + phi[-1] * (passes > 0) if self.features.parts else 0.0
+        fixed_s = phi[0] + phi[1] * np.asarray(num_context_tokens, dtype=np.float64) + rest_s
+        return fixed_s + tokens_s + per_pass_s * passes
+
+    def _cache_batch_terms(self, phi: np.ndarray, b: float) -> tuple[float, float]:
+        """``predict_many``'s per-pass seconds at batch ``b`` and the rest's part without the pass indicator."""
         request_spline = phi[self._request_spline]
         per_pass_s = (
             phi[self._pass]
             + request_spline[0] * b
             + float(request_spline[1:] @ np.maximum(b - self._request_knots, 0.0))
         )
-        token_spline = phi[self._token_spline]
-        tokens_s = token_spline[0] * n + np.maximum(n[:, None] - self._token_knots, 0.0) @ token_spline[1:]
-        passes = np.asarray(num_draft_passes, dtype=np.float64)
-        rest_s = phi[-3] + phi[-2] * b + phi[-1] * (passes > 0) if self.features.parts else 0.0
-        fixed_s = phi[0] + phi[1] * np.asarray(num_context_tokens, dtype=np.float64) + rest_s
-        return fixed_s + tokens_s + per_pass_s * passes
+        rest_fixed_s = phi[-3] + phi[-2] * b if self.features.parts else 0.0
+        terms = self._batch_terms[b] = (per_pass_s, rest_fixed_s)
+        return terms
 
     def batched_token_seconds(self, num_batched_tokens: float) -> float:
         """What ``num_batched_tokens`` add to a step on their own: the token spline, without the fixed cost."""
@@ -295,6 +305,7 @@ class StepLatencyModel:
     def _current(self) -> np.ndarray:
         if self._coefficients is None:
             self._coefficients = self._solve()
+            self._batch_terms.clear()
             self._stale = 0
         return self._coefficients
 

@@ -18,6 +18,7 @@ from specserve.sim import (
     simulate,
     summarize,
 )
+from specserve.sim.cluster_slice import cluster_slice
 
 # One built-in per paper's main setting; a missing file fails here, not in a benchmark.
 REQUIRED_BUILTINS = {
@@ -38,6 +39,9 @@ REQUIRED_BUILTINS = {
 BRIEF_ARRIVALS_S = 12.0
 # Rows of a trace kept in the brief run (the DSDE sweep's 128 prompts at batch 1 take seconds to simulate).
 BRIEF_TRACE_ROWS = 16
+# A cluster built-in runs briefly on this many replicas at its per-replica load (sim.cluster_slice): 64 replicas
+# for 12 s of arrivals would take a minute per policy.
+BRIEF_REPLICAS = 8
 
 
 def test_builtins_exist_load_and_resolve() -> None:
@@ -52,6 +56,8 @@ def _brief(name: str, tmp_path):
     """The built-in with its arrivals cut to BRIEF_ARRIVALS_S seconds (leading idle segments dropped) or its trace
     to its first BRIEF_TRACE_ROWS requests (a copy in ``tmp_path``)."""
     scenario = load_scenario(name)
+    if scenario.num_replicas > BRIEF_REPLICAS:
+        scenario = cluster_slice(scenario, BRIEF_REPLICAS)
     arrivals = scenario.workload.arrivals.model_dump()
     if arrivals["kind"] == "trace":
         lines = Path(arrivals["path"]).read_text().splitlines(keepends=True)

@@ -19,6 +19,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -34,7 +35,7 @@ SCENARIO = Path(__file__).resolve().parents[1] / "specserve/sim/scenarios/cluste
 HOUR_S = 3600.0
 
 
-def memory_stats(result: SimResult) -> dict[str, float]:
+def memory_stats(result: SimResult) -> dict[str, Any]:
     """Offloads, reloads, reload concurrency per node link and the fewest drafts resident at once."""
     memory, n = result.memory, len(result.replicas)
     if memory is None:
@@ -74,7 +75,7 @@ def memory_stats(result: SimResult) -> dict[str, float]:
     }
 
 
-def run(num_replicas: int, duration_s: float, seed: int) -> dict[str, float]:
+def run(num_replicas: int, duration_s: float, seed: int) -> dict[str, Any]:
     scenario = cluster_slice(load_scenario(SCENARIO), num_replicas, duration_s)
     wall, cpu = time.perf_counter(), time.process_time()
     result = simulate(scenario, "adaptive", seed)
@@ -111,7 +112,7 @@ def run(num_replicas: int, duration_s: float, seed: int) -> dict[str, float]:
     return row
 
 
-def hour_estimate(rows: list[dict[str, float]]) -> dict[str, float] | None:
+def hour_estimate(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The 64-replica hour's wall: measured if run, else the 1-replica hour's steps per replica-second x 64 x 3,600
     x the largest run's microseconds per step."""
     full = [r for r in rows if r["replicas"] == 64 and r["arrivals_s"] >= HOUR_S]
@@ -125,7 +126,7 @@ def hour_estimate(rows: list[dict[str, float]]) -> dict[str, float] | None:
     return {"wall_s": steps * largest["us_per_step"] * 1e-6, "steps": steps, "measured": 0.0}
 
 
-def plot(rows: list[dict[str, float]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     labels = [f"{r['replicas']} x {r['arrivals_s']:.0f} s" for r in rows]
     left.bar(labels, [r["us_per_step"] for r in rows], color="tab:blue")
@@ -143,7 +144,7 @@ def plot(rows: list[dict[str, float]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def write_md(rows: list[dict[str, float]], estimate: dict[str, float] | None, command: str, path: Path) -> None:
+def write_md(rows: list[dict[str, Any]], estimate: dict[str, Any] | None, command: str, path: Path) -> None:
     lines = [
         "# Simulator at cluster scale (issue 62, parts 4-5)",
         "",

@@ -203,6 +203,12 @@ class Speculation(BaseModel):
         description="With draft_offload: draft reloads the controller lets run at once per node; default: as many as "
         "finish within 0.1 s at their share of the node's host-to-device bandwidth.",
     )
+    controller_batching: Literal["none", "node"] = Field(
+        "none",
+        description="How replicas push their telemetry to the cluster controller: `none`, each replica its own call "
+        "(enough to about a thousand replicas); `node`, through one agent per node that sends its node's replicas "
+        "in one call, for clusters of thousands (see the controller page for the measurements).",
+    )
     startup_checks: Literal["fallback", "refuse", "off"] = Field(
         "fallback",
         description="Before a replica serves, dummy runs at every k check that k is honoured, that k = 0 runs no "
@@ -359,6 +365,7 @@ def speculative_llm_config_kwargs(
             CONTROLLER_KEY: {
                 "min_resident_drafts": spec.min_resident_drafts,
                 "max_concurrent_reloads": spec.max_concurrent_reloads,
+                "batching": spec.controller_batching,
             },
             STARTUP_CHECKS_KEY: spec.startup_checks,
             **({ENGINE_CPUS_KEY: cpu_engine.engine_cpus} if cpu_engine.engine_cpus is not None else {}),

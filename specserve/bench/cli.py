@@ -117,8 +117,11 @@ def _rounds(text: str) -> int:
     return value
 
 
-def add_commands(parser: argparse.ArgumentParser, dest: str, policies: PolicyBackend | None = None) -> None:
-    """The bench commands under ``parser``; `compare` only with a ``policies`` backend to switch policies."""
+def add_commands(
+    parser: argparse.ArgumentParser, dest: str, policies: PolicyBackend | None = None
+) -> argparse._SubParsersAction:
+    """The bench commands under ``parser``; `compare` only with a ``policies`` backend to switch policies. Returns
+    the subcommands, for the cluster side's own (`bench controller` needs Ray, which this package never imports)."""
     commands = parser.add_subparsers(dest=dest, required=True)
     run = commands.add_parser("run", help="send load, report throughput, latency percentiles, goodput, errors")
     run.add_argument("--url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
@@ -167,6 +170,7 @@ def add_commands(parser: argparse.ArgumentParser, dest: str, policies: PolicyBac
     report.add_argument("--out", help="path prefix of the page and plots (default: the JSON's own)")
     report.add_argument("--metric", choices=sorted(METRICS), help="headline metric (default: the run's)")
     report.set_defaults(bench_run=run_report)
+    return commands
 
 
 def _add_compare(commands: argparse._SubParsersAction, policies: PolicyBackend) -> None:

@@ -139,7 +139,8 @@ def _parser() -> argparse.ArgumentParser:
     backend = bench_cli.PolicyBackend(
         parse=control.parse_policies, canonical=control.canonical_policy, connect=control.PolicySwitch
     )
-    bench_cli.add_commands(bench, dest="bench_command", policies=backend)
+    bench_commands = bench_cli.add_commands(bench, dest="bench_command", policies=backend)
+    _add_controller_bench(bench_commands)
     bench.set_defaults(run=_bench)
     return parser
 
@@ -271,6 +272,43 @@ def redact_secrets(document: dict[str, Any]) -> list[str]:
                     env[name] = "<not printed>"
                     names.append(name)
     return names
+
+
+def _add_controller_bench(commands: argparse._SubParsersAction) -> None:
+    from specserve.bench.cli import _concurrency_list, _positive
+
+    bench = commands.add_parser(
+        "controller", help="the cluster controller under N virtual replicas pushing once a second (local Ray)"
+    )
+    bench.add_argument("--replicas", type=_concurrency_list, required=True, help="virtual replica counts: N,N,...")
+    bench.add_argument("--duration", type=_positive(float), default=20.0, help="seconds of rounds per count (20)")
+    bench.add_argument(
+        "--batch",
+        type=_batch_modes,
+        default=["none"],
+        help="none: one push per replica (default); node: a node's replicas in one call; both: none,node",
+    )
+    bench.add_argument("--per-node", type=_positive(int), default=8, help="replicas per virtual node (8)")
+    bench.add_argument("--models", type=_positive(int), default=4, help="deployments the replicas serve (4)")
+    bench.add_argument("--pushers", type=_positive(int), default=4, help="actors that push for the replicas (4)")
+    bench.add_argument("--num-cpus", type=_positive(int), help="CPUs of the local Ray (default: the machine's)")
+    bench.add_argument("--seed", type=int, default=0, help="the virtual replicas' snapshots (default 0)")
+    bench.add_argument("--out", help="path prefix: writes PREFIX.json and PREFIX.png")
+    bench.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    bench.set_defaults(bench_run=_controller_bench)
+
+
+def _batch_modes(text: str) -> list[str]:
+    modes = {"none": ["none"], "node": ["node"], "both": ["none", "node"]}
+    if text not in modes:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose none, node or both")
+    return modes[text]
+
+
+def _controller_bench(args: argparse.Namespace) -> int:
+    from specserve.cluster import controller_bench
+
+    return controller_bench.run(args)
 
 
 def _bench(args: argparse.Namespace) -> int:

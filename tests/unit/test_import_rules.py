@@ -57,9 +57,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 }
 # Within an allowed package, the only modules a package may import.
 ONLY: dict[str, dict[str, tuple[str, ...]]] = {
-    # A replica starts the cluster's controller where no one has (however the application was deployed), and
-    # otherwise talks to it through messages.
-    "replicas": {"specserve.controller": ("specserve.controller.actor",)},
+    # A replica starts the cluster's controller where no one has (however the application was deployed) and its
+    # node's agent where it batches its pushes, and otherwise talks to them through messages.
+    "replicas": {"specserve.controller": ("specserve.controller.actor", "specserve.controller.node_agent")},
     "bench": {
         "vllm": ("vllm.benchmarks",),
         "specserve.sim": ("specserve.sim.workload", "specserve.sim.profiles"),

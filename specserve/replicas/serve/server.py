@@ -4,7 +4,8 @@ Used as ``LLMConfig(server_cls=SpecLLMServer)``, so the OpenAI routes, request v
 streaming all come from Ray Serve LLM and vLLM. What this adds runs beside the requests on the
 replica's event loop: about once a second it reads the engine's telemetry (an EngineCore utility
 call, a few ms), updates the metrics, pushes a snapshot to the cluster controller and applies the
-directives it gets back. Nothing in it waits on a request, and no request waits on it.
+directives it gets back (controller_push.py: a slow controller never holds up a round). Nothing in it waits on a
+request, and no request waits on it.
 
 Private interfaces used (Ray 2.60 / vLLM 0.32): ``LLMServer.engine._engine_client`` (the AsyncLLM)
 and its ``engine_core.call_utility_async``; ``LLMServer._default_engine_cls`` (engine.py).
@@ -23,8 +24,6 @@ from ray.serve.llm.deployment import LLMServer
 
 from specserve.cpu_list import parse_cpu_list
 from specserve.messages import (
-    CONTROLLER_NAME,
-    CONTROLLER_NAMESPACE,
     AcceptancePrior,
     Directive,
     EngineTelemetry,
@@ -41,13 +40,16 @@ from specserve.replicas.config.engine_args import (
 )
 from specserve.replicas.serve.calibration import AsyncLLMEngine, calibrate_engine
 from specserve.replicas.serve.controller_link import ControllerLink
+from specserve.replicas.serve.controller_push import ControllerPusher, find_controller
 from specserve.replicas.serve.engine import SpecVLLMEngine
 from specserve.replicas.serve.metrics import ReplicaMetrics
 
 logger = logging.getLogger("ray.serve")
 
 TELEMETRY_INTERVAL_S = 1.0
-# A controller that does not answer in time is skipped this round; the replica keeps serving.
+# A round waits this long for the controller's answer, then goes on (the push stays out; see controller_push.py).
+PUSH_WAIT_S = 0.8
+# How long a replica shutting down waits to say goodbye to the controller.
 CONTROLLER_TIMEOUT_S = 2.0
 
 
@@ -136,40 +138,29 @@ class SpecLLMServer(LLMServer):
     # -- the telemetry loop ------------------------------------------------------------------------
 
     async def _telemetry_loop(self) -> None:
-        controller = None
         link = ControllerLink()
-        while True:
-            started = time.monotonic()
-            try:
-                snapshot = await self._read_snapshot(since_step=self._metrics.num_steps_seen)
-                self._metrics.update(snapshot.engine)
-                controller = controller or _find_controller()
-                if controller is not None:
-                    controller = await self._exchange(controller, snapshot)
-                # The controller grants draft transfers while it answers; without it the engine grants its own.
-                coordinated = link.round(answered=controller is not None)
-                self._metrics.controller_connected(coordinated)
-                memory = snapshot.engine.draft_memory
-                if memory is not None and memory.draft_bytes and coordinated != memory.coordinated:
-                    await self._engine_core().call_utility_async(Utility.MEMORY_COORDINATED, coordinated)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # keep serving: telemetry must never take the replica down
-                logger.exception("specserve: telemetry round failed")
-            await asyncio.sleep(max(0.0, TELEMETRY_INTERVAL_S - (time.monotonic() - started)))
-
-    async def _exchange(self, controller: Any, snapshot: ReplicaSnapshot) -> Any:
-        """Push a snapshot, apply the returned directives; returns None to look the actor up again."""
+        batching = (self._llm_config.experimental_configs.get(CONTROLLER_KEY) or {}).get("batching", "none")
+        pusher = ControllerPusher(self._node_id, batching, self._apply)
         try:
-            directives = await asyncio.wait_for(controller.push.remote(snapshot), CONTROLLER_TIMEOUT_S)
-        except (TimeoutError, ray.exceptions.RayActorError):
-            return None
-        for directive in directives:
-            try:
-                await self._apply(directive)
-            except Exception:
-                logger.exception("specserve: controller directive %s failed", directive)
-        return controller
+            while True:
+                started = time.monotonic()
+                try:
+                    snapshot = await self._read_snapshot(since_step=self._metrics.num_steps_seen)
+                    self._metrics.update(snapshot.engine)
+                    answered = await pusher.round(snapshot, deadline_s=started + PUSH_WAIT_S)
+                    # The controller grants draft transfers while it answers; without it the engine grants its own.
+                    coordinated = link.round(answered=answered)
+                    self._metrics.controller_connected(coordinated)
+                    memory = snapshot.engine.draft_memory
+                    if memory is not None and memory.draft_bytes and coordinated != memory.coordinated:
+                        await self._engine_core().call_utility_async(Utility.MEMORY_COORDINATED, coordinated)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # keep serving: telemetry must never take the replica down
+                    logger.exception("specserve: telemetry round failed")
+                await asyncio.sleep(pusher.next_round_s(TELEMETRY_INTERVAL_S, started))
+        finally:
+            pusher.cancel()
 
     async def _apply(self, directive: Directive) -> None:
         match directive:
@@ -200,19 +191,10 @@ class SpecLLMServer(LLMServer):
     async def __del__(self) -> None:
         if self._telemetry_task is not None:
             self._telemetry_task.cancel()
-            controller = _find_controller()
+            controller = find_controller()
             if controller is not None:
                 try:
                     await asyncio.wait_for(controller.unregister.remote(self._replica_id), CONTROLLER_TIMEOUT_S)
                 except (TimeoutError, ray.exceptions.RayActorError):
                     pass  # it ages out of the controller's view instead
         await super().__del__()
-
-
-def _find_controller() -> Any:
-    """The cluster's controller actor, or None while it has none (looked up by name, so the replica
-    needs nothing from ``specserve.controller``)."""
-    try:
-        return ray.get_actor(CONTROLLER_NAME, namespace=CONTROLLER_NAMESPACE)
-    except ValueError:
-        return None

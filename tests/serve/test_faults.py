@@ -23,8 +23,13 @@ REPLACEMENT_TIMEOUT_S = 300.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, trained_pair):
+    folder = tmp_path_factory.mktemp("faults")
+    # Through the node's agent (controller_batching: node): the faults below must leave that path as they leave
+    # a replica's direct pushes, which every other served test runs.
+    config = folder / "batching.yaml"
+    config.write_text("speculation:\n  controller_batching: node\n")
     args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--replicas", "1", "--max-k", "4"]
-    with serving(args, tmp_path_factory.mktemp("faults")) as process:
+    with serving([*args, "--config", str(config)], folder) as process:
         yield process
 
 
@@ -113,6 +118,7 @@ def test_a_killed_controller_comes_back_with_the_cluster_policy_and_serving_neve
     assert cli(server, "policy", "set", "--replica", rid, "fixed:k=1").returncode == 0
     wait_replicas(server, lambda rs: [r["engine"]["policy"] for r in rs] == ["fixed:k=1"], timeout_s=30)
     (controller,) = processes(server, "ray::ClusterController")
+    assert processes(server, "ray::NodeAgent"), "the replica pushes through its node's agent"
     with Load(server.endpoint, clients=2) as load:
         load.wait_answered(4)
         killed_at = load.now()
@@ -157,6 +163,7 @@ def test_a_hung_controller_hands_the_replica_to_local_rules_and_serving_never_wa
     rid = replica["replica_id"]
     wait_connected(server, rid, 1.0, timeout_s=60)
     (controller,) = processes(server, "ray::ClusterController")
+    assert processes(server, "ray::NodeAgent"), "the replica pushes through its node's agent"
     with Load(server.endpoint, clients=2) as load:
         load.wait_answered(2)
         hung_at = load.now()

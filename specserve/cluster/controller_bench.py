@@ -271,7 +271,8 @@ def plot(points: list[PointResult], path: Path) -> None:
         axes[0].plot(x, [p.round_s_p50 for p in mine], "o--", label=f"{label}: median round")
         axes[1].plot(x, [p.latency_s_p99 * 1e3 for p in mine], "o-", label=f"{label}: p99")
         axes[1].plot(x, [p.latency_s_p50 * 1e3 for p in mine], "o--", label=f"{label}: p50")
-        axes[2].plot(x, [min(p.min_listed, p.burst_min_listed) / p.replicas for p in mine], "o-", label=label)
+        style = "o-" if batch == "none" else "s--"  # both lie on 1.0 when every replica is listed
+        axes[2].plot(x, [min(p.min_listed, p.burst_min_listed) / p.replicas for p in mine], style, label=label)
     axes[0].axhline(0.5, color="grey", lw=0.8, ls=":")
     axes[1].axhline(100, color="grey", lw=0.8, ls=":")
     for ax, title, unit in (

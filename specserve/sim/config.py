@@ -256,6 +256,18 @@ class AcceptanceConfig(_Closed):
         return self
 
 
+class ScaleOutConfig(_Closed):
+    """Replicas that join the router during the run, as Ray Serve's autoscaler adds them."""
+
+    at_s: float = Field(gt=0, description="when the new replicas join (simulated seconds)")
+    replicas: int = Field(gt=0, description="how many of num_replicas join then; the others serve from the start")
+    priors: bool = Field(
+        True,
+        description="a new replica starts from its peers' acceptance evidence, averaged (the controller's acceptance "
+        "prior); false: from its policy's cold prior",
+    )
+
+
 class SloConfig(_Closed):
     max_ttft_s: float | None = Field(None, gt=0, description="time to first token cap per request")
     max_tpot_s: float | None = Field(
@@ -326,12 +338,22 @@ class Scenario(_Closed):
     acceptance: AcceptanceConfig
     slo: SloConfig | None = None
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    scale_out: ScaleOutConfig | None = Field(None, description="replicas that join during the run")
 
     @field_validator("router", mode="before")
     @classmethod
     def _router_by_kind(cls, value: object) -> object:
         # `router: speculation_aware` is short for `router: {kind: speculation_aware}`.
         return {"kind": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _scale_out_leaves_a_replica(self) -> Scenario:
+        if self.scale_out is not None and self.scale_out.replicas >= self.num_replicas:
+            raise ValueError(
+                f"scale_out.replicas={self.scale_out.replicas} must be fewer than num_replicas={self.num_replicas}: "
+                "some replicas serve from the start"
+            )
+        return self
 
     @model_validator(mode="after")
     def _regimes_sorted(self) -> Scenario:

@@ -4,7 +4,8 @@ The order is defined here and nowhere else. At equal times a step that ends goes
 and freed KV blocks are visible to everything after it), then a closed loop's change in its number of clients
 (feeds.py; the clients it starts send at once), then arrivals (so a request arriving at the
 instant a step ends joins the next step), then step starts, then the draft memory's wake-ups (a transfer or a
-pool change finishing; draft_memory.py), which only scenarios with draft offload have. ``seq`` is a per-run
+pool change finishing; draft_memory.py), which only scenarios with draft offload have, then replicas joining
+(a scale-out). ``seq`` is a per-run
 counter: ties in time and phase resolve by insertion order, so a run is deterministic without comparing payloads.
 """
 
@@ -21,6 +22,8 @@ class Phase(IntEnum):
     ARRIVAL = 2
     STEP_START = 3
     MEMORY = 4
+    # Replicas joining the router (scale_out); last at equal times, so the earlier phases kept their order.
+    JOIN = 5
 
 
 @dataclass(frozen=True, slots=True)

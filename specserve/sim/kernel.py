@@ -30,6 +30,7 @@ from specserve.sim.oracle import Truth, build_policy
 from specserve.sim.proposer import Proposer
 from specserve.sim.replica import Replica
 from specserve.sim.routing import Router
+from specserve.sim.scale_out import ScaleOut
 from specserve.sim.scenario import ResolvedScenario, ScenarioError
 from specserve.sim.signals import SignalModel
 from specserve.sim.steps import StepListener
@@ -71,6 +72,8 @@ class SimResult:
     memory: DraftMemorySim | None = None
     # The router, with its count of every route taken (routing.py).
     router: Router | None = None
+    # A scale-out's prior: the pooled evidence each new replica was seeded with (None: none given).
+    scale_out_prior: tuple[tuple[float, ...], tuple[float, ...], int] | None = None
 
 
 def _without_truth(factory: PolicyFactory) -> Callable[[EngineTraits, Truth], Policy]:
@@ -157,13 +160,15 @@ class Simulator:
             replicas.append(truth.replica)
         memory = DraftMemorySim(scenario.memory, self.resolved, replicas) if scenario.memory.offload else None
         router = Router(scenario.router, Column(table, "batch"))
+        scale_out = ScaleOut(scenario.scale_out, replicas) if scenario.scale_out is not None else None
         trace: list[TraceEntry] = []
-        end_s = self._loop(feed, replicas, router, trace, memory)
+        end_s = self._loop(feed, replicas, router, trace, memory, scale_out)
         feed.finish()
         spec = self.policy_spec or replicas[0].policy.spec
         wall_s = time.perf_counter() - started
+        prior = scale_out.prior if scale_out is not None else None
         return SimResult(
-            self.resolved, spec, self.seed, feed.workload, table, replicas, end_s, wall_s, trace, memory, router
+            self.resolved, spec, self.seed, feed.workload, table, replicas, end_s, wall_s, trace, memory, router, prior
         )
 
     def _loop(
@@ -173,9 +178,13 @@ class Simulator:
         router: Router,
         trace: list[TraceEntry],
         memory: DraftMemorySim | None,
+        scale_out: ScaleOut | None,
     ) -> float:
         queue = EventQueue()
         busy = [False] * len(replicas)
+        routed = replicas if scale_out is None else scale_out.serving
+        if scale_out is not None:
+            queue.push(scale_out.cfg.at_s, Phase.JOIN)
 
         def send(sends: Sends) -> None:
             for time_s, request in sends:
@@ -193,13 +202,17 @@ class Simulator:
                 for wake_s in memory.on_wake(now_s) if memory is not None else ():
                     queue.push(wake_s, Phase.MEMORY)
                 continue
+            if event.phase is Phase.JOIN:
+                assert scale_out is not None
+                routed = scale_out.join()
+                continue
             end_s = now_s
             if len(trace) < self.max_trace_events:
                 trace.append(TraceEntry(now_s, event.phase.name, event.replica, event.request))
             if event.phase is Phase.CLIENTS:
                 send(feed.on_change(now_s))
             elif event.phase is Phase.ARRIVAL:
-                replica = router.route(event.request, replicas)
+                replica = router.route(event.request, routed)
                 replica.add(event.request)
                 send(feed.after_arrival(event.request))
                 if not busy[replica.index]:

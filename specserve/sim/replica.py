@@ -31,7 +31,7 @@ from specserve.sim.drafting import Drafter, Drafts, StopHook
 from specserve.sim.latency import StepTimer
 from specserve.sim.proposer import Proposer, proposer_for
 from specserve.sim.steps import StepListener, StepStats, further_pass_tokens, step_record
-from specserve.speculation import Decision, GuardedPolicy, Policy, StepContext, StepRecord
+from specserve.speculation import Decision, GuardedPolicy, Policy, PositionAcceptance, StepContext, StepRecord
 from specserve.speculation.context import build_step_context, kv_blocks_needed, most_kv_blocks_per_decode
 from specserve.speculation.draft_sync import catch_up_plan, draft_pass_room, skips_draft_pass
 
@@ -105,6 +105,9 @@ class Replica:
         self.num_accepted = 0
         # The draft's residency when the scenario offloads (draft_memory.py drives it); None: always resident.
         self.memory: ResidencyMachine | None = None
+        # The engine's telemetry estimate of acceptance (the evidence the controller pools into a new replica's
+        # prior), kept only where a scale-out seeds new replicas from it: it changes no decision.
+        self.acceptance_evidence: PositionAcceptance | None = None
 
     @property
     def draft_resident(self) -> bool:
@@ -174,6 +177,8 @@ class Replica:
             self.num_kv_blocks_free += int(b.num_blocks[finished].sum())
             b.keep(~finished)
         self.guard.observe(pending.record)
+        if self.acceptance_evidence is not None:
+            self.acceptance_evidence.observe(pending.record)
         if self.on_step is not None:
             used = self.num_kv_blocks_total - self.num_kv_blocks_free
             stats = StepStats(

@@ -18,6 +18,7 @@ from telemetry_samples import engine_telemetry
 from specserve.controller.state import ControllerState
 from specserve.memory import ClusterMemoryParams
 from specserve.messages import AcceptancePrior, DraftState, MemoryDecision, MemoryDirective, ReplicaSnapshot
+from specserve.speculation.estimators.acceptance import pooled_evidence
 
 STATES = (DraftState.RESIDENT, DraftState.OFFLOADED, DraftState.CONTRACTING, DraftState.RELOADING)
 
@@ -121,3 +122,26 @@ def test_push_sequences_get_the_directives_of_planning_the_whole_cluster_at_ever
     assert kinds_seen >= {"PolicyDirective", "AcceptancePrior", "grant_reload", "queue_reload", "grant_offload"}
     if params.min_resident_per_deployment:
         assert "refuse_offload" in kinds_seen
+
+
+def test_the_simulators_pooled_prior_is_the_controllers():
+    # The controller keeps the average as running sums push by push; the simulator pools at a scale-out's join.
+    peers = [
+        ((6.0, 3.0, 1.0), (10.0, 6.0, 3.0)),
+        ((8.0, 4.0, 2.0, 1.0), (9.0, 8.0, 4.0, 2.0)),
+        ((0.0,) * 3, (0.0,) * 3),
+    ]
+    state = ControllerState(Clock())
+    for i, (accepted, reached) in enumerate(peers):
+        state.push(evidence_snapshot(f"peer-{i}", accepted, reached))
+    directives = state.push(evidence_snapshot("new", (), ()))
+    (prior,) = [d for d in directives if isinstance(d, AcceptancePrior)]
+    pooled = pooled_evidence(peers)
+    assert pooled is not None and pooled[2] == prior.num_replicas == 2
+    assert prior.accepted_per_pos == pytest.approx(pooled[0])
+    assert prior.reached_per_pos == pytest.approx(pooled[1])
+
+
+def evidence_snapshot(replica: str, accepted: tuple, reached: tuple) -> ReplicaSnapshot:
+    engine = engine_telemetry(num_reached_per_pos=(0, 0, 0, 0), accepted_per_pos=accepted, reached_per_pos=reached)
+    return ReplicaSnapshot(replica_id=replica, node_id="n", model_id="m", engine=engine)

@@ -144,3 +144,20 @@ class PositionAcceptance:
             previous = (accepted + self.prior_weight * previous) / denominator if denominator > 0 else previous
             alphas.append(previous)
         return alphas
+
+
+def pooled_evidence(
+    peers: Sequence[tuple[Sequence[float], Sequence[float]]],
+) -> tuple[tuple[float, ...], tuple[float, ...], int] | None:
+    """Peers' acceptance evidence (decayed accepted and reached counts per position) as one typical peer's worth:
+    the average over the peers that have any, on the positions they all have; with how many they are. None
+    without evidence. What a replica new to its deployment is seeded with (``PositionAcceptance.seed``): the
+    controller keeps the same average as running sums, the simulator computes it here at a scale-out."""
+    with_evidence = [(a, r) for a, r in peers if any(r)]
+    width = min((len(r) for _, r in with_evidence), default=0)
+    if not width:
+        return None
+    n = len(with_evidence)
+    accepted = tuple(sum(a[p] for a, _ in with_evidence) / n for p in range(width))
+    reached = tuple(sum(r[p] for _, r in with_evidence) / n for p in range(width))
+    return accepted, reached, n

@@ -1,5 +1,6 @@
 """Today's controller bookkeeping before issue 62, kept verbatim as the oracle of the incremental one: it re-plans every
 live replica at every push (O(N log N) a push). Only tests import it."""
+
 from __future__ import annotations
 
 from collections import Counter, deque

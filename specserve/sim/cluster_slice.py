@@ -35,4 +35,11 @@ def cluster_slice(scenario: Scenario, num_replicas: int, duration_s: float | Non
         }
     )
     workload = scenario.workload.model_copy(update={"arrivals": arrivals})
-    return scenario.model_copy(update={"num_replicas": num_replicas, "workload": workload, "memory": memory})
+    update = {"num_replicas": num_replicas, "workload": workload, "memory": memory}
+    if scenario.scale_out is not None:
+        # The same share of the fleet joins; at least one replica joins and at least one serves from the start.
+        joining = min(max(1, round(scenario.scale_out.replicas * factor)), num_replicas - 1)
+        if joining < 1:
+            raise ValueError(f"cluster_slice: a scale-out needs at least 2 replicas, not {num_replicas}")
+        update["scale_out"] = scenario.scale_out.model_copy(update={"replicas": joining})
+    return scenario.model_copy(update=update)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from specserve.sim import load_scenario, simulate
 from specserve.sim.cluster_slice import cluster_slice
 from specserve.sim.config import PiecewiseArrivals
@@ -36,3 +38,16 @@ def test_one_replica_slice_serves_every_request_it_is_sent() -> None:
     result = simulate(cluster_slice(load_scenario(HOUR), 1, 20.0), "adaptive", seed=0)
     assert len(result.table.arrival_s) > 0
     assert (result.table.num_output == result.table.output_tokens).all()
+
+
+def test_a_slice_keeps_the_share_of_replicas_a_scale_out_adds() -> None:
+    scale_out = load_scenario("cluster-4090-7b-scale-out")
+    assert scale_out.scale_out is not None
+    eight = cluster_slice(scale_out, 8)
+    assert eight.scale_out is not None
+    assert eight.scale_out.replicas / 8 == scale_out.scale_out.replicas / scale_out.num_replicas
+    # One replica serving and one joining at the least.
+    two = cluster_slice(scale_out, 2)
+    assert two.scale_out is not None and two.scale_out.replicas == 1
+    with pytest.raises(ValueError, match="a scale-out needs at least 2 replicas, not 1"):
+        cluster_slice(scale_out, 1)

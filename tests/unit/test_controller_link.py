@@ -32,3 +32,15 @@ def test_a_grace_of_one_round_hands_over_at_the_first_miss():
 def test_a_grace_under_one_round_is_refused():
     with pytest.raises(ValueError, match="grace_rounds 0"):
         ControllerLink(grace_rounds=0)
+
+
+def test_an_unknown_batching_mode_fails_the_replicas_start_naming_the_key():
+    import pytest
+
+    from specserve.replicas.serve.controller_push import ControllerPusher
+
+    async def apply(directive) -> None:
+        pass
+
+    with pytest.raises(ValueError, match=r"speculation.controller_batching='per-rack': choose one of none, node"):
+        ControllerPusher("node-1", "per-rack", apply)

@@ -32,7 +32,7 @@ BATCHING_MODES = ("none", "node")
 class ControllerPusher:
     def __init__(self, node_id: str, batching: str, apply: Callable[[Directive], Awaitable[None]]) -> None:
         if batching not in BATCHING_MODES:
-            raise ValueError(f"controller batching {batching!r}: choose one of {', '.join(BATCHING_MODES)}")
+            raise ValueError(f"speculation.controller_batching={batching!r}: choose one of {', '.join(BATCHING_MODES)}")
         self._node_id = node_id
         self._batching = batching
         self._apply = apply

@@ -74,7 +74,10 @@ class SpecLLMServer(LLMServer):
         self._model_id = self._llm_config.model_id
         self._metrics = ReplicaMetrics(model=self._model_id, replica=self._replica_id)
         self._join_controller()
-        self._telemetry_task = asyncio.get_running_loop().create_task(self._telemetry_loop())
+        # Built here, so that a bad `controller_batching` fails the replica's start, naming it.
+        batching = (self._llm_config.experimental_configs.get(CONTROLLER_KEY) or {}).get("batching", "none")
+        pusher = ControllerPusher(self._node_id, batching, self._apply)
+        self._telemetry_task = asyncio.get_running_loop().create_task(self._telemetry_loop(pusher))
 
     async def _calibrate(self) -> None:
         """The start-up checks and step timings (calibration.py), unless the config turns them off."""
@@ -137,10 +140,8 @@ class SpecLLMServer(LLMServer):
 
     # -- the telemetry loop ------------------------------------------------------------------------
 
-    async def _telemetry_loop(self) -> None:
+    async def _telemetry_loop(self, pusher: ControllerPusher) -> None:
         link = ControllerLink()
-        batching = (self._llm_config.experimental_configs.get(CONTROLLER_KEY) or {}).get("batching", "none")
-        pusher = ControllerPusher(self._node_id, batching, self._apply)
         try:
             while True:
                 started = time.monotonic()

@@ -1,10 +1,12 @@
-"""replicas/serve/controller_link.py: when a replica's engine stops waiting for the controller's grants."""
+"""replicas/serve/controller_link.py: when a replica's engine stops waiting for the controller's grants; and the
+pusher's own configuration (controller_push.py; its behaviour on a real Ray is tests/serve/test_controller_scale.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from specserve.replicas.serve.controller_link import LOCAL_RULES_AFTER_ROUNDS, ControllerLink
+from specserve.replicas.serve.controller_push import ControllerPusher
 
 
 def test_not_coordinated_before_the_first_answer_and_coordinated_from_it():
@@ -35,10 +37,6 @@ def test_a_grace_under_one_round_is_refused():
 
 
 def test_an_unknown_batching_mode_fails_the_replicas_start_naming_the_key():
-    import pytest
-
-    from specserve.replicas.serve.controller_push import ControllerPusher
-
     async def apply(directive) -> None:
         pass
 

@@ -51,6 +51,9 @@ def plain(trained_pair) -> list[list[int]]:
     return decode(str(trained_pair.target), None)[0]
 
 
+# `make test-slow`'s, as the MTP one below (CI time): the serve tier serves the bundled EAGLE-3 head and MTP target
+# losslessly with drafts accepted (tests/serve/test_methods_served.py); these add the untrained heads' zero beside.
+@pytest.mark.slow
 def test_eagle3_head_is_lossless_and_accepted(trained_pair, plain, tmp_path, record_property):
     target, head = str(trained_pair.target), str(cached_head("eagle3"))
     trained_tokens, trained = decode(target, head)
@@ -83,8 +86,9 @@ def mtp_plain() -> list[list[int]]:
     return decode(str(cached_head("mtp")), None)[0]
 
 
-# k = 1 is `make test-slow`'s: k = K drafts through the same layer, and the serve tier runs MTP under every policy.
-@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), K])
+# `make test-slow`'s at both k (CI time): the serve tier runs MTP under every policy.
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [1, K])
 def test_mtp_target_is_lossless_and_accepted(trained_pair, mtp_plain, tmp_path, record_property, k):
     model = str(cached_head("mtp"))
     trained_tokens, trained = decode(model, model, method="mtp", k=k)

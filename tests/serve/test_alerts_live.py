@@ -15,6 +15,9 @@ from specserve.cluster import prometheus
 ALERT = 'ALERTS{alertname="SpecserveAcceptanceCollapsed"'
 
 
+# `make test-slow`'s (CI time: 212 s, the alert's own `for:` plus Prometheus' evaluation): the live dashboards stack
+# evaluates every alerting rule in CI, and the rule's expression is unit-tested against the catalog.
+@pytest.mark.slow
 def test_a_draft_that_is_never_accepted_fires_the_acceptance_collapse_alert(tmp_path, random_pair):
     if prometheus.PrometheusServer.binary() is None:
         pytest.skip("Debian's prometheus is not installed (scripts/install.sh installs it when run as root)")

@@ -14,6 +14,10 @@ from ray_nodes import ray_env
 
 from specserve.cluster.local import SERVE_SWITCHES
 
+# `make test-slow`'s (CI time: about 4 min with its three-node cluster): the default-proxy cluster of
+# test_multinode.py runs in CI, and test_throughput_mode.py serves through the HAProxy ingress on one node.
+pytestmark = pytest.mark.slow
+
 
 def emitted(replicas: list[dict]) -> dict[str, int]:
     return {r["replica_id"]: r["engine"]["num_emitted_tokens"] for r in replicas}

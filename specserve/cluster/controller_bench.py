@@ -121,7 +121,6 @@ class Pusher:
         latencies: list[float] = []
         round_done = [math.nan] * rounds
         skipped = [0] * rounds
-        remaining = [0] * rounds
         tasks: list[asyncio.Task] = []
 
         async def push(group: int, r: int) -> None:
@@ -138,6 +137,7 @@ class Pusher:
             for r in range(rounds)
             for g in range(len(self._groups))
         )
+        # Pushes of each round not yet answered or skipped; the round ends when none is left.
         remaining = [len(self._groups)] * rounds
         for at, r, g in schedule:
             if at > time.time() + 0.002:

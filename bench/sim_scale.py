@@ -167,6 +167,7 @@ def write_md(rows: list[dict[str, Any]], estimate: dict[str, Any] | None, comman
     if estimate is not None:
         how = "measured" if estimate["measured"] else f"extrapolated from {estimate['steps']:,.0f} steps"
         lines += ["", f"64 replicas x 3,600 s: {estimate['wall_s'] / 60:.1f} min of wall ({how}); the bar is 10 min."]
+    lines += ["", f"Raw data: [{path.stem}.json]({path.stem}.json).", "", f"![wall time per run]({path.stem}.png)"]
     path.write_text("\n".join(lines) + "\n")
 
 

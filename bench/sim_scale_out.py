@@ -107,6 +107,7 @@ def main() -> int:
             f"{r['new_mean_k_first_s']} | {r['new_tokens_first_s']:,} | {r['throughput_tok_s']:,} | "
             f"{r['mean_ttft_s']} |"
         )
+    lines += ["", f"Raw data: [{out.stem}.json]({out.stem}.json).", "", f"![new replicas' mean k]({out.stem}.png)"]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for priors, (xs, ys) in curves.items():

@@ -66,6 +66,9 @@ class ClusterController:
 
     def push(self, snapshot: ReplicaSnapshot) -> list[Directive]:
         self._num_calls += 1
+        return self._answer(snapshot)
+
+    def _answer(self, snapshot: ReplicaSnapshot) -> list[Directive]:
         self._num_pushes += 1
         directives = self._state.push(snapshot)
         for d in directives:
@@ -89,8 +92,8 @@ class ClusterController:
     def push_many(self, snapshots: list[ReplicaSnapshot]) -> list[list[Directive]]:
         """Several replicas' pushes in one call (a node's replicas, batched): each one's directives, in order. One
         call instead of many saves Ray's cost per call, which at thousands of replicas is most of the actor's."""
-        self._num_calls += 1 - len(snapshots)  # push counts each snapshot as a call
-        return [self.push(s) for s in snapshots]
+        self._num_calls += 1
+        return [self._answer(s) for s in snapshots]
 
     def usage(self) -> ControllerUsage:
         """What the scale benchmark reads, and `status` could."""

@@ -175,10 +175,6 @@ class ControllerState:
         deployment = self._deployments.get(model_id)
         return deployment.prior() if deployment is not None else None
 
-    def push_many(self, snapshots: list[ReplicaSnapshot]) -> list[list[Directive]]:
-        """Several replicas' pushes in one call (a node's, batched): each one's directives, in order."""
-        return [self.push(s) for s in snapshots]
-
     # -- the views -----------------------------------------------------------------------------------------
 
     def _record(self, snapshot: ReplicaSnapshot) -> None:

@@ -81,19 +81,27 @@ RUNS: dict[str, tuple[Callable[[], Scenario], str, int]] = {
     "ngram-adaptive": (lambda: builtin("mixed-ngram-h100-8b", 20), "adaptive", 10),
     "closed-loop-adaptive": (closed_loop, "adaptive", 11),
     "nightjar-adaptive": (lambda: builtin("nightjar-4090-7b-dynamic", 100), "adaptive", 12),
-    "cluster-adaptive": (lambda: builtin("cluster-4090-7b-64x-hour", 90, 8), "adaptive", 0),
-    "cluster-adaptive-per-request": (lambda: builtin("cluster-4090-7b-64x-hour", 40, 4), "adaptive:per_request=true", 1),
-    "cluster-local-fixed": (
-        lambda: _local(builtin("cluster-4090-7b-64x-hour", 90, 4)),
-        "fixed:k=3",
-        2,
+    "cluster-adaptive": (lambda: builtin("cluster-4090-7b-64x-hour", 40, 8), "adaptive", 0),
+    "cluster-offload-adaptive": (lambda: _pressed(builtin("cluster-4090-7b-64x-hour", 160, 8)), "adaptive", 3),
+    "cluster-offload-per-request": (
+        lambda: _pressed(builtin("cluster-4090-7b-64x-hour", 160, 4)),
+        "adaptive:per_request=true",
+        1,
     ),
-    "scale-out-adaptive": (lambda: builtin("cluster-4090-7b-scale-out", 150, 4), "adaptive", 0),
+    "cluster-local-adaptive": (lambda: _local(_pressed(builtin("cluster-4090-7b-64x-hour", 160, 4))), "adaptive", 2),
+    "cluster-fixed": (lambda: builtin("cluster-4090-7b-64x-hour", 30, 4), "fixed:k=3", 2),
+    "scale-out-adaptive": (lambda: _pressed(builtin("cluster-4090-7b-scale-out", 150, 4)), "adaptive", 0),
 }
 
 
 def _local(scenario: Scenario) -> Scenario:
     return scenario.model_copy(update={"memory": scenario.memory.model_copy(update={"coordination": "local"})})
+
+
+def _pressed(scenario: Scenario, num_kv_blocks: int = 1200) -> Scenario:
+    """A smaller KV pool, so that a short slice fills it and drafts are offloaded and reloaded."""
+    engine = scenario.engine.model_copy(update={"num_kv_blocks": num_kv_blocks})
+    return scenario.model_copy(update={"engine": engine})
 
 
 def _array(h: Any, value: np.ndarray) -> None:

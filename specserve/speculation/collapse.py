@@ -25,8 +25,13 @@ established; low acceptance is low from the start, or declines gradually. So:
   steps back to any point in the window, the binomial tail ``P(X <= successes | trials, floor)`` is at most
   ``confidence``: acceptance since then is below the floor, with that confidence. Scanning the window's tails
   tests several stretches a step, which only matters for acceptance right at the floor; acceptance at the baseline
-  (four times the floor) is that far below it with a probability many orders smaller. Speed matters here: under
-  ``adaptive`` a collapse drives k to 0 within a few steps too, and the detector must have its trials by then.
+  (four times the floor) is that far below it with a probability many orders smaller.
+- *Suspicion* keeps the trials coming. Under ``adaptive`` the same rejections drive k to 0 within a few steps, and
+  at k = 0 the only trials are the policy's probes, one step every few seconds: the test would need tens of
+  seconds, with the broken draft left in place meanwhile. So once the latest trials are below the floor at the
+  weaker ``suspect_confidence`` (two probes' worth of rejections), the machine keeps k at 1 or more until the test
+  fires or the trials look healthy again. A suspicion that forces a window of trials without firing (acceptance
+  hovering at the floor) lapses for another window, so it costs a bounded share of steps at k = 1.
 - A gradual decline moves the baseline with it (the half-life is many windows long), so it never opens a gap of
   ``1 / ratio`` against it; a drop of that size within one window is a cliff by definition. A cliff in the traffic
   itself (every running request suddenly unpredictable) looks the same to any acceptance statistic; the action
@@ -77,6 +82,9 @@ class CollapseParams:
     half_life_trials: float = 2000.0
     # Binomial tail at which the window's acceptance is below the floor. Small: the detector tests every step.
     confidence: float = 1e-4
+    # Binomial tail at which the window is suspect: k is kept at 1 or more until the test decides, so that a
+    # policy that answered the same rejections with k = 0 does not starve the detector of its trials.
+    suspect_confidence: float = 0.05
     # Seconds from a failed probe (or a collapse with nothing to restore) to the next probe; doubled per failure.
     backoff_s: float = 5.0
     max_backoff_s: float = 120.0
@@ -128,6 +136,11 @@ class AcceptanceCliff:
         self.window_trials = self.window_successes = 0
         # The decayed baseline: successes and trials, older than the window.
         self.base_successes = self.base_trials = 0.0
+        # Suspect: the latest trials fall below the floor at ``suspect_confidence``, not yet at ``confidence``.
+        self.suspect = False
+        self.num_suspicions = 0
+        # Trials a suspicion may still force before it lapses, and (after a lapse) trials before a new one.
+        self._suspect_left = self._quiet_left = 0
 
     @property
     def baseline(self) -> float | None:
@@ -166,28 +179,53 @@ class AcceptanceCliff:
         while self.window and self.window_trials - self.window[0][0] >= size:
             self._fold(*self.window.popleft())
             self.times.popleft()
-        return self.below_floor()
+        fired, lowest = self.below_floor()
+        self._suspect(fired, lowest, trials)
+        return fired
 
-    def below_floor(self) -> bool:
+    def below_floor(self) -> tuple[bool, float]:
         """Whether the latest trials, over any stretch of whole steps back from the newest that holds enough of
         them, are below the floor with the set confidence: a cliff is seen once enough trials fell after it,
-        not only once the good trials before it have left the window."""
+        not only once the good trials before it have left the window. Also the lowest tail over the stretches
+        with enough trials for a suspicion (1.0 where none has)."""
         floor = self.floor
         if floor is None:
-            return False
-        needed = trials_needed(floor, self.params.confidence)
-        if self.window_trials < needed:
-            return False
+            return False, 1.0
+        p = self.params
+        needed = trials_needed(floor, p.confidence)
+        suspect_needed = trials_needed(floor, p.suspect_confidence)
+        lowest = 1.0
         trials = successes = 0
         for n, s in reversed(self.window):
             trials, successes = trials + n, successes + s
             # At or above the floor's mean the tail is near 1/2 or more: skip the sum (the usual healthy step).
-            if trials < needed or successes >= floor * trials:
+            if trials < suspect_needed or successes >= floor * trials:
                 continue
-            if binomial_tail(successes, trials, floor) <= self.params.confidence:
+            tail = binomial_tail(successes, trials, floor)
+            lowest = min(lowest, tail)
+            if trials >= needed and tail <= p.confidence:
                 self.fired = (successes, trials)
-                return True
-        return False
+                return True, tail
+        return False, lowest
+
+    def _suspect(self, fired: bool, lowest: float, trials: int) -> None:
+        """Start, keep or end a suspicion. It ends when the test fires, when the latest trials no longer look low,
+        or, having forced a window's worth of trials without firing (acceptance hovering at the floor), by lapsing
+        for another window's worth, so that it costs a bounded share of steps at k = 1."""
+        low = lowest <= self.params.suspect_confidence
+        if self.suspect:
+            self._suspect_left -= trials
+            if fired or not low:
+                self.suspect = False
+            elif self._suspect_left <= 0:
+                self.suspect = False
+                self._quiet_left = self.window_size()
+        elif self._quiet_left > 0:
+            self._quiet_left -= trials
+        elif low and not fired:
+            self.suspect = True
+            self.num_suspicions += 1
+            self._suspect_left = self.window_size()
 
     def _fold(self, trials: int, successes: int) -> None:
         self.window_trials -= trials
@@ -201,6 +239,8 @@ class AcceptanceCliff:
         self.window.clear()
         self.times.clear()
         self.window_trials = self.window_successes = 0
+        self.suspect = False
+        self._suspect_left = self._quiet_left = 0
 
     def forget_baseline(self) -> None:
         self.clear_window()
@@ -266,10 +306,12 @@ class CollapseMachine:
 
     def forced_k(self, k: int) -> int:
         """The step's k once this machine has had its say: 0 while collapsed or restoring, at least 1 while probing
-        (a policy that learned the collapse's acceptance would choose 0 and never see it come back)."""
+        (a policy that learned the collapse's acceptance would choose 0 and never see it come back) and while the
+        detector is suspect (a policy that answered the first rejections with k = 0 would leave a broken draft
+        undetected, and unrestored, for as long as its occasional probes take to add up to a test)."""
         if self.state in (CollapseState.COLLAPSED, CollapseState.RESTORING):
             return 0
-        if self.state is CollapseState.PROBING:
+        if self.state is CollapseState.PROBING or self.detector.suspect:
             return max(k, 1)
         return k
 

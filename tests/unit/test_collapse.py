@@ -3,6 +3,8 @@ fires on a cliff from an established baseline and on nothing else, and the machi
 
 from __future__ import annotations
 
+import copy
+import math
 import random
 
 import pytest
@@ -215,3 +217,72 @@ def test_a_drafter_without_weights_never_restores_and_hands_back_after_its_probe
     assert probe(machine, rng, 0.0, machine.retry_at_s).state is CollapseState.COLLAPSED
     machine.tick(machine.retry_at_s)
     assert probe(machine, rng, 0.0, machine.retry_at_s).state is CollapseState.HEALTHY
+
+
+def policy_at_k0(machine: CollapseMachine, rate: float, probe_every: int, rng: random.Random, steps_max: int):
+    """A policy that answers rejections with k = 0 and probes at k = 1 every ``probe_every`` steps (``adaptive``'s
+    way), under the machine's forced k. Yields, per step, the k the step ran and whether it was a probe."""
+    for i in range(steps_max):
+        probe = i % probe_every == 0
+        k = machine.forced_k(1 if probe else 0)
+        trials = REQUESTS if k else 0
+        machine.observe(float(i), trials, sum(rng.random() < rate for _ in range(trials)))
+        yield k, probe
+
+
+def test_a_policy_at_k0_does_not_starve_the_detector():
+    rng = random.Random(12)
+    machine = CollapseMachine()
+    for n, s in steps(rng, 0.8, 200):
+        machine.observe(0.0, n, s)
+    floor = machine.detector.floor
+    assert floor is not None
+    p = machine.params
+    probes = forced = 0
+    for k, probe in policy_at_k0(machine, 0.0, 50, rng, 5000):
+        probes += probe
+        forced += k > 0 and not probe
+        if machine.state is not CollapseState.HEALTHY:
+            break
+    assert machine.num_collapses == 1
+    # The probes bring the suspicion, the forced steps the rest of the test's trials; on the probes alone the test
+    # would wait for trials_needed of them.
+    assert probes == math.ceil(trials_needed(floor, p.suspect_confidence) / REQUESTS)
+    assert forced == math.ceil(trials_needed(floor, p.confidence) / REQUESTS) - probes
+    assert probes < math.ceil(trials_needed(floor, p.confidence) / REQUESTS)
+
+
+def test_a_suspicion_ends_when_the_drafts_are_accepted_again():
+    rng = random.Random(13)
+    detector = AcceptanceCliff()
+    fires_at(detector, steps(rng, 0.8, 200))
+    assert detector.floor is not None
+    for n, s in steps(rng, 0.0, 3):
+        assert not detector.observe(n, s)
+    assert detector.suspect and detector.num_suspicions == 1
+    for n, s in steps(rng, 0.8, 3):
+        assert not detector.observe(n, s)
+    assert not detector.suspect and detector.num_suspicions == 1
+
+
+def test_a_suspicion_that_never_decides_lapses_and_forces_at_most_half_the_trials():
+    rng = random.Random(14)
+    detector = AcceptanceCliff()
+    fires_at(detector, steps(rng, 0.8, 200))
+    window = detector.window_size()
+    # The worst case for the cost: each step brings the fewest successes that do not fire the test, so the latest
+    # trials stay suspect without ever deciding (and drag the baseline, and with it the window, along).
+    suspect_steps = run = 0
+    smallest = window = detector.window_size()
+    for _ in range(400):
+        successes = next(s for s in range(REQUESTS + 1) if not copy.deepcopy(detector).observe(REQUESTS, s))
+        assert not detector.observe(REQUESTS, successes)
+        if detector.suspect and not run:
+            window = detector.window_size()
+            smallest = min(smallest, window)
+        run = run + 1 if detector.suspect else 0
+        suspect_steps += detector.suspect
+        assert run * REQUESTS < window + REQUESTS, "a suspicion forced more than a window of trials"
+    assert detector.num_suspicions > 1, "never suspected again after a lapse"
+    # A window suspect (and a step), then a window quiet.
+    assert suspect_steps / 400 <= (smallest + REQUESTS) / (2 * smallest + REQUESTS)

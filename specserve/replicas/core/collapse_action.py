@@ -90,9 +90,15 @@ class CollapseAction:
 
     def observe(self, record: StepRecord) -> None:
         trials, successes = first_position_trials(record.num_drafted_per_request, record.num_accepted_per_request)
-        collapses = self.machine.num_collapses
+        collapses, suspicions = self.machine.num_collapses, self.machine.detector.num_suspicions
         transition = self.machine.observe(record.now_s, trials, successes)
         self._log(transition)
+        if self.machine.detector.num_suspicions > suspicions:
+            logger.info(
+                "specserve: acceptance suspect: first drafts accepted below the floor %.2f, not yet significantly; "
+                "k kept at 1 or more until the test decides",
+                self.machine.detector.floor,
+            )
         if self.machine.num_collapses > collapses:
             self._detected_s = self._last_action_s
         if transition is not None and transition.state is CollapseState.HEALTHY and self.machine.draft_restored:

@@ -57,22 +57,25 @@ class Drafter:
     def draft(self, alphas: np.ndarray, planned: np.ndarray, stop: StopHook | None = None) -> Drafts:
         """Draft for rows with ``planned`` >= 1 drafts each (aligned with ``alphas``); ``stop`` is the step's
         draft-loop rule (``Decision.draft_stop``), asked only when signals give it confidences."""
-        probs = self.acceptance.position_probs(alphas, int(planned.max()))
-        passed = self.acceptance.sample_passed(probs, planned, self.verdict_rng)
+        width = int(planned.max())
+        # Every row drafts every position (the common step): no row's verdicts or means need a mask.
+        uniform = int(planned.min()) == width
+        probs = self.acceptance.position_probs(alphas, width)
+        passed = self.acceptance.sample_passed(probs, planned, self.verdict_rng, uniform)
         signals = None if self.signals is None else self.signals.sample(probs, passed, self.signal_rng)
         if stop is None or signals is None:
             num_passes = passed.shape[1]
         else:
-            num_passes = self._num_passes(planned, signals.confidence, stop)
+            num_passes = self._num_passes(planned, signals.confidence, stop, uniform)
         if num_passes == passed.shape[1]:
             return Drafts(planned, accepted_prefix(passed), signals)
         passed = passed[:, :num_passes]
         return Drafts(np.minimum(planned, num_passes), accepted_prefix(passed), signals, stopped_early=True)
 
-    def _num_passes(self, planned: np.ndarray, confidence: np.ndarray, stop: StopHook) -> int:
+    def _num_passes(self, planned: np.ndarray, confidence: np.ndarray, stop: StopHook, uniform: bool) -> int:
         """Ask the policy after every pass run; the first True ends the loop after that pass."""
-        if int(planned.min()) == confidence.shape[1]:
-            # Every row drafts every position (the common step): the same sums without the mask.
+        if uniform:
+            # The same sums without the mask.
             means = (confidence.sum(axis=0) / len(planned)).tolist()
         else:
             drafting = np.arange(confidence.shape[1]) < planned[:, None]

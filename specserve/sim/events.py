@@ -54,6 +54,14 @@ class EventQueue:
         heapq.heappush(self._heap, (time_s, int(phase), event.seq, event))
         return event
 
+    def first_after(self, time_s: float, phase: Phase) -> bool:
+        """Whether an event pushed now at ``time_s`` and ``phase`` would be the next one popped: every queued event
+        comes later (a later time, or the same time and a later phase; a pushed event's seq is the largest)."""
+        if not self._heap:
+            return True
+        head_s, head_phase = self._heap[0][0], self._heap[0][1]
+        return head_s > time_s or (head_s == time_s and head_phase > phase)
+
     def pop(self) -> Event:
         return heapq.heappop(self._heap)[3]
 

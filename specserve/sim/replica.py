@@ -108,6 +108,10 @@ class Replica:
         # The engine's telemetry estimate of acceptance (the evidence the controller pools into a new replica's
         # prior), kept only where a scale-out seeds new replicas from it: it changes no decision.
         self.acceptance_evidence: PositionAcceptance | None = None
+        # The running requests' ids as a tuple, for the batch's ids array it was made from: the batch changes every
+        # few dozen steps, a step reads the tuple once or twice (``_request_ids``).
+        self._ids_of: np.ndarray | None = None
+        self._ids: tuple[str, ...] = ()
 
     @property
     def draft_resident(self) -> bool:
@@ -234,11 +238,18 @@ class Replica:
             token_budget=self.cfg.max_num_batched_tokens,
             num_kv_blocks_free=self.num_kv_blocks_free,
             num_kv_blocks_total=self.num_kv_blocks_total,
-            request_ids=tuple(table.request_ids[b.ids]),
+            request_ids=self._request_ids(),
             draft_resident=self.draft_resident,
             slo_tpot_s=self.slo_tpot_s,
             kv_blocks_needed=needed,
         )
+
+    def _request_ids(self) -> tuple[str, ...]:
+        """The running requests' ids, in batch order (made again only when the batch's rows changed)."""
+        ids = self.batch.ids
+        if ids is not self._ids_of:
+            self._ids_of, self._ids = ids, tuple(self.table.request_ids[ids])
+        return self._ids
 
     def _caps(self, decision: Decision, request_ids: tuple[str, ...]) -> np.ndarray | None:
         """Drafts allowed per running row (aligned with ``request_ids``), or None when no request is capped.
@@ -373,7 +384,9 @@ class Replica:
         jitter = self.timer.jitter(self.jitter_rng)
         forward_s, draft_s, duration_s = parts[0] * jitter, parts[1] * jitter, sum(parts) * jitter
         sampled = scheduled & (b.num_computed + new_tokens == b.prompt + b.num_output)
-        request_ids = tuple(self.table.request_ids[b.ids[rows]]) if drafts is not None else ()
+        request_ids: tuple[str, ...] = ()
+        if drafts is not None:
+            request_ids = self._request_ids() if len(rows) == len(b) else tuple(self.table.request_ids[b.ids[rows]])
         record = step_record(
             now_s,
             k,

@@ -55,11 +55,15 @@ class TrueAcceptance:
         """Acceptance probability per request and draft position, shape (len(alphas), num_positions)."""
         return alphas[:, None] * self.position_factors[:num_positions]
 
-    def sample_passed(self, probs: np.ndarray, num_drafts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Independent verdicts per position (bool, shape of probs); False past a request's own num_drafts."""
+    def sample_passed(
+        self, probs: np.ndarray, num_drafts: np.ndarray, rng: np.random.Generator, uniform: bool = False
+    ) -> np.ndarray:
+        """Independent verdicts per position (bool, shape of probs); False past a request's own num_drafts.
+        ``uniform``: the caller knows every request drafts every position (nothing to cut)."""
         passed = rng.random(probs.shape) < probs
-        # A request given fewer drafts than the widest row (cap or token budget) cannot accept past its own.
-        passed &= np.arange(probs.shape[1]) < num_drafts[:, None]
+        if not uniform:
+            # A request given fewer drafts than the widest row (cap or token budget) cannot accept past its own.
+            passed &= np.arange(probs.shape[1]) < num_drafts[:, None]
         return passed
 
     def sample_accepted(self, alphas: np.ndarray, num_drafts: np.ndarray, rng: np.random.Generator) -> np.ndarray:

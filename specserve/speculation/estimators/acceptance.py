@@ -73,9 +73,9 @@ class PositionAcceptance:
         if record.num_drafted == 0:
             return
         _, reached, accepted = record.per_position(self.max_k)
-        for pos in range(self.max_k):
-            self._accepted[pos] = self._decay * self._accepted[pos] + accepted[pos]
-            self._reached[pos] = self._decay * self._reached[pos] + reached[pos]
+        decay = self._decay
+        self._accepted = [decay * old + new for old, new in zip(self._accepted, accepted, strict=True)]
+        self._reached = [decay * old + new for old, new in zip(self._reached, reached, strict=True)]
         self._alphas = self._solve()
 
     def seed(self, accepted: Sequence[float], reached: Sequence[float]) -> None:

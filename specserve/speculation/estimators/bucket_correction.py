@@ -103,8 +103,16 @@ class BucketCorrection:
 
     def factors(self, num_running: int, num_k: int) -> list[float]:
         """``factor`` for k = 0 .. num_k - 1, at least 0.1 (never a free or negative step)."""
-        level = self.level(num_running)
-        return [max(level + offset, 0.1) for offset in self.offsets(num_running, num_k)]
+        # ``level`` and ``offsets`` with the bucket found once: a policy asks every step.
+        bucket = bucket_of(num_running)
+        level_cell = self._levels.get(bucket)
+        level = 1.0 if level_cell is None else level_cell[0]
+        cells = self._cells.get(bucket)
+        main = _main(cells) if cells else None
+        if main is None:
+            return [max(level + 0.0, 0.1)] * num_k
+        get, offset = cells.get, self._offset  # type: ignore[union-attr]
+        return [max(level + offset(get(k), main), 0.1) for k in range(num_k)]
 
     def offsets(self, num_running: int, num_k: int) -> list[float]:
         """Each k's offset, shrunk toward the bucket's main k's (0 in a bucket not seen)."""
@@ -126,4 +134,9 @@ class BucketCorrection:
 
 def _main(cells: dict[int, list[float]]) -> list[float] | None:
     """The bucket's main cell: the k with the most (decayed) samples there."""
-    return max(cells.values(), key=lambda c: c[1], default=None)
+    # max(cells.values(), key=lambda c: c[1]) without the key's calls: the first of the largest, as max keeps.
+    main = None
+    for cell in cells.values():
+        if main is None or cell[1] > main[1]:
+            main = cell
+    return main

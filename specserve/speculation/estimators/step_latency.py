@@ -114,16 +114,15 @@ class StepFeatures:
         self, num_context_tokens: float, num_batched_tokens: float, num_draft_passes: float, num_running: float
     ) -> list[float]:
         n, passes, b = float(num_batched_tokens), float(num_draft_passes), float(num_running)
-        return [
-            1.0,
-            float(num_context_tokens),
-            n,
-            *(max(0.0, n - knot) for knot in self.token_knots),
-            passes,
-            passes * b,
-            *(passes * max(0.0, b - knot) for knot in self.request_knots),
-            *((1.0, b, float(passes > 0)) if self.parts else ()),
-        ]
+        # Built with comprehensions rather than starred generators: a policy builds one row per step. ``x if x > 0.0
+        # else 0.0`` is max(0.0, x) (NaN included) without the call.
+        row = [1.0, float(num_context_tokens), n]
+        row += [x if x > 0.0 else 0.0 for x in [n - knot for knot in self.token_knots]]
+        row += [passes, passes * b]
+        row += [passes * (x if x > 0.0 else 0.0) for x in [b - knot for knot in self.request_knots]]
+        if self.parts:
+            row += [1.0, b, float(passes > 0)]
+        return row
 
     def part_masks(self) -> np.ndarray:
         """Rows of 0/1 over the regressors, one per part (target, draft, rest): a whole step's row times them gives
@@ -264,7 +263,7 @@ class StepLatencyModel:
         The same linear form, grouped: fixed cost and context once, the token spline per row, and one draft pass
         at this batch size times each row's passes.
         """
-        phi = self._current()
+        phi = self._coefficients if self._coefficients is not None else self._current()
         n = np.asarray(num_batched_tokens, dtype=np.float64)
         b = float(num_running)
         per_pass_s, rest_fixed_s = self._batch_terms.get(b) or self._cache_batch_terms(phi, b)

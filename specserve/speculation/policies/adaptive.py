@@ -168,6 +168,9 @@ class AdaptivePolicy(Policy):
         self.requests = RequestAcceptance(params.ema_half_life_steps) if params.per_request else None
         # Steps that capped some request below the step's k.
         self.num_capped_steps = 0
+        # k = 0 .. max_k and their draft passes (as floats, the step-cost fit's unit): priced every step.
+        self._ks = np.arange(self.max_k + 1)
+        self._ks_draft_passes = self._draft_passes(self._ks).astype(np.float64)
 
     def choose(self, ctx: StepContext) -> Decision:
         self._lag.see(ctx.draft_resident)
@@ -313,7 +316,7 @@ class AdaptivePolicy(Policy):
     def decode_seconds_all(self, ctx: StepContext) -> np.ndarray:
         """Per k = 0 .. max_k, the step's time the decodes are charged with: all of it minus the prefill's own
         marginal cost."""
-        ks = np.arange(self.max_k + 1)
+        ks = self._ks
         return self.decode_seconds_many(ctx, ctx.num_running * ks, ks)
 
     def decode_seconds_many(
@@ -323,10 +326,8 @@ class AdaptivePolicy(Policy):
         passes (0 to max_k), one per row: per-request caps verify fewer drafts than the batch's k allows.
         ``factors``: the correction's per-k factors at this batch, where the caller prices many shapes."""
         batch, prefill = ctx.num_running, ctx.num_prefill_tokens
-        k0_passes = int(self.traits.k0_runs_draft_pass)
-        draft_passes = np.where(
-            passes > 0, np.minimum(passes, 1) if self.traits.one_proposer_pass else passes, k0_passes
-        )
+        every_k = passes is self._ks
+        draft_passes = self._ks_draft_passes if every_k else self._draft_passes(passes)
         context: float | np.ndarray = ctx.num_context_tokens
         if self.traits.batch_expansion:
             per_request = (drafts / max(batch, 1)).tolist()
@@ -335,10 +336,17 @@ class AdaptivePolicy(Policy):
         prefill_s = self.latency.batched_token_seconds(prefill) if prefill else 0.0
         if factors is None:
             factors = np.array(self.correction.factors(batch, self.max_k + 1))
-        factors = factors[passes]
+        if not every_k:  # at every k in order the factors are already aligned
+            factors = factors[passes]
         # Learned on whole steps, the factors scale the decodes' part only: a few per cent on a long prefill
         # chunk would outweigh what the drafts riding on it cost.
         return (step_s - prefill_s) * factors
+
+    def _draft_passes(self, passes: np.ndarray) -> np.ndarray:
+        """The draft passes a step with ``passes`` (its k) runs: one at k = 0 where that runs the draft's pass, at most
+        one where one pass proposes every draft."""
+        k0_passes = int(self.traits.k0_runs_draft_pass)
+        return np.where(passes > 0, np.minimum(passes, 1) if self.traits.one_proposer_pass else passes, k0_passes)
 
     def decode_seconds(self, ctx: StepContext, k: int) -> float:
         return float(self.decode_seconds_all(ctx)[k])

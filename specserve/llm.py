@@ -203,11 +203,12 @@ class Speculation(BaseModel):
         description="With draft_offload: draft reloads the controller lets run at once per node; default: as many as "
         "finish within 0.1 s at their share of the node's host-to-device bandwidth.",
     )
-    controller_batching: Literal["none", "node"] = Field(
-        "none",
+    controller_batching: Literal["auto", "none", "node"] = Field(
+        "auto",
         description="How replicas push their telemetry to the cluster controller: `none`, each replica its own call "
         "(enough to about a thousand replicas); `node`, through one agent per node that sends its node's replicas "
-        "in one call, for clusters of thousands (see the controller page for the measurements).",
+        "in one call, for clusters of thousands; `auto`, directly until the controller counts 256 live replicas, "
+        "then through the agents (back below 128). See the controller page for the measurements.",
     )
     startup_checks: Literal["fallback", "refuse", "off"] = Field(
         "fallback",

@@ -2,11 +2,12 @@
 
 At thousands of replicas the controller's cost is Ray's cost per call, not its planning (``specserve bench
 controller``: on the project's 2-core machine about 0.6 ms of the actor's CPU a call against 10 us of planning),
-so one actor cannot take one call per replica per second there. With ``controller_batching: node`` a replica
-pushes to its node's agent instead; the agent holds the pushes that arrive within ``window_s`` of the first and
-sends them as one ``push_many``, then answers each replica with its own directives. Replicas on one node push at
-the same phase of the second (``telemetry_phase_s``), so a node's pushes land in one window; nodes spread over
-the second by their id. The controller's decisions are the same as for one push at a time, in the order the
+so one actor cannot take one call per replica per second there. With ``controller_batching: node`` (or ``auto``
+once the cluster is large, ``controller.state.wants_node_batching``) a replica pushes to its node's agent
+instead; the agent holds the pushes that arrive within ``window_s`` of the first and sends them as one
+``push_many``, then answers each replica with its own directives. Replicas on one node push at the same phase of
+the second (``telemetry_phase_s``), so a node's pushes land in one window; nodes spread over the second by their
+id. The controller's decisions are the same as for one push at a time, in the order the
 batch lists them (by replica id).
 """
 

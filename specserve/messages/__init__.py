@@ -3,7 +3,8 @@
     EngineCore --EngineTelemetry--> replica      a dict through vLLM's EngineCore utility call (msgpack)
     replica    --ReplicaSnapshot--> controller   a Ray actor call, about once a second
     controller --list[Directive]--> replica      the reply to that call: PolicyDirective, AcceptancePrior (to a new
-                                                 replica), MemoryDirective (the cluster planner's decision)
+                                                 replica), MemoryDirective (the cluster planner's decision),
+                                                 BatchingDirective (how to push, where batching is auto)
 
 ``telemetry.py`` holds what an engine reports (one frozen snapshot per owner), ``directives.py`` what the
 controller answers. ``specserve.replicas`` and ``specserve.controller`` both import this package and never each
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from specserve.messages.directives import (
     AcceptancePrior,
+    BatchingDirective,
     Directive,
     MemoryDecision,
     MemoryDirective,
@@ -50,6 +52,7 @@ __all__ = [
     "ON_HEAD_NODE",
     "AcceptanceEstimate",
     "AcceptancePrior",
+    "BatchingDirective",
     "Counts",
     "Directive",
     "DraftMemorySnapshot",

@@ -57,5 +57,16 @@ class MemoryDirective:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class BatchingDirective:
+    """Controller -> a replica with ``controller_batching: auto``: push through the node's agent from now on
+    (``node``), or to the controller directly again; sent only where the replica's push says it does otherwise.
+    The replica's pusher carries it out; the replica itself never sees it."""
+
+    node: bool
+    # Live replicas the controller counted when it decided: for the replica's log.
+    num_replicas: int
+
+
 #: Everything a controller's reply to a push may hold; a replica dispatches on the type, exhaustively.
-Directive = PolicyDirective | AcceptancePrior | MemoryDirective
+Directive = PolicyDirective | AcceptancePrior | MemoryDirective | BatchingDirective

@@ -294,6 +294,9 @@ class ReplicaSnapshot:
     # The OpenAI model name the replica serves, for `status --json` when several models are deployed.
     model_id: str
     engine: EngineTelemetry
+    # With `controller_batching: auto`, whether the replica pushes through its node's agent now (the controller
+    # answers a BatchingDirective where the cluster's size wants the other way); None in the fixed modes.
+    batching_node: bool | None = None
 
 
 class Counts(Generic[_Snapshot]):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from dataclasses import replace
 
 import pytest
 import ray
@@ -13,9 +14,9 @@ import ray
 from specserve.cluster.controller_bench import run_point, virtual_snapshot
 from specserve.controller.actor import get_or_create_controller
 from specserve.controller.node_agent import get_or_create_node_agent
-from specserve.controller.state import ControllerState
+from specserve.controller.state import AUTO_BATCH_FROM_REPLICAS, ControllerState
 from specserve.memory import ClusterMemoryParams
-from specserve.messages import CONTROLLER_NAME, CONTROLLER_NAMESPACE, PolicyDirective
+from specserve.messages import CONTROLLER_NAME, CONTROLLER_NAMESPACE, BatchingDirective, PolicyDirective
 from specserve.replicas.serve.controller_push import ControllerPusher
 
 
@@ -117,6 +118,48 @@ def test_a_hung_controller_never_holds_a_telemetry_round_past_its_deadline(local
         assert applied[0][0] - started >= 1.5 and len(applied) == 2
     finally:
         ray.kill(hung)
+
+
+def test_auto_batching_moves_a_replica_to_its_node_agent_once_the_cluster_is_large_and_back_once_it_shrinks(
+    local_ray,
+):
+    controller = get_or_create_controller()
+    applied: list[object] = []
+
+    async def apply(directive) -> None:
+        applied.append(directive)
+
+    async def push_round(pusher: ControllerPusher, snapshot) -> bool:
+        return await pusher.round(snapshot, deadline_s=time.monotonic() + 10.0)
+
+    async def rounds() -> list[bool]:
+        pusher = ControllerPusher(local_ray, "auto", apply)
+        mine = replace(snapshots(1, seed=7)[0], replica_id="replica-auto")
+        seen = [pusher.node]
+        assert await push_round(pusher, mine)  # a small cluster: directly, and told nothing
+        seen.append(pusher.node)
+        # The cluster grows past the threshold: the replica's next answer moves it to its node's agent.
+        ray.get(controller.push_many.remote(snapshots(AUTO_BATCH_FROM_REPLICAS, seed=8)))
+        calls = ray.get(controller.usage.remote()).num_calls
+        assert await push_round(pusher, mine)
+        seen.append(pusher.node)
+        assert await push_round(pusher, mine)  # through the agent: its own call
+        assert ray.get(controller.usage.remote()).num_calls == calls + 2, "one call direct, one by the agent"
+        agent = get_or_create_node_agent(local_ray)
+        assert ray.get(agent.push.remote(mine)) is not None, "the agent the pusher found is the node's"
+        # The others leave: below the lower threshold the replica pushes directly again.
+        for s in snapshots(AUTO_BATCH_FROM_REPLICAS, seed=8):
+            ray.get(controller.unregister.remote(s.replica_id))
+        assert await push_round(pusher, mine)
+        seen.append(pusher.node)
+        ray.kill(agent)
+        return seen
+
+    try:
+        assert asyncio.run(rounds()) == [False, False, True, False]
+        assert not any(isinstance(d, BatchingDirective) for d in applied), "the pusher's own, never the replica's"
+    finally:
+        ray.kill(controller)
 
 
 def test_the_scale_benchmark_lists_every_virtual_replica_and_answers_every_push(local_ray):

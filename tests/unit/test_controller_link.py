@@ -40,5 +40,5 @@ def test_an_unknown_batching_mode_fails_the_replicas_start_naming_the_key():
     async def apply(directive) -> None:
         pass
 
-    with pytest.raises(ValueError, match=r"speculation.controller_batching='per-rack': choose one of none, node"):
+    with pytest.raises(ValueError, match=r"speculation.controller_batching='per-rack': choose one of auto, none, node"):
         ControllerPusher("node-1", "per-rack", apply)

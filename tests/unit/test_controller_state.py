@@ -4,13 +4,21 @@ telemetry it is fed (messages that round-trip, counters whose reads change nothi
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from telemetry_samples import engine_telemetry
 
-from specserve.controller.state import ControllerState
+from specserve.controller.state import AUTO_BATCH_FROM_REPLICAS, AUTO_UNBATCH_BELOW_REPLICAS, ControllerState
 from specserve.memory import ClusterMemoryParams
-from specserve.messages import DraftState, EngineTelemetry, MemoryDirective, PolicyDirective, ReplicaSnapshot
+from specserve.messages import (
+    BatchingDirective,
+    DraftState,
+    EngineTelemetry,
+    MemoryDirective,
+    PolicyDirective,
+    ReplicaSnapshot,
+)
 from specserve.replicas.core.telemetry import MAX_RECENT_DURATIONS, StepCounters
 from specserve.speculation import StepRecord
 
@@ -217,3 +225,28 @@ def test_configured_bandwidth_wins_over_the_measured_one():
         )
     )
     assert state.node_bandwidths() == {"n1": 40e9}
+
+
+def test_auto_batching_is_answered_from_the_clusters_size_with_a_gap_against_flapping():
+    state = ControllerState(Clock(), stale_after_s=10.0)
+
+    def batching(snapshot) -> list[BatchingDirective]:
+        return [d for d in state.push(snapshot) if isinstance(d, BatchingDirective)]
+
+    direct = [replace(snapshot(f"r{i:04d}"), batching_node=False) for i in range(AUTO_BATCH_FROM_REPLICAS)]
+    for s in direct[:-1]:
+        assert batching(s) == [], "a small cluster pushes directly"
+    (moved,) = batching(direct[-1])
+    assert moved.node and moved.num_replicas == AUTO_BATCH_FROM_REPLICAS
+    # A replica in a fixed mode is never told; one already batched is left alone.
+    assert batching(replace(snapshot("fixed"), batching_node=None)) == []
+    batched = [replace(s, batching_node=True) for s in direct]
+    assert all(batching(s) == [] for s in batched)
+    # The cluster shrinks: batched replicas stay batched down to the lower threshold, then go direct.
+    for s in batched[AUTO_UNBATCH_BELOW_REPLICAS:]:
+        state.unregister(s.replica_id)
+    state.unregister("fixed")
+    assert batching(batched[0]) == [], "between the thresholds nothing moves"
+    state.unregister(batched[AUTO_UNBATCH_BELOW_REPLICAS - 1].replica_id)
+    (back,) = batching(batched[1])
+    assert not back.node and back.num_replicas < AUTO_UNBATCH_BELOW_REPLICAS

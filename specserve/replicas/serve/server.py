@@ -25,6 +25,7 @@ from ray.serve.llm.deployment import LLMServer
 from specserve.cpu_list import parse_cpu_list
 from specserve.messages import (
     AcceptancePrior,
+    BatchingDirective,
     Directive,
     EngineTelemetry,
     MemoryDirective,
@@ -75,7 +76,7 @@ class SpecLLMServer(LLMServer):
         self._metrics = ReplicaMetrics(model=self._model_id, replica=self._replica_id)
         self._join_controller()
         # Built here, so that a bad `controller_batching` fails the replica's start, naming it.
-        batching = (self._llm_config.experimental_configs.get(CONTROLLER_KEY) or {}).get("batching", "none")
+        batching = (self._llm_config.experimental_configs.get(CONTROLLER_KEY) or {}).get("batching", "auto")
         pusher = ControllerPusher(self._node_id, batching, self._apply)
         self._telemetry_task = asyncio.get_running_loop().create_task(self._telemetry_loop(pusher))
 
@@ -174,6 +175,8 @@ class SpecLLMServer(LLMServer):
             case MemoryDirective(kind=decision, reason=reason):
                 await self._engine_core().call_utility_async(Utility.MEMORY_DIRECTIVE, decision.value)
                 logger.info("specserve: controller %s (%s)", decision.value, reason)
+            case BatchingDirective():  # the pusher's own (controller_push.py): it never passes one on
+                pass
             case _:  # a new kind of Directive fails the type check here until the replica handles it
                 assert_never(directive)
 

@@ -174,6 +174,12 @@ class StepTimer:
         pass, the draft's passes, and the rest of the step (its overheads)."""
         target_context = num_context_tokens if target_context_tokens is None else target_context_tokens
         forward_s = self.target.forward_s(target_context, num_batched_tokens)
-        draft_s = sum(self.draft.forward_s(num_context_tokens, n) for n in draft_pass_tokens)
+        # Passes after the first carry the same tokens: a count like the pass before's is priced once.
+        passes_s, last_n, last_s = [], None, 0.0
+        for n in draft_pass_tokens:
+            if n != last_n:
+                last_n, last_s = n, self.draft.forward_s(num_context_tokens, n)
+            passes_s.append(last_s)
+        draft_s = sum(passes_s)
         rest_s = self.step_overhead_s + (self.speculation_overhead_s if verifies else 0.0)
         return forward_s, float(draft_s), rest_s

@@ -35,6 +35,9 @@ from specserve.speculation import Decision, GuardedPolicy, Policy, PositionAccep
 from specserve.speculation.context import build_step_context, kv_blocks_needed, most_kv_blocks_per_decode
 from specserve.speculation.draft_sync import catch_up_plan, draft_pass_room, skips_draft_pass
 
+# ndarray.sum without its Python wrapper (the same reduction): a step sums a dozen small integer arrays.
+_sum = np.add.reduce
+
 
 @dataclass(frozen=True, slots=True)
 class _Grant:
@@ -112,6 +115,8 @@ class Replica:
         # few dozen steps, a step reads the tuple once or twice (``_request_ids``).
         self._ids_of: np.ndarray | None = None
         self._ids: tuple[str, ...] = ()
+        # The running rows' remaining tokens and which decode, as this step's context found them (``_make_room``).
+        self._shape: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def draft_resident(self) -> bool:
@@ -144,9 +149,9 @@ class Replica:
         grant, num_preempted = self._make_room(k, caps)
         if num_preempted == 0 and self._admit(grant):
             grant = self._grant(k, caps)
-        if not grant.tokens.any():
+        if not np.count_nonzero(grant.tokens):
             return None
-        self.num_kv_blocks_free -= int(grant.new_blocks.sum())
+        self.num_kv_blocks_free -= int(_sum(grant.new_blocks))
         if self.num_kv_blocks_free < 0:
             raise RuntimeError(f"replica {self.index}: KV over capacity by {-self.num_kv_blocks_free} blocks")
         # Drafts made a step ahead are made before anything asks about them: the loop runs all k passes.
@@ -168,7 +173,7 @@ class Replica:
         emitted = np.where(pending.sampled, np.minimum(1 + pending.accepted, b.max_output - b.num_output), 0)
         b.num_output += emitted
         self.series_end_s.append(now_s)
-        self.series_tokens.append(int(emitted.sum()))
+        self.series_tokens.append(int(_sum(emitted)))
         first = b.ids[pending.sampled]
         first = first[np.isnan(self.table.first_token_s[first])]
         self.table.first_token_s[first] = now_s
@@ -178,7 +183,7 @@ class Replica:
         if num_finished:
             self.table.num_output[done] = b.num_output[finished]
             self.table.finish_s[done] = now_s
-            self.num_kv_blocks_free += int(b.num_blocks[finished].sum())
+            self.num_kv_blocks_free += int(_sum(b.num_blocks[finished]))
             b.keep(~finished)
         self.guard.observe(pending.record)
         if self.acceptance_evidence is not None:
@@ -218,7 +223,9 @@ class Replica:
         remaining = b.prompt + b.num_output - b.num_computed
         # A preempted request recomputes its outputs too, so it asks for more than its prompt.
         waiting_tokens = (int(table.prompt_tokens[r] + table.num_output[r]) for r in self.waiting)
-        decoding = np.flatnonzero((remaining == 1) & (b.num_output > 0))
+        is_decoding = (remaining == 1) & (b.num_output > 0)
+        self._shape = (remaining, is_decoding)
+        decoding = is_decoding.nonzero()[0]
         cfg = self.cfg
         needed: tuple[int, ...] = ()
         # The simulator allocates what a step computes, without vLLM's lookahead slots (_grant).
@@ -230,8 +237,8 @@ class Replica:
         return build_step_context(
             now_s=now_s,
             num_running=len(b),
-            num_context_tokens=int(b.num_computed.sum()),
-            running_prefill_tokens=int(remaining[remaining > 1].sum()),
+            num_context_tokens=int(_sum(b.num_computed)),
+            running_prefill_tokens=int(_sum(remaining[remaining > 1])),
             num_waiting=len(self.waiting),
             waiting_tokens=waiting_tokens,
             max_num_seqs=self.cfg.max_num_seqs,
@@ -268,11 +275,15 @@ class Replica:
             caps[row] = min(cap, decision.k)
         return caps
 
-    def _grant(self, k: int, caps: np.ndarray | None) -> _Grant:
-        """Token budget in priority order: a decode asks 1 + its k (or cap), a prefill its remaining prompt."""
+    def _grant(self, k: int, caps: np.ndarray | None, shape: tuple[np.ndarray, np.ndarray] | None = None) -> _Grant:
+        """Token budget in priority order: a decode asks 1 + its k (or cap), a prefill its remaining prompt.
+        ``shape``: each row's remaining tokens and whether it decodes, where the caller has them for this batch."""
         b, bs = self.batch, self.cfg.block_size
-        remaining = b.prompt + b.num_output - b.num_computed
-        decoding = (remaining == 1) & (b.num_output > 0)
+        if shape is None:
+            remaining = b.prompt + b.num_output - b.num_computed
+            decoding = (remaining == 1) & (b.num_output > 0)
+        else:
+            remaining, decoding = shape
         drafts_per_row: int | np.ndarray = k
         if caps is not None:
             n = len(b)
@@ -293,8 +304,10 @@ class Replica:
     def _make_room(self, k: int, caps: np.ndarray | None) -> tuple[_Grant, int]:
         """Preempt from the tail (recompute) until the running requests' new KV fits; count them."""
         num_preempted = 0
-        grant = self._grant(k, caps)
-        while len(self.batch) and int(grant.new_blocks.sum()) > self.num_kv_blocks_free:
+        # The batch is as the step's context saw it until a preemption: its rows' shape is the context's.
+        shape, self._shape = self._shape, None
+        grant = self._grant(k, caps, shape)
+        while len(self.batch) and int(_sum(grant.new_blocks)) > self.num_kv_blocks_free:
             b, last = self.batch, len(self.batch) - 1
             request = int(b.ids[last])
             self.num_kv_blocks_free += int(b.num_blocks[last])
@@ -309,8 +322,8 @@ class Replica:
     def _admit(self, grant: _Grant) -> bool:
         """FCFS admission while seats, token budget and free KV blocks last; True if any was admitted."""
         bs, cfg = self.cfg.block_size, self.cfg
-        budget = cfg.max_num_batched_tokens - int(grant.tokens.sum())
-        free = self.num_kv_blocks_free - int(grant.new_blocks.sum())
+        budget = cfg.max_num_batched_tokens - int(_sum(grant.tokens))
+        free = self.num_kv_blocks_free - int(_sum(grant.new_blocks))
         admitted: list[int] = []
         while self.waiting and len(self.batch) + len(admitted) < cfg.max_num_seqs and budget > 0:
             request = self.waiting[0]
@@ -333,12 +346,19 @@ class Replica:
         b = self.batch
         if not self.cfg.drafts_ahead:
             grant = self._cut_lagging_drafts(grant)
-        rows = np.flatnonzero(grant.drafts)
-        accepted = np.zeros(len(b), dtype=np.int64)
+        rows = grant.drafts.nonzero()[0]
+        every_row = len(rows) == len(b)
         drafts = None
-        if len(rows):
-            drafts = self.drafter.draft(b.alpha[rows], grant.drafts[rows], stop)
-            accepted[rows] = drafts.accepted
+        if every_row and len(rows):
+            # Every running request drafts (the common step): its rows are the batch's, in order.
+            drafts = self.drafter.draft(b.alpha, grant.drafts, stop)
+            accepted = drafts.accepted
+        else:
+            accepted = np.zeros(len(b), dtype=np.int64)
+            if len(rows):
+                drafts = self.drafter.draft(b.alpha[rows], grant.drafts[rows], stop)
+                accepted[rows] = drafts.accepted
+        if drafts is not None:
             if drafts.stopped_early:
                 grant = self._verify_only_drafted(grant, rows, drafts.drafted)
         scheduled = grant.tokens > 0
@@ -371,14 +391,14 @@ class Replica:
             draft_pass_tokens = [int(np.count_nonzero(scheduled))] * num_passes
         elif num_passes:
             read = grant.tokens if self.cfg.draft_first_pass == "scheduled" else new_tokens
-            first_pass_tokens = int(read.sum()) + self._catch_up(scheduled, int(grant.tokens.sum()), read, new_tokens)
+            first_pass_tokens = int(_sum(read)) + self._catch_up(scheduled, int(_sum(grant.tokens)), read, new_tokens)
             draft_pass_tokens = [first_pass_tokens, *further]
         else:
             draft_pass_tokens = []
             if self.proposer.method.catches_up():  # a lookup keeps no KV to fall behind
                 b.draft_lag += new_tokens
-        num_context = int(b.num_computed[scheduled].sum())
-        num_batched = int(grant.tokens.sum())
+        num_context = int(_sum(b.num_computed[scheduled]))
+        num_batched = int(_sum(grant.tokens))
         target_context = self._expanded_context(num_context, rows, drafts)
         parts = self.timer.step_parts(num_context, num_batched, draft_pass_tokens, target_context, speculates)
         jitter = self.timer.jitter(self.jitter_rng)
@@ -386,7 +406,7 @@ class Replica:
         sampled = scheduled & (b.num_computed + new_tokens == b.prompt + b.num_output)
         request_ids: tuple[str, ...] = ()
         if drafts is not None:
-            request_ids = self._request_ids() if len(rows) == len(b) else tuple(self.table.request_ids[b.ids[rows]])
+            request_ids = self._request_ids() if every_row else tuple(self.table.request_ids[b.ids[rows]])
         record = step_record(
             now_s,
             k,
@@ -395,7 +415,7 @@ class Replica:
             num_context,
             num_batched,
             num_passes,
-            int(np.count_nonzero(sampled)) + int(accepted.sum()),
+            int(np.count_nonzero(sampled)) + int(_sum(accepted)),
             request_ids,
             drafts,
             (forward_s, draft_s),
@@ -419,7 +439,7 @@ class Replica:
         cut)."""
         b = self.batch
         lagging = (b.draft_lag > 1) & (grant.drafts > 0)
-        if not lagging.any():
+        if not np.count_nonzero(lagging):
             return grant
         holes = np.maximum(b.draft_lag - 1, 0) * (grant.tokens > 0)
         plan = self._catch_up_plan(holes, int(grant.tokens.sum()), int((grant.tokens > 0).sum()))
@@ -434,9 +454,11 @@ class Replica:
         request the pass leaves out, or catches up in part (then the pass reads its chunk instead of its tokens),
         still lags, by the step's tokens more."""
         b = self.batch
+        if not np.count_nonzero(b.draft_lag):
+            return 0  # nothing lags (most steps): no holes, and nothing to clear
         holes = np.maximum(b.draft_lag - 1, 0) * scheduled
         b.draft_lag[scheduled] = 0
-        if not holes.any():
+        if not np.count_nonzero(holes):
             return 0
         rows = np.flatnonzero(holes)
         plan = self._catch_up_plan(holes, num_batched, int(scheduled.sum()))

@@ -74,4 +74,9 @@ class TrueAcceptance:
 
 def accepted_prefix(passed: np.ndarray) -> np.ndarray:
     """Per row, the number of leading True verdicts: the target keeps the longest accepted prefix."""
-    return np.cumprod(passed, axis=1).sum(axis=1)
+    width = passed.shape[1]
+    if not width:
+        return np.zeros(len(passed), dtype=np.int64)
+    # The first rejection's position, or the width where there is none: the cumulative product's sum, in fewer
+    # passes over the array (this runs once per simulated step).
+    return np.where(np.logical_and.reduce(passed, axis=1), width, passed.argmin(axis=1))

@@ -183,6 +183,7 @@ class StepLatencyModel:
         self._part_masks = features.part_masks() if features.parts else None
         self._prior = np.array(prior)
         self._prior_weight = prior_weight
+        self._ridge = prior_weight * np.eye(len(prior))  # the solve's pull toward the prior, made once
         self._decay = math.pow(0.5, 1.0 / half_life_steps)
         # The solve is most of the model's cost per step. With a half-life of hundreds of steps, coefficients a few
         # steps old predict as well; the first steps after a cold start are refitted every time. Steps seen since
@@ -332,7 +333,7 @@ class StepLatencyModel:
             gram, moment = self._gram / np.outer(scales, scales), self._moment / scales
         else:
             scales, gram, moment = self._scales, self._gram, self._moment
-        phi = np.linalg.solve(gram + w * np.eye(len(scales)), moment + w * self._prior * scales)
+        phi = np.linalg.solve(gram + self._ridge, moment + w * self._prior * scales)
         phi /= scales
         phi[:2] = np.maximum(phi[:2], 0.0)
         phi[self._pass] = max(phi[self._pass], 0.0)

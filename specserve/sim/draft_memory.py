@@ -112,7 +112,9 @@ class DraftMemorySim:
         i, machine = replica.index, self.machines[replica.index]
         live = self._live_extra(replica, machine)
         obs = MemoryStep(now_s, replica.series_k[-1], len(replica.waiting), replica.num_kv_blocks_free, live)
-        actions = machine.step(obs, CountedLayout(self.capacity.num_base_blocks, live))
+        # Only an offloaded machine can start a contraction, the one move that reads the layout.
+        layout = CountedLayout(self.capacity.num_base_blocks, live) if machine.state is DraftState.OFFLOADED else None
+        actions = machine.step(obs, layout)
         if machine.reload_wanted and self._wanted_s[i] is None:
             self._wanted_s[i] = now_s
         elif machine.state is DraftState.OFFLOADED and not machine.reload_wanted:

@@ -39,6 +39,14 @@ class Drafts:
     signals: DraftSignals | None  # (rows, planned.max()) arrays; only columns < drafted are real
     # The policy stopped the draft loop before some row's planned drafts: the target verifies fewer.
     stopped_early: bool = False
+    # The fewest drafts any row proposed, and the most (the step's draft passes); 0, 0: not given, read off drafted.
+    fewest: int = 0
+    most: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.most and len(self.drafted):
+            object.__setattr__(self, "fewest", int(self.drafted.min()))
+            object.__setattr__(self, "most", int(self.drafted.max()))
 
 
 class Drafter:
@@ -57,9 +65,9 @@ class Drafter:
     def draft(self, alphas: np.ndarray, planned: np.ndarray, stop: StopHook | None = None) -> Drafts:
         """Draft for rows with ``planned`` >= 1 drafts each (aligned with ``alphas``); ``stop`` is the step's
         draft-loop rule (``Decision.draft_stop``), asked only when signals give it confidences."""
-        width = int(planned.max())
+        width, fewest = int(planned.max()), int(planned.min())
         # Every row drafts every position (the common step): no row's verdicts or means need a mask.
-        uniform = int(planned.min()) == width
+        uniform = fewest == width
         probs = self.acceptance.position_probs(alphas, width)
         passed = self.acceptance.sample_passed(probs, planned, self.verdict_rng, uniform)
         signals = None if self.signals is None else self.signals.sample(probs, passed, self.signal_rng)
@@ -67,16 +75,17 @@ class Drafter:
             num_passes = passed.shape[1]
         else:
             num_passes = self._num_passes(planned, signals.confidence, stop, uniform)
-        if num_passes == passed.shape[1]:
-            return Drafts(planned, accepted_prefix(passed), signals)
+        if num_passes == width:
+            return Drafts(planned, accepted_prefix(passed), signals, False, fewest, width)
         passed = passed[:, :num_passes]
-        return Drafts(np.minimum(planned, num_passes), accepted_prefix(passed), signals, stopped_early=True)
+        drafted = np.minimum(planned, num_passes)
+        return Drafts(drafted, accepted_prefix(passed), signals, True, min(fewest, num_passes), num_passes)
 
     def _num_passes(self, planned: np.ndarray, confidence: np.ndarray, stop: StopHook, uniform: bool) -> int:
         """Ask the policy after every pass run; the first True ends the loop after that pass."""
         if uniform:
             # The same sums without the mask.
-            means = (confidence.sum(axis=0) / len(planned)).tolist()
+            means = (np.add.reduce(confidence, axis=0) / len(planned)).tolist()
         else:
             drafting = np.arange(confidence.shape[1]) < planned[:, None]
             means = ((confidence * drafting).sum(axis=0) / drafting.sum(axis=0)).tolist()

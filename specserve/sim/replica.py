@@ -174,9 +174,12 @@ class Replica:
         b.num_output += emitted
         self.series_end_s.append(now_s)
         self.series_tokens.append(int(_sum(emitted)))
-        first = b.ids[pending.sampled]
-        first = first[np.isnan(self.table.first_token_s[first])]
-        self.table.first_token_s[first] = now_s
+        # A request's first token is stamped when it first samples; one with outputs has had its first token, so
+        # only rows without outputs before this step can have theirs now (most steps have none).
+        if np.count_nonzero(b.num_output == emitted):
+            first = b.ids[pending.sampled]
+            first = first[np.isnan(self.table.first_token_s[first])]
+            self.table.first_token_s[first] = now_s
         finished = b.num_output >= b.max_output
         num_finished = int(np.count_nonzero(finished))
         done = b.ids[finished]
@@ -381,7 +384,7 @@ class Replica:
             further = [int(np.count_nonzero(scheduled))] * max(num_passes - 1, 0)
             speculates = k > 0
         else:
-            num_passes = int(drafts.drafted.max()) if drafts else int(not skipped)
+            num_passes = drafts.most if drafts else int(not skipped)
             further = further_pass_tokens(drafts, num_passes)
             # Every drafting row drafted at least once (drafting.Drafts), so a step with drafts verifies some.
             speculates = drafts is not None

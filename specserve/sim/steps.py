@@ -38,7 +38,7 @@ def further_pass_tokens(drafts: Drafts | None, num_passes: int) -> list[int]:
     """Pass j >= 2 proposes one token for each request that drafts at least j tokens."""
     if drafts is None:
         return []
-    if int(drafts.drafted.min()) == num_passes:
+    if drafts.fewest == num_passes:
         return [len(drafts.drafted)] * (num_passes - 1)
     return (drafts.drafted[:, None] >= np.arange(2, num_passes + 1)).sum(axis=0).tolist()
 
@@ -66,7 +66,7 @@ def step_record(
     if drafts is not None:
         drafted, accepted = tuple(drafts.drafted.tolist()), tuple(drafts.accepted.tolist())
         if drafts.signals is not None:
-            uniform = num_passes == int(drafts.drafted.min())
+            uniform = num_passes == drafts.fewest
             confidence = ragged(drafts.signals.confidence, drafts.drafted, uniform)
             entropy = ragged(drafts.signals.entropy_nats, drafts.drafted, uniform)
             kl = ragged(drafts.signals.kl_nats, drafts.drafted, uniform)

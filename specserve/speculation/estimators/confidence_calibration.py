@@ -55,7 +55,10 @@ class ConfidenceCalibration:
 
     def acceptance(self, confidence: float) -> float:
         """The acceptance a draft of this confidence has had, the confidence itself where nothing was seen."""
-        b = self._bin(confidence)
+        # ``_bin`` inlined: a draft-loop rule asks after every pass.
+        b = int(confidence * self.num_bins)
+        top = self.num_bins - 1
+        b = top if b > top else (0 if b < 0 else b)
         weight = self._reached[b] + self.prior_weight
         return (self._accepted[b] + self.prior_weight * confidence) / weight if weight > 0 else confidence
 

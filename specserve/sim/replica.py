@@ -129,7 +129,7 @@ class Replica:
 
     @property
     def num_outstanding(self) -> int:
-        return len(self.batch) + len(self.waiting)
+        return len(self.batch.ids) + len(self.waiting)
 
     def add(self, request: int) -> None:
         self.waiting.append(request)

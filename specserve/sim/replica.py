@@ -371,11 +371,15 @@ class Replica:
         skipped = (
             not self.draft_resident
             or lookup_idle
-            or skips_draft_pass(
-                enabled=not self.proposer.k0_runs_pass,
-                k=k,
-                num_new_requests=int(np.count_nonzero(scheduled & (b.num_computed == 0))),
-                num_scheduled_tokens=grant.tokens[scheduled].tolist() if k == 0 else (),
+            # Only a k = 0 step can skip the pass (skips_draft_pass): its counts are not taken otherwise.
+            or (
+                k == 0
+                and skips_draft_pass(
+                    enabled=not self.proposer.k0_runs_pass,
+                    k=k,
+                    num_new_requests=int(np.count_nonzero(scheduled & (b.num_computed == 0))),
+                    num_scheduled_tokens=grant.tokens[scheduled].tolist(),
+                )
             )
         )
         if self.cfg.drafts_ahead:
@@ -441,6 +445,8 @@ class Replica:
         nothing unless this step's pass catches it up whole first (the same plan, over the tokens left after the
         cut)."""
         b = self.batch
+        if not np.count_nonzero(b.draft_lag):
+            return grant  # nothing lags (most steps)
         lagging = (b.draft_lag > 1) & (grant.drafts > 0)
         if not np.count_nonzero(lagging):
             return grant

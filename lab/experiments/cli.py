@@ -65,7 +65,9 @@ def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> 
         "where saturated, SLO goodput, the dynamic scenarios, k switches (the bar adaptive must clear)",
     )
     board.add_argument("--policy", default="adaptive", help="policy spec to test (default: adaptive)")
-    board.add_argument("--scenarios", help="comma-separated built-in names or YAML files (default: all built-in)")
+    board.add_argument(
+        "--scenarios", help="comma-separated built-in names or YAML files (default: every built-in one of one replica)"
+    )
     board.add_argument("--seed", type=int, default=0, help="first run seed (default: 0)")
     board.add_argument(
         "--seeds", type=int, default=3, help="runs per cell, seeds SEED..SEED+N-1; each cell is their mean (default: 3)"

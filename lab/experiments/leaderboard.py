@@ -275,6 +275,11 @@ class Leaderboard:
         return all(self.verdicts().values())
 
 
+def single_replica_scenarios() -> list[str]:
+    """The built-in scenarios of one replica, by name: the leaderboard's default."""
+    return sorted(name for name in builtin_scenarios() if load_scenario(name).num_replicas == 1)
+
+
 def evaluate(
     policy: str = "adaptive",
     scenarios: Sequence[str] | None = None,
@@ -283,12 +288,17 @@ def evaluate(
     workers: int | None = None,
     oracle: bool = True,
 ) -> Leaderboard:
-    """Run ``policy``, its rivals and (with ``oracle``) the oracle on every scenario (default: all built-in) as
-    written and at each static rate, once per seed; cells hold the means over seeds."""
+    """Run ``policy``, its rivals and (with ``oracle``) the oracle on every scenario (default: every built-in one of
+    a single replica) as written and at each static rate, once per seed; cells hold the means over seeds.
+
+    The cluster rehearsals (``num_replicas`` > 1, such as an hour of 64 replicas) are left out by default: a cell
+    there is a whole cluster's run, about 50 minutes each on a development machine, and what they test (the
+    cluster planner, the router, the simulator's speed) is not a policy's per-replica latency;
+    ``bench/sim_scale.py`` runs them."""
     seeds = tuple(seeds)
     if not seeds:
         raise ValueError("seeds is empty: the leaderboard needs at least one seed")
-    names = list(scenarios) if scenarios else sorted(builtin_scenarios())
+    names = list(scenarios) if scenarios else single_replica_scenarios()
     jobs: list[tuple[str, float | None, Scenario, str]] = []
     dynamic_labels, slo_labels = set(), set()
     for name in names:

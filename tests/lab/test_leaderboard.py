@@ -224,3 +224,13 @@ def test_cli_json(tmp_path) -> None:
     first = document["static"][0]
     assert set(first["compared"]) == {"mean_e2e_s", "p99_e2e_s", "mean_tpot_s", "p99_tpot_s"}
     assert first["compared"]["mean_e2e_s"]["best_rival"] != ORACLE and first["oracle_ratio"]["goodput_tok_s"] > 0
+
+
+def test_the_default_leaves_out_only_the_cluster_rehearsals():
+    from lab.experiments.leaderboard import single_replica_scenarios
+    from specserve.sim.scenario import builtin_scenarios, load_scenario
+
+    default = set(single_replica_scenarios())
+    left_out = set(builtin_scenarios()) - default
+    assert left_out and all(load_scenario(name).num_replicas > 1 for name in left_out)
+    assert all(load_scenario(name).num_replicas == 1 for name in default)

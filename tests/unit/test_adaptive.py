@@ -447,3 +447,28 @@ def test_on_a_batch_expansion_engine_each_further_k_pays_another_read_of_the_con
         priced[expansion] = seconds[3] - seconds[2]
     assert priced[True] == pytest.approx(truth_s, rel=0.1)
     assert priced[False] < 0.7 * truth_s
+
+
+def test_turnover_probes_back_off_while_k_stays_0_and_come_at_once_again_after_speculating() -> None:
+    # Random prompts: every new batch is as unpredictable as the last, and each probe pays the draft's catch-up.
+    policy = trained_policy("adaptive:explore_interval_s=inf,probe_interval_s=1000,probe_turnover_backoff_max=8")
+
+    def turnover_gaps(start_s: float, steps: int) -> list[int]:
+        """Steps at k = 0 before each probe, each step a batch of requests never seen before (a turnover) and no
+        verdicts coming back: the probe's own step is the turnover that brings it."""
+        gaps, turnovers, previous = [], 0, 0
+        for step in range(steps):
+            ids = tuple(f"s{start_s}-{step}-{i}" for i in range(1024))
+            k = policy.choose(dataclasses.replace(ctx(1024, now_s=start_s + 0.01 * step), request_ids=ids)).k
+            if k > 0 and previous == 0:
+                gaps.append(turnovers)
+                turnovers = 0
+            elif k == 0:
+                turnovers += 1
+            previous = k
+        return gaps
+
+    assert turnover_gaps(0.0, 60)[:5] == [0, 1, 3, 7, 7], "1, 2, 4, then 8 turnovers a probe"
+    # The policy speculates on its own: the next stop probes at the first turnover again.
+    assert policy.choose(ctx(4, now_s=10.0)).k > 0
+    assert turnover_gaps(10.01, 6)[:1] == [0]

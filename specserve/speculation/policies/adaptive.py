@@ -36,7 +36,11 @@ left for one step at a neighbouring k every ``explore_interval_s``, backing off 
 ``explore_backoff_max`` x) while the explorations leave k where it is; where drafts are made a step ahead a step up
 lasts two steps. Cold, acceptance starts from ``prior_alpha``; at k = 0 a probe at ``probe_k`` runs every
 ``probe_interval_s``, and at once when none of the requests the estimate learned from is still running, the
-estimate then forgetting their evidence down to the prior's weight.
+estimate then forgetting their evidence down to the prior's weight. Such turnover probes back off (each one after
+which k stays 0 doubles the turnovers the next waits for, up to ``probe_turnover_backoff_max``): where k = 0 skips
+the draft, a probe also pays the draft's catch-up over every running request's context, and on traffic whose
+every request is as unpredictable as the last (random prompts), a probe at every turnover cost more than a tenth
+of the throughput of staying at k = 0.
 
 **Never run a k that preempts** (``parts.kv_fit``). When the KV pool is nearly full the k that runs is cut to the
 largest whose new blocks fit the free ones (``StepContext.kv_blocks_needed``): a preempted request recomputes its
@@ -109,6 +113,10 @@ class AdaptiveParams:
     # Seconds at k = 0 between probes, and the k a probe runs.
     probe_interval_s: float = 2.0
     probe_k: int = 1
+    # A probe also runs once the batch has turned over (none of the requests the estimate learned from still
+    # runs); each such probe after which k stays 0 doubles the turnovers the next one waits for, up to this many.
+    # 1: a probe at every turnover.
+    probe_turnover_backoff_max: int = 8
     # Step-cost fit half-life in steps: step cost drifts slowly.
     latency_half_life_steps: float = 1000.0
     # Relative gain over k = 0 needed to speculate at all (``GoodputCore.best_k``).
@@ -135,6 +143,7 @@ class AdaptiveParams:
             "explore_backoff_max": self.explore_backoff_max >= 1.0,
             "early_stop_extra": self.early_stop_extra >= 0,
             "resume_payback_s": self.resume_payback_s >= 0,
+            "probe_turnover_backoff_max": self.probe_turnover_backoff_max >= 1,
         }
         check_ranges(self, checks)
 
@@ -150,7 +159,9 @@ class AdaptivePolicy(Policy):
         super().__init__(params, traits)
         # Largest k searched: the engine's buffers cap what the user asked for.
         self.max_k = largest_k(params.max_k, traits)
-        self.core = GoodputCore.from_params(self.max_k, params, traits, probe_on_turnover=True)
+        self.core = GoodputCore.from_params(
+            self.max_k, params, traits, probe_on_turnover=True, max_turnovers=params.probe_turnover_backoff_max
+        )
         self.latency = StepLatencyModel(
             HINGED, half_life_steps=params.latency_half_life_steps, refit_every=REFIT_EVERY_STEPS, data_scales=True
         )

@@ -80,13 +80,14 @@ class GoodputCore:
         explore_interval_s: float,
         explore_up_steps: int = 1,
         probe_on_turnover: bool = False,
+        max_turnovers: int = 1,
     ) -> None:
         # The largest k searched: the policy's max_k capped by the engine's.
         self.max_k = max_k
         self.acceptance = PositionAcceptance(
             max_k=max(1, max_k), half_life_steps=ema_half_life_steps, prior_alpha=prior_alpha
         )
-        self.probe = ZeroProbe(probe_interval_s, on_turnover=probe_on_turnover)
+        self.probe = ZeroProbe(probe_interval_s, on_turnover=probe_on_turnover, max_turnovers=max_turnovers)
         self.explorer = NeighbourExplorer(explore_interval_s, up_steps=explore_up_steps)
         self.probe_k = probe_k
         self.min_gain = min_gain
@@ -95,7 +96,13 @@ class GoodputCore:
 
     @classmethod
     def from_params(
-        cls, max_k: int, params: CoreParams, traits: EngineTraits, *, probe_on_turnover: bool = False
+        cls,
+        max_k: int,
+        params: CoreParams,
+        traits: EngineTraits,
+        *,
+        probe_on_turnover: bool = False,
+        max_turnovers: int = 1,
     ) -> GoodputCore:
         """The core a policy's parameters describe, searching 0..``max_k`` (the policy's cap after the engine's).
         An upward exploration lasts as long as the engine needs to verify a draft at its new depth."""
@@ -109,6 +116,7 @@ class GoodputCore:
             explore_interval_s=params.explore_interval_s,
             explore_up_steps=up_steps_for(traits.drafts_ahead),
             probe_on_turnover=probe_on_turnover,
+            max_turnovers=max_turnovers,
         )
 
     def goodputs(self, num_running: int, decode_seconds: Sequence[float]) -> list[float]:

@@ -30,11 +30,22 @@ class ZeroProbe:
     same at any step rate.
     """
 
-    def __init__(self, interval_s: float, max_probe_steps: int = 4, on_turnover: bool = False) -> None:
+    def __init__(
+        self, interval_s: float, max_probe_steps: int = 4, on_turnover: bool = False, max_turnovers: int = 1
+    ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s={interval_s} must be positive")
+        if max_turnovers < 1:
+            raise ValueError(f"max_turnovers={max_turnovers} must be at least 1")
         self.interval_s = interval_s
         self.on_turnover = on_turnover
+        # Full turnovers of the batch the next turnover probe waits for: 1 after the policy speculated on its own,
+        # doubled by each turnover probe (that it still stays at k = 0 is what brings the next), up to
+        # ``max_turnovers``. A workload whose every request is as unpredictable as the last would otherwise pay a
+        # probe and the draft's catch-up over every running request's context at every turnover, for nothing.
+        self.max_turnovers = max_turnovers
+        self.turnovers_needed = 1
+        self._turnovers = 0
         # The requests of the last step that drafted (speculating or probing): the estimate's latest evidence. Kept as
         # the step's own tuple, so that speculating steps build nothing; compared only at k = 0.
         self._measured: tuple[str, ...] = ()
@@ -51,6 +62,7 @@ class ZeroProbe:
         self._zero_since_s = None
         self._probe_steps_left = 0
         self._measured = request_ids
+        self.turnovers_needed, self._turnovers = 1, 0
 
     def verdict(self) -> None:
         """Acceptance verdicts arrived: the running probe, if any, has done its job."""
@@ -63,7 +75,12 @@ class ZeroProbe:
         if self._probe_steps_left > 0:
             self._probe_steps_left -= 1
             return True
-        turned_over = self.on_turnover and bool(request_ids) and set(self._measured).isdisjoint(request_ids)
+        turned_over = False
+        if self.on_turnover and request_ids and set(self._measured).isdisjoint(request_ids):
+            # Count this batch's turnover from here on.
+            self._measured = request_ids
+            self._turnovers += 1
+            turned_over = self._turnovers >= self.turnovers_needed
         if not turned_over:
             if self._zero_since_s is None:
                 self._zero_since_s = now_s
@@ -73,6 +90,9 @@ class ZeroProbe:
         self._zero_since_s = now_s
         self._probe_steps_left = self.max_probe_steps - 1
         self._measured = request_ids
+        self._turnovers = 0
+        if turned_over:
+            self.turnovers_needed = min(2 * self.turnovers_needed, self.max_turnovers)
         self.num_probes += 1
         self.num_turnover_probes += int(turned_over)
         return True

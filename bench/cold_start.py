@@ -11,6 +11,13 @@ Each round runs every arm once, each round starting one arm later than the one b
 every arm alike. Reported: output tokens/s per run, and per arm the median over rounds of its ratio to the reference
 arm (``--reference``, default the last) within the same round, with a 95 % bootstrap interval
 (``specserve.bench.stats``). Writes PREFIX.json, PREFIX.md and PREFIX.png.
+
+``--paired``: engine-to-engine noise here is up to ±20 %, more than the 3 % the bar asks to see, so instead each
+round starts one fresh server under ``adaptive`` and runs, on that same engine, the cold ``adaptive`` first, then
+``--warm-arms`` (default ``fixed:k=0,adaptive``) through ``specserve policy set``, their order rotating from round
+to round; a warm ``adaptive`` is set again (a switch replays the engine's recent steps, as any run-time policy
+change does). The ratios are within one engine. The cold run always goes first, so drift as the engine warms up
+counts against it; the warm ``adaptive`` shows how much.
 """
 
 from __future__ import annotations
@@ -82,7 +89,11 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--out", default="bench/results/cold-start-tiny")
+    parser.add_argument("--paired", action="store_true", help="cold, then warm runs on one fresh server (above)")
+    parser.add_argument("--warm-arms", default="fixed:k=0,adaptive", help="--paired: policies set after the cold run")
     args = parser.parse_args()
+    if args.paired:
+        return paired(args)
     arms = args.arms.split(",")
     reference = args.reference or arms[-1]
     prefix = Path(args.out)
@@ -103,6 +114,10 @@ def main() -> int:
             run = {"round": round_index, "arm": arm, "output_throughput": result["output_throughput"]}
             runs.append(run)
             print(f"  {arm}: {run['output_throughput']:.1f} output tok/s", file=sys.stderr, flush=True)
+    return write(args, runs, arms, reference, prefix)
+
+
+def write(args: argparse.Namespace, runs: list[dict], arms: list[str], reference: str, prefix: Path) -> int:
     summary = summarize(runs, arms, reference)
     document = {"command": " ".join(sys.argv), "settings": vars(args), "runs": runs, "summary": summary}
     prefix.with_suffix(".json").write_text(json.dumps(document, indent=2) + "\n")
@@ -110,6 +125,47 @@ def main() -> int:
     plot(runs, arms, prefix.with_suffix(".png"))
     print(page(document))
     return 0
+
+
+COLD = "adaptive (cold)"
+
+
+def paired(args: argparse.Namespace) -> int:
+    prefix = Path(args.out)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    log = prefix.with_suffix(".serve.log")
+    warm = args.warm_arms.split(",")
+    runs: list[dict] = []
+    for round_index in range(args.rounds):
+        print(f"round {round_index + 1}/{args.rounds}: a fresh server ...", file=sys.stderr, flush=True)
+        turn = round_index % len(warm)
+        with tempfile.TemporaryDirectory(prefix="cold-start-") as folder:
+            process = serve("adaptive", args.port, log, Path(folder))
+            try:
+                wait_for_endpoint(log, process, f"http://127.0.0.1:{args.port}/v1", 600)
+                for policy in [None, *warm[turn:], *warm[:turn]]:
+                    if policy is not None:
+                        set_policy(policy, Path(folder))
+                    result = vllm_bench(args, args.port, seed=round_index, result_dir=Path(folder))
+                    arm = policy or COLD
+                    runs.append({"round": round_index, "arm": arm, "output_throughput": result["output_throughput"]})
+                    print(f"  {arm}: {result['output_throughput']:.1f} output tok/s", file=sys.stderr, flush=True)
+            finally:
+                stop_server(process)
+    return write(args, runs, [COLD, *warm], args.reference or warm[0], prefix)
+
+
+def set_policy(policy: str, folder: Path) -> None:
+    """`specserve policy set`, which returns once every replica runs it, against the server in ``folder``."""
+    env = {**os.environ, "SPECSERVE_STATE_DIR": str(folder)}
+    env.pop("RAY_ADDRESS", None)
+    subprocess.run(
+        [sys.executable, "-m", "specserve", "policy", "set", policy],
+        check=True,
+        capture_output=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def summarize(runs: list[dict], arms: list[str], reference: str) -> dict:
@@ -132,7 +188,8 @@ def summarize(runs: list[dict], arms: list[str], reference: str) -> dict:
 def page(document: dict) -> str:
     summary = document["summary"]
     lines = [
-        "# Cold start: vLLM's benchmark client against a fresh `specserve serve` per run",
+        "# Cold start: vLLM's benchmark client against a fresh `specserve serve`"
+        + (", every arm on each" if document["settings"].get("paired") else " per run"),
         "",
         f"`{document['command']}`",
         "",
@@ -143,7 +200,15 @@ def page(document: dict) -> str:
         low, high = row["ratio_interval_95"]
         rates = ", ".join(f"{x:.0f}" for x in row["tok_s"])
         lines.append(f"| `{arm}` | {rates} | {row['median_ratio']:.3f} [{low:.3f}, {high:.3f}] |")
-    lines += ["", "`@off`: `speculation.startup_checks: off`, no start-up calibration (the cold start as it was)."]
+    if document["settings"].get("paired"):
+        lines += [
+            "",
+            "Paired: each round one fresh server and every run on its engine (the same prompts): the cold "
+            "`adaptive` first, then the warm arms in an order rotating from round to round; the cold run is always "
+            "first, so any warming up of the engine counts against it.",
+        ]
+    else:
+        lines += ["", "`@off`: `speculation.startup_checks: off`, no start-up calibration (the cold start as it was)."]
     return "\n".join(lines) + "\n"
 
 

@@ -292,7 +292,7 @@ def evaluate(
     a single replica) as written and at each static rate, once per seed; cells hold the means over seeds.
 
     The cluster rehearsals (``num_replicas`` > 1, such as an hour of 64 replicas) are left out by default: a cell
-    there is a whole cluster's run, about 50 minutes each on a development machine, and what they test (the
+    there is a whole cluster's run, about 40 minutes each on a development machine, and what they test (the
     cluster planner, the router, the simulator's speed) is not a policy's per-replica latency;
     ``bench/sim_scale.py`` runs them."""
     seeds = tuple(seeds)

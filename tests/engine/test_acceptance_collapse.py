@@ -168,8 +168,9 @@ def test_a_planted_collapse_turns_speculation_off_restores_the_draft_and_turns_i
     assert 0 < off_after_s < OFF_WITHIN_S
     print(f"{policy}: speculation off {off_after_s:.2f} s after the corruption")  # the docs' figure (pytest -s)
     # The read right after the detecting step shows that step's k; every step after it until the probe runs k = 0.
+    # (A rebuild can also end within one step, a long prefill step say, leaving no step to look at.)
     restoring_ks = [k for state, k in seen["reads"] if state is CollapseState.RESTORING][1:]
-    assert restoring_ks and set(restoring_ks) == {0}
+    assert set(restoring_ks) <= {0}, restoring_ks
     assert acted.collapse.collapse_last_action.startswith("restoring: rebuilding the draft from its checkpoint")
     # Then probed with the rebuilt draft, and back on.
     assert seen["states"][2:] == [CollapseState.PROBING, CollapseState.HEALTHY], seen["states"]

@@ -121,9 +121,9 @@ def write(args: argparse.Namespace, runs: list[dict], arms: list[str], reference
     summary = summarize(runs, arms, reference)
     document = {"command": " ".join(sys.argv), "settings": vars(args), "runs": runs, "summary": summary}
     prefix.with_suffix(".json").write_text(json.dumps(document, indent=2) + "\n")
-    prefix.with_suffix(".md").write_text(page(document))
+    prefix.with_suffix(".md").write_text(page(document, prefix.name))
     plot(runs, arms, prefix.with_suffix(".png"))
-    print(page(document))
+    print(page(document, prefix.name))
     return 0
 
 
@@ -185,7 +185,8 @@ def summarize(runs: list[dict], arms: list[str], reference: str) -> dict:
     return {"reference": reference, "arms": out}
 
 
-def page(document: dict) -> str:
+def page(document: dict, stem: str) -> str:
+    """The results page; it links its raw data (``stem``.json) and shows its plot (``stem``.png)."""
     summary = document["summary"]
     lines = [
         "# Cold start: vLLM's benchmark client against a fresh `specserve serve`"
@@ -209,6 +210,7 @@ def page(document: dict) -> str:
         ]
     else:
         lines += ["", "`@off`: `speculation.startup_checks: off`, no start-up calibration (the cold start as it was)."]
+    lines += ["", f"Raw data: [{stem}.json]({stem}.json).", "", f"![output tokens/s per round]({stem}.png)"]
     return "\n".join(lines) + "\n"
 
 

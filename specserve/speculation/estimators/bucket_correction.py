@@ -94,8 +94,7 @@ class BucketCorrection:
 
     def level(self, num_running: int) -> float:
         """The bucket's part of every k's factor (1 before any step, and always where no level is kept)."""
-        level = self._levels.get(bucket_of(num_running))
-        return 1.0 if level is None else level[0]
+        return self._level_at(bucket_of(num_running))
 
     def factor(self, num_running: int, k: int) -> float:
         """What to multiply the model's seconds by for a step at ``k`` with ``num_running`` requests."""
@@ -103,22 +102,24 @@ class BucketCorrection:
 
     def factors(self, num_running: int, num_k: int) -> list[float]:
         """``factor`` for k = 0 .. num_k - 1, at least 0.1 (never a free or negative step)."""
-        # ``level`` and ``offsets`` with the bucket found once: a policy asks every step.
-        bucket = bucket_of(num_running)
-        level_cell = self._levels.get(bucket)
-        level = 1.0 if level_cell is None else level_cell[0]
-        cells = self._cells.get(bucket)
-        main = _main(cells) if cells else None
-        if main is None:
-            return [max(level + 0.0, 0.1)] * num_k
-        get, offset = cells.get, self._offset  # type: ignore[union-attr]
-        return [max(level + offset(get(k), main), 0.1) for k in range(num_k)]
+        bucket = bucket_of(num_running)  # found once: a policy asks every step
+        level = self._level_at(bucket)
+        return [max(level + offset, 0.1) for offset in self._offsets_at(bucket, num_k)]
 
     def offsets(self, num_running: int, num_k: int) -> list[float]:
         """Each k's offset, shrunk toward the bucket's main k's (0 in a bucket not seen)."""
-        cells = self._cells.get(bucket_of(num_running), {})
-        main = _main(cells)
-        return [self._offset(cells.get(k), main) for k in range(num_k)]
+        return self._offsets_at(bucket_of(num_running), num_k)
+
+    def _level_at(self, bucket: int) -> float:
+        level = self._levels.get(bucket)
+        return 1.0 if level is None else level[0]
+
+    def _offsets_at(self, bucket: int, num_k: int) -> list[float]:
+        cells = self._cells.get(bucket)
+        if not cells:
+            return [0.0] * num_k
+        main, get, offset = _main(cells), cells.get, self._offset
+        return [offset(get(k), main) for k in range(num_k)]
 
     def _offset(self, cell: list[float] | None, main: list[float] | None) -> float:
         if main is None:

@@ -197,6 +197,17 @@ def test_a_prefill_chunk_past_the_ridge_point_makes_drafts_cost_their_flops() ->
     assert loaded == pytest.approx(8 * 4 * 1e-4 + 4 * 5e-4, rel=0.3)
 
 
+def test_where_k0_skips_the_draft_a_step_with_prompt_tokens_still_pays_its_pass_at_k0() -> None:
+    # The engine skips the draft's pass at k = 0 only on pure decode steps: a prompt chunk always reaches the
+    # draft. So on a prefill step k = 0 costs what it costs where k = 0 never skips, and on a decode step a pass less.
+    skips = trained_policy(resume_s_per_token=1e-6)
+    runs = trained_policy()
+    assert skips.decode_seconds(ctx(64, prefill=300), 0) == pytest.approx(runs.decode_seconds(ctx(64, prefill=300), 0))
+    assert skips.decode_seconds(ctx(64), 0) < runs.decode_seconds(ctx(64), 0)
+    for k in range(1, 5):  # a k > 0 runs its passes either way
+        assert skips.decode_seconds(ctx(64, prefill=300), k) == pytest.approx(runs.decode_seconds(ctx(64, prefill=300), k))
+
+
 def test_where_drafts_are_made_ahead_a_prompt_riding_on_one_step_does_not_stop_speculation() -> None:
     # At 150 requests and acceptance 0.5 k = 1; priced at the margin, a 110-token chunk on one step favours k = 0
     # (no switch margin, so that the prices alone decide).

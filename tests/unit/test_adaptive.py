@@ -205,7 +205,9 @@ def test_where_k0_skips_the_draft_a_step_with_prompt_tokens_still_pays_its_pass_
     assert skips.decode_seconds(ctx(64, prefill=300), 0) == pytest.approx(runs.decode_seconds(ctx(64, prefill=300), 0))
     assert skips.decode_seconds(ctx(64), 0) < runs.decode_seconds(ctx(64), 0)
     for k in range(1, 5):  # a k > 0 runs its passes either way
-        assert skips.decode_seconds(ctx(64, prefill=300), k) == pytest.approx(runs.decode_seconds(ctx(64, prefill=300), k))
+        assert skips.decode_seconds(ctx(64, prefill=300), k) == pytest.approx(
+            runs.decode_seconds(ctx(64, prefill=300), k)
+        )
 
 
 def test_where_drafts_are_made_ahead_a_prompt_riding_on_one_step_does_not_stop_speculation() -> None:

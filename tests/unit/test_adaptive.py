@@ -222,6 +222,17 @@ def test_where_drafts_are_made_ahead_a_prompt_riding_on_one_step_does_not_stop_s
     assert held.choose(ctx(300, prefill=110)).k == 0
 
 
+def test_where_drafts_are_made_ahead_a_start_only_a_prompt_asks_for_is_held() -> None:
+    # At 128 requests and acceptance 0.5 the decodes alone stay at k = 0 (the draft's pass skipped); on a step
+    # carrying a prompt, which runs the pass at k = 0 too, k = 1 pays. Drafts made ahead count only if the next
+    # step speculates as well, which it would not: there the start is held.
+    spec = "adaptive:explore_interval_s=inf,probe_interval_s=inf,switch_margin=0"
+    free = trained_policy(spec, alpha=0.5, resume_s_per_token=1e-9)
+    assert [free.choose(ctx(128, prefill=p)).k for p in (0, 300, 0)] == [0, 1, 0]
+    held = trained_policy(spec, alpha=0.5, resume_s_per_token=1e-9, drafts_ahead=True)
+    assert [held.choose(ctx(128, prefill=p)).k for p in (0, 300, 0)] == [0, 0, 0]
+
+
 def test_where_drafts_are_made_ahead_a_prompt_may_still_move_k_between_two_depths() -> None:
     # At 96 requests k = 2; a 4000-token chunk on one step favours k = 3. No drafts are thrown away by the move,
     # so it is not held.

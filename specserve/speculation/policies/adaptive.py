@@ -233,21 +233,23 @@ class AdaptivePolicy(Policy):
         return k, False
 
     def _hold_prompt_switch(self, ctx: StepContext, current: int, picked: tuple[int, bool]) -> tuple[int, bool]:
-        """Where drafts are made a step ahead, a stop (``current`` > 0 to 0) or a start (0 to k > 0) on a step
-        carrying prompt tokens stands only if the decodes alone would make it too. A stop throws away the drafts
-        made for this step and the next. A start is asked for by the pass k = 0 runs on such a step anyway
-        (``_k0_runs_draft_pass``): its drafts are verified only if the next step, a decode step, speculates too, so
-        a start the decodes would undo makes drafts nobody verifies, and, counted as speculating, keeps the
-        probes that would measure acceptance from running."""
+        """Where drafts are made a step ahead, a stop (``current`` > 0 to 0) on a step carrying prompt tokens stands
+        only if the decodes alone would stop too, and a start (0 to k > 0) only if the decodes alone would keep it.
+        A stop throws away the drafts made for this step and the next. A start is asked for by the pass k = 0 runs
+        on such a step anyway (``_k0_runs_draft_pass``): its drafts are verified only if the next step, a decode
+        step, still speculates, so a start the decodes would undo makes drafts nobody verifies, and, counted as
+        speculating, keeps the probes that would measure acceptance from running."""
         stopping = picked[0] == 0 < current
         starting = current == 0 < picked[0]
         if not ((stopping or starting) and ctx.num_prefill_tokens > 0 and self.traits.drafts_ahead):
             return picked
         alone = replace(ctx, num_prefill_tokens=0)
-        held = self._pick(alone, self._prices(alone)[1], current)
+        goodputs = self._prices(alone)[1]
         if stopping:
+            held = self._pick(alone, goodputs, current)
             return held if held[0] > 0 else picked
-        return picked if held[0] > 0 else held
+        kept = self._pick(alone, goodputs, picked[0])[0]
+        return picked if kept > 0 else (0, False)
 
     def _settle(self, k: int, deferred: bool) -> None:
         """Make ``k`` the policy's own, backing exploration off while it confirms the k the policy keeps."""

@@ -135,7 +135,8 @@ class AdaptiveParams:
     # Seconds within which the predicted gain of resuming must repay the draft's catch-up.
     resume_payback_s: float = 1.0
     # Cap each request's drafts by its own acceptance (``parts.per_request``); false: one k for the whole batch. Off
-    # by default: it missed issue 61's simulator bar (docs/policies/adaptive.md, "Per-request caps").
+    # by default: its plan costs about as much per step as the rest of the policy (docs/policies/adaptive.md,
+    # "Per-request caps").
     per_request: bool = False
 
     def __post_init__(self) -> None:

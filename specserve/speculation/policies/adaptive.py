@@ -29,9 +29,9 @@ over the tokens it skipped within ``resume_payback_s`` (Nightjar prices the same
 **Hold a stop or a start that only a prompt asks for.** Where drafts are made a step ahead of their verification
 (vLLM), a stop on a step carrying prompt tokens stands only if the decodes alone would stop too: such a stop throws
 away the drafts made for this step and makes none for the next, so it lasts two steps however briefly the prices
-favour it. A start from k = 0 there is held the same way: on such a step k = 0 runs the draft's pass too, so a start
-looks cheap, but its drafts count only if the next step, a decode step, speculates as well. Moves between two k > 0
-throw nothing away and are not held.
+favour it. A start from k = 0 there stands only if the decodes alone would keep it: on such a step k = 0 runs the
+draft's pass too, so a start looks cheap, but its drafts count only if the next step, a decode step, speculates as
+well. Moves between two k > 0 throw nothing away and are not held.
 
 **Keep learning: explorations and probes** (``parts.goodput_core``, shared with ``goodput``). A settled k > 0 is
 left for one step at a neighbouring k every ``explore_interval_s``, backing off (doubling, up to

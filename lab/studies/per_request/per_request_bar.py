@@ -89,6 +89,8 @@ def main() -> None:
     text = report(rows, args.seeds, command, passes, bar=not args.rates)
     print(text)
     out = Path(args.out)
+    stem = out.stem
+    text += f"\nRaw data: [{stem}.json]({stem}.json).\n\n![goodput and mean E2E ratios per rate]({stem}.png)\n"
     out.with_suffix(".md").write_text(text)
     record = {"command": command, "scenario": SCENARIO, "window_s": WINDOW_S, "seeds": args.seeds, "passes": passes}
     out.with_suffix(".json").write_text(json.dumps(record | {"rows": rows}, indent=2) + "\n")

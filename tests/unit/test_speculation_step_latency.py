@@ -168,6 +168,20 @@ def test_predict_many_and_batched_token_seconds_agree_with_predict(features: Ste
     assert model.batched_token_seconds(3000) == pytest.approx(model.predict(0, 3000, 0, 0) - model.predict(0, 0, 0, 0))
 
 
+@pytest.mark.parametrize("features", [LINEAR, HINGED])
+def test_predict_shapes_is_predict_many_to_the_bit_across_refits(features: StepFeatures) -> None:
+    """The policy prices every k through ``predict_shapes`` each step, keeping what does not depend on the context:
+    its numbers must be ``predict_many``'s exactly, also after a refit has changed the coefficients under the key."""
+    model = StepLatencyModel(features, refit_every=4)
+    ks = np.arange(5)
+    for step in kinked_steps(40):
+        model.observe(step)
+        for batch, context in ((8, step.num_context_tokens), (8, step.num_context_tokens + 97), (3, 50)):
+            tokens, passes = 5 + batch + batch * ks, np.maximum(ks, 1).astype(float)
+            shapes = model.predict_shapes((batch, 5), context, lambda t=tokens, p=passes: (t, p), batch)
+            assert shapes == model.predict_many(context, tokens, passes, batch).tolist()
+
+
 def test_refit_every_keeps_the_last_solve_for_that_many_steps() -> None:
     model = StepLatencyModel(HINGED, refit_every=4)
     steps = kinked_steps(200)

@@ -40,7 +40,7 @@ after the unconstrained solve is not the constrained optimum, but a negative fit
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -190,8 +190,8 @@ class StepLatencyModel:
         # the last solve wait in _pending and join the sums in one product when the next solve needs them.
         self._refit_every = refit_every
         self._stale = 0
-        # Per step: its rows (the whole step, or its parts) and their seconds.
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
+        # Per step: its whole row and its seconds (the whole step's, or its parts': target, draft, rest).
+        self._pending: list[tuple[np.ndarray, tuple[float, ...]]] = []
         n = len(prior)
         self._gram = np.zeros((n, n))  # forgotten sum of z z^T, z the scaled features
         self._moment = np.zeros(n)  # forgotten sum of z * duration_s
@@ -200,6 +200,10 @@ class StepLatencyModel:
         # predict_many's terms that depend only on the coefficients and the batch, per batch size; cleared at each
         # solve. A policy prices every k at one batch each step, and the batch changes far less often than that.
         self._batch_terms: dict[float, tuple[float, float]] = {}
+        # predict_shapes's terms per key (the fixed cost and context's coefficients, and per key and row the rest's,
+        # the tokens' and the passes' seconds); cleared at each solve.
+        self._context_terms = (0.0, 0.0)
+        self._shape_terms: dict[Hashable, list[tuple[float, float, float]]] = {}
 
     def observe(self, record: StepRecord) -> float:
         """Learn from one step. Returns the seconds the model predicted for it before learning from it."""
@@ -230,14 +234,13 @@ class StepLatencyModel:
         ``parts``; the rest of ``duration_s`` is the step's own work. Otherwise the whole step is one sample."""
         raw = np.array(self.features.row(num_context_tokens, num_batched_tokens, num_draft_passes, num_running))
         predicted_s = float(raw @ self._current())
-        if self._data_scales:
-            self._squares = self._decay * self._squares + raw * raw
+        # The rest waits for the next solve (``_fold_pending``): a step's numpy calls, run between two forward
+        # passes that have pushed them out of the CPU's caches, cost several times their warm time each.
         if parts is not None and self._part_masks is not None:
             forward_s, draft_s = parts
-            ys = np.array([forward_s, draft_s, duration_s - forward_s - draft_s])
-            self._pending.append((raw * self._part_masks, ys))
+            self._pending.append((raw, (forward_s, draft_s, duration_s - forward_s - draft_s)))
         else:
-            self._pending.append((raw[None, :], np.array([duration_s])))
+            self._pending.append((raw, (duration_s,)))
         self._num_samples = self._decay * self._num_samples + 1.0
         self._stale += 1
         if self._stale >= self._refit_every or self._num_samples < 8 * self._refit_every:
@@ -265,6 +268,43 @@ class StepLatencyModel:
         at this batch size times each row's passes.
         """
         phi = self._coefficients if self._coefficients is not None else self._current()
+        rest_s, tokens_s, passes_s = self._context_free_terms(phi, num_batched_tokens, num_draft_passes, num_running)
+        fixed_s = phi[0] + phi[1] * np.asarray(num_context_tokens, dtype=np.float64) + rest_s
+        return fixed_s + tokens_s + passes_s
+
+    def predict_shapes(
+        self,
+        shapes: Hashable,
+        num_context_tokens: float,
+        make_shapes: Callable[[], tuple[np.ndarray, np.ndarray]],
+        num_running: float,
+    ) -> list[float]:
+        """``predict_many`` at one context, as a list, for shapes a caller prices step after step (a policy's every
+        k at one batch and prefill): ``make_shapes`` gives their batched tokens and draft passes, and ``shapes``
+        names them, so the same key must always come with the same shapes and ``num_running``. What does not
+        depend on the context is kept under the key until the next refit, so a step whose shapes repeat costs one
+        sum per row. The same floating-point operations, in the same order, as ``predict_many``: run in the engine
+        between two forward passes, whose work has pushed the policy out of the CPU's caches, each numpy call cost
+        several times its warm time, and a policy's pricing was most of its cost per step."""
+        phi = self._coefficients if self._coefficients is not None else self._current()
+        terms = self._shape_terms.get(shapes)
+        if terms is None:
+            tokens, passes = make_shapes()
+            rest_s, tokens_s, passes_s = self._context_free_terms(phi, tokens, passes, num_running)
+            rest = np.broadcast_to(rest_s, tokens_s.shape).tolist()
+            terms = self._shape_terms[shapes] = list(zip(rest, tokens_s.tolist(), passes_s.tolist(), strict=True))
+        context_s = self._context_terms[0] + self._context_terms[1] * float(num_context_tokens)
+        return [context_s + rest + tokens + passes for rest, tokens, passes in terms]
+
+    def _context_free_terms(
+        self,
+        phi: np.ndarray,
+        num_batched_tokens: Sequence[float] | np.ndarray,
+        num_draft_passes: Sequence[float] | np.ndarray,
+        num_running: float,
+    ) -> tuple[float | np.ndarray, np.ndarray, np.ndarray]:
+        """``predict_many``'s terms that do not depend on the context, per row: the rest's part (0 without
+        parts), the token spline's seconds and the draft passes' seconds."""
         n = np.asarray(num_batched_tokens, dtype=np.float64)
         b = float(num_running)
         per_pass_s, rest_fixed_s = self._batch_terms.get(b) or self._cache_batch_terms(phi, b)
@@ -272,8 +312,7 @@ class StepLatencyModel:
         tokens_s = token_spline[0] * n + np.maximum(n[:, None] - self._token_knots, 0.0) @ token_spline[1:]
         passes = np.asarray(num_draft_passes, dtype=np.float64)
         rest_s = rest_fixed_s + phi[-1] * (passes > 0) if self.features.parts else 0.0
-        fixed_s = phi[0] + phi[1] * np.asarray(num_context_tokens, dtype=np.float64) + rest_s
-        return fixed_s + tokens_s + per_pass_s * passes
+        return rest_s, tokens_s, per_pass_s * passes
 
     def _cache_batch_terms(self, phi: np.ndarray, b: float) -> tuple[float, float]:
         """``predict_many``'s per-pass seconds at batch ``b`` and the rest's part without the pass indicator."""
@@ -306,6 +345,8 @@ class StepLatencyModel:
         if self._coefficients is None:
             self._coefficients = self._solve()
             self._batch_terms.clear()
+            self._shape_terms.clear()
+            self._context_terms = (float(self._coefficients[0]), float(self._coefficients[1]))
             self._stale = 0
         return self._coefficients
 
@@ -315,8 +356,13 @@ class StepLatencyModel:
         m = len(self._pending)
         if not m:
             return
-        x = np.concatenate([rows for rows, _ in self._pending]) / self._fold_scales
-        y = np.concatenate([seconds for _, seconds in self._pending])
+        if self._data_scales:
+            for raw, _ in self._pending:
+                self._squares = self._decay * self._squares + raw * raw
+        masks = self._part_masks
+        rows = [raw * masks if len(seconds) > 1 else raw[None, :] for raw, seconds in self._pending]
+        x = np.concatenate(rows) / self._fold_scales
+        y = np.array([s for _, seconds in self._pending for s in seconds])
         ages = np.repeat(np.arange(m - 1, -1, -1), [len(seconds) for _, seconds in self._pending])
         weighted = x * (self._decay**ages)[:, None]
         keep = self._decay**m

@@ -210,7 +210,7 @@ class AdaptivePolicy(Policy):
     def _prices(self, ctx: StepContext) -> tuple[list[float], list[float], CappedPlan | None]:
         """Per k = 0 .. max_k, the decodes' seconds at that k for every request and their predicted tokens per
         second, each k with its per-request caps where some request's acceptance stands apart (the plan)."""
-        seconds = np.maximum(self.decode_seconds_all(ctx), MIN_STEP_S).tolist()
+        seconds = [max(s, MIN_STEP_S) for s in self._decode_seconds_every_k(ctx)]
         plan = self._plan(ctx)
         return seconds, plan.goodputs if plan else self.core.goodputs(ctx.num_running, seconds), plan
 
@@ -342,8 +342,24 @@ class AdaptivePolicy(Policy):
     def decode_seconds_all(self, ctx: StepContext) -> np.ndarray:
         """Per k = 0 .. max_k, the step's time the decodes are charged with: all of it minus the prefill's own
         marginal cost."""
+        return np.array(self._decode_seconds_every_k(ctx))
+
+    def _decode_seconds_every_k(self, ctx: StepContext) -> list[float]:
+        """``decode_seconds_all`` as a list. Every step prices every k at its batch and prefill, which repeat from
+        step to step, so the fit keeps what does not depend on the context (``StepLatencyModel.predict_shapes``)
+        and these are the same operations as ``decode_seconds_many``'s on the same shapes."""
         ks = self._ks
-        return self.decode_seconds_many(ctx, ctx.num_running * ks, ks)
+        if self.traits.batch_expansion:  # the context differs per k
+            return self.decode_seconds_many(ctx, ctx.num_running * ks, ks).tolist()
+        batch, prefill = ctx.num_running, ctx.num_prefill_tokens
+        k0_runs = self._k0_runs_draft_pass(ctx)
+        passes = self._ks_draft_passes_prefill if k0_runs else self._ks_draft_passes
+        step_s = self.latency.predict_shapes(
+            (batch, prefill, k0_runs), ctx.num_context_tokens, lambda: (prefill + batch + batch * ks, passes), batch
+        )
+        prefill_s = self.latency.batched_token_seconds(prefill) if prefill else 0.0
+        factors = self.correction.factors(batch, self.max_k + 1)
+        return [(s - prefill_s) * f for s, f in zip(step_s, factors, strict=True)]
 
     def decode_seconds_many(
         self, ctx: StepContext, drafts: np.ndarray, passes: np.ndarray, factors: np.ndarray | None = None

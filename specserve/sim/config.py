@@ -55,6 +55,12 @@ class EngineConfig(_Closed):
         "V1, V0's MQA scorer), or vLLM V0's batch expansion, which scores position j of each request as its own "
         "sequence with context + j cached tokens, so the target reads each request's KV k + 1 times (AdaSpec Eq. 4)",
     )
+    startup_calibration: bool = Field(
+        True,
+        description="each replica's policy starts from the start-up calibration's steps (fixed k = 0 .. max_k on "
+        "dummy requests at a few batch sizes up to max_num_seqs, their costs only), as specserve's engine starts it "
+        "unless speculation.startup_checks is off; false: from its priors alone",
+    )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of device memory vLLM may use")
     reserved_gib: float = Field(1.5, ge=0, description="activations, CUDA graphs and workspace per GPU")
     num_kv_blocks: int | None = Field(None, gt=0, description="override the KV capacity computed from memory")

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from specserve.sim.batch import Column, RequestTable
-from specserve.sim.config import ClientsArrivals
+from specserve.sim.calibration import probe_scenarios
+from specserve.sim.config import ClientsArrivals, Scenario
 from specserve.sim.draft_memory import DraftMemorySim
 from specserve.sim.drafting import Drafter
 from specserve.sim.events import EventQueue, Phase
@@ -31,12 +32,13 @@ from specserve.sim.proposer import Proposer
 from specserve.sim.replica import Replica
 from specserve.sim.routing import Router
 from specserve.sim.scale_out import ScaleOut
-from specserve.sim.scenario import ResolvedScenario, ScenarioError
+from specserve.sim.scenario import ResolvedScenario, ScenarioError, resolve
 from specserve.sim.signals import SignalModel
 from specserve.sim.steps import StepListener
 from specserve.sim.true_acceptance import TrueAcceptance
 from specserve.sim.workload import Workload, build_workload
-from specserve.speculation import EngineTraits, Policy
+from specserve.speculation import EngineTraits, Policy, StepRecord
+from specserve.speculation.types import without_acceptance
 
 # Builds one replica's policy from the engine's traits: a caller's own constructor (tests pass policies that are
 # not in the global registry this way). A spec string is built by ``oracle.build_policy``, which also knows the
@@ -137,6 +139,7 @@ class Simulator:
             batch_expansion=engine.scorer == "batch_expansion",
         )
         slo_tpot_s = scenario.slo.max_tpot_s if scenario.slo is not None else None
+        history = startup_history(scenario) if engine.startup_calibration else ()
         replicas = []
         for i, (verdict_rng, signal_rng, jitter_rng) in enumerate(
             zip(verdict_rngs, signal_rngs, jitter_rngs, strict=True)
@@ -157,6 +160,7 @@ class Simulator:
                 jitter_rng,
                 proposer,
             )
+            truth.replica.guard.warm_start(history)
             replicas.append(truth.replica)
         memory = DraftMemorySim(scenario.memory, self.resolved, replicas) if scenario.memory.offload else None
         router = Router(scenario.router, Column(table, "batch"))
@@ -274,3 +278,27 @@ def _resume_s_per_token(proposer: Proposer, timer: StepTimer) -> float | None:
 def _draft_s_per_token(timer: StepTimer) -> float:
     """The draft's marginal seconds per token in one forward: what a catch-up token costs the engine."""
     return (timer.draft.forward_s(0.0, 1025.0) - timer.draft.forward_s(0.0, 1.0)) / 1024.0
+
+
+# What a calibration depends on: everything but the traffic and the cluster around the engine.
+_CALIBRATION_EXCLUDES = {"name", "description", "num_replicas", "router", "workload", "slo", "memory", "scale_out"}
+# Calibrations made in this process, by the engine's description: every run of one engine, whatever its traffic,
+# policy or seed, starts from the same calibration, so a sweep makes it once. A memo of a pure function's results.
+_HISTORIES: dict[str, tuple[StepRecord, ...]] = {}
+_MAX_HISTORIES = 64
+
+
+def startup_history(scenario: Scenario) -> tuple[StepRecord, ...]:
+    """The steps of ``scenario``'s engine's start-up calibration (calibration.py), in the plan's order, costs only:
+    what each of its replicas' policies is warm-started from."""
+    key = scenario.model_dump_json(exclude=_CALIBRATION_EXCLUDES)
+    history = _HISTORIES.get(key)
+    if history is None:
+        records: list[StepRecord] = []
+        for probe, probe_scenario in probe_scenarios(scenario):
+            Simulator(resolve(probe_scenario), f"fixed:k={probe.k}", 0, lambda r, _: records.append(r)).run()
+        history = tuple(without_acceptance(r) for r in records)
+        if len(_HISTORIES) >= _MAX_HISTORIES:
+            _HISTORIES.clear()
+        _HISTORIES[key] = history
+    return history

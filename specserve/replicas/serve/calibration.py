@@ -26,7 +26,8 @@ from specserve.replicas.config.engine_args import (
     Utility,
 )
 from specserve.speculation.startup_checks import (
-    DEFAULT_BATCH_SIZES,
+    CALIBRATION_MAX_TOKENS,
+    CALIBRATION_PROMPT_TOKENS,
     CheckCounts,
     CheckResult,
     Probe,
@@ -37,11 +38,6 @@ from specserve.speculation.startup_checks import (
 )
 
 logger = logging.getLogger("ray.serve")
-
-#: Output tokens per dummy request: a prefill step and enough decode steps at every k to time a few.
-CALIBRATION_MAX_TOKENS = 16
-#: Prompt tokens per dummy request: short, so the runs time decode steps, not prefills.
-CALIBRATION_PROMPT_TOKENS = 12
 
 
 class CalibrationEngine(Protocol):
@@ -77,9 +73,10 @@ async def calibrate(
     skips_k0_draft_pass: bool,
     signals: bool,
     on_failure: str = "fallback",
-    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+    batch_sizes: Sequence[int] | None = None,
 ) -> Calibration:
-    """Run the probes, judge the checks, and leave the engine serving under ``policy`` (or the fallback)."""
+    """Run the probes (at ``batch_sizes``, ``startup_checks.batch_sizes`` of the engine's unless given), judge the
+    checks, and leave the engine serving under ``policy`` (or the fallback)."""
     started = time.monotonic()
     # A warm-up request first: an engine's first steps pay one-off work (the CPU engine lays its KV cache out in a
     # reserve on its first step, seconds), which no later step costs and which the policy must not learn as a step's.

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from specserve.sim.batch import Column, RequestTable
-from specserve.sim.calibration import probe_scenarios
+from specserve.sim.calibration import NOT_THE_ENGINE, planned_probes, probe_scenarios
 from specserve.sim.config import ClientsArrivals, Scenario
 from specserve.sim.draft_memory import DraftMemorySim
 from specserve.sim.drafting import Drafter
@@ -280,10 +280,9 @@ def _draft_s_per_token(timer: StepTimer) -> float:
     return (timer.draft.forward_s(0.0, 1025.0) - timer.draft.forward_s(0.0, 1.0)) / 1024.0
 
 
-# What a calibration depends on: everything but the traffic and the cluster around the engine.
-_CALIBRATION_EXCLUDES = {"name", "description", "num_replicas", "router", "workload", "slo", "memory", "scale_out"}
-# Calibrations made in this process, by the engine's description: every run of one engine, whatever its traffic,
-# policy or seed, starts from the same calibration, so a sweep makes it once. A memo of a pure function's results.
+# Calibrations made in this process, by the engine's description and the plan: every run of one engine, whatever
+# its traffic, policy or seed, starts from the same calibration, so a sweep makes it once. A memo of a pure
+# function's results.
 _HISTORIES: dict[str, tuple[StepRecord, ...]] = {}
 _MAX_HISTORIES = 64
 
@@ -291,11 +290,12 @@ _MAX_HISTORIES = 64
 def startup_history(scenario: Scenario) -> tuple[StepRecord, ...]:
     """The steps of ``scenario``'s engine's start-up calibration (calibration.py), in the plan's order, costs only:
     what each of its replicas' policies is warm-started from."""
-    key = scenario.model_dump_json(exclude=_CALIBRATION_EXCLUDES)
+    probes = planned_probes(scenario.engine)
+    key = f"{scenario.model_dump_json(exclude=NOT_THE_ENGINE | {'name', 'description'})} {probes}"
     history = _HISTORIES.get(key)
     if history is None:
         records: list[StepRecord] = []
-        for probe, probe_scenario in probe_scenarios(scenario):
+        for probe, probe_scenario in probe_scenarios(scenario, probes):
             Simulator(resolve(probe_scenario), f"fixed:k={probe.k}", 0, lambda r, _: records.append(r)).run()
         history = tuple(without_acceptance(r) for r in records)
         if len(_HISTORIES) >= _MAX_HISTORIES:

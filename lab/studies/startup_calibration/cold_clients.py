@@ -52,16 +52,11 @@ def run_case(clients: int, drafts_ahead: bool) -> dict:
     row: dict = {"clients": clients, "drafts_ahead": drafts_ahead}
     row["fixed"] = {p: throughput(case(clients, drafts_ahead, True), p) for p in FIXED}
     row["cold"] = throughput(case(clients, drafts_ahead, False), "adaptive")
-    # The plan before it grew past the small batch sizes. The simulator's calibration memo is keyed by the engine,
-    # not by the plan, so it is cleared around the run whose plan is patched.
-    from specserve.sim import kernel
-
-    kernel._HISTORIES.clear()
+    # The plan before it grew past the small batch sizes.
     with mock.patch.object(
         startup_checks, "batch_sizes", lambda n: tuple(min(b, n) for b in startup_checks.SMALL_BATCH_SIZES)
     ):
         row["calibrated to 8"] = throughput(case(clients, drafts_ahead, True), "adaptive")
-    kernel._HISTORIES.clear()
     row["calibrated to max_num_seqs"] = throughput(case(clients, drafts_ahead, True), "adaptive")
     best = max(row["fixed"].values())
     row["best_fixed"] = best

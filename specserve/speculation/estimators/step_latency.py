@@ -197,6 +197,8 @@ class StepLatencyModel:
         self._moment = np.zeros(n)  # forgotten sum of z * duration_s
         self._num_samples = 0.0
         self._coefficients: np.ndarray | None = None
+        # Counts the refits asked for: a caller that keeps what it priced with the fit knows when to price again.
+        self.fit_version = 0
         # predict_many's terms that depend only on the coefficients and the batch, per batch size; cleared at each
         # solve. A policy prices every k at one batch each step, and the batch changes far less often than that.
         self._batch_terms: dict[float, tuple[float, float]] = {}
@@ -245,7 +247,16 @@ class StepLatencyModel:
         self._stale += 1
         if self._stale >= self._refit_every or self._num_samples < 8 * self._refit_every:
             self._coefficients = None
+            self.fit_version += 1
         return predicted_s
+
+    def observes_until_refit(self) -> int:
+        """How many more steps ``observe_shape`` learns from until one asks for a refit, that one included: a caller
+        may hold the steps before it and hand them over in one go, and the fit is the same as if it had seen each
+        at once (it is read only at a refit)."""
+        if self._num_samples * self._decay + 1.0 < 8 * self._refit_every:
+            return 1  # cold: every step refits
+        return max(1, self._refit_every - (0 if self._coefficients is None else self._stale))
 
     def predict(
         self, num_context_tokens: float, num_batched_tokens: float, num_draft_passes: float, num_running: float

@@ -188,24 +188,61 @@ class AdaptivePolicy(Policy):
         # The same on a step that carries prompt tokens, where k = 0 runs the draft's pass even if it skips it on
         # a pure decode step (``_k0_runs_draft_pass``).
         self._ks_draft_passes_prefill = self._draft_passes(self._ks, k0_runs=True).astype(np.float64)
+        # Steps with drafts observed: each can move the acceptance estimate.
+        self._verdict_steps = 0
+        # What a k = 0 held since its last pricing needs to be held again without one (``_held_zero``): the inputs
+        # that priced it (batch, step-cost fit, verdicts, probes) and the prices.
+        self._zero_priced: tuple[int, int, int, int, list[float]] | None = None
+        self.num_held_zero_steps = 0
+        # Steps at k = 0 without drafts, learned from in one go before anything reads what they teach
+        # (``observe``).
+        self._deferred: list[StepRecord] = []
 
     def choose(self, ctx: StepContext) -> Decision:
         self._lag.see(ctx.draft_resident)
         if not ctx.draft_resident:
+            self._zero_priced = None
             return Decision(k=0)
         if ctx.num_running == 0:
             # Nothing decodes, so k changes nothing this step; keeping it avoids two switches per idle gap.
             return Decision(k=self._k)
+        held = self._held_zero(ctx)
+        if held is not None:
+            # ``_settle(0, False)`` would change nothing (no exploration runs at k = 0), nor would ``_stop_rule``
+            # (no draft-stop rule for a k the policy did not choose), so a held step skips both.
+            self.num_held_zero_steps += 1
+            return Decision(k=self._fit_to_kv(ctx, self.core.run(ctx.now_s, 0, held, ctx.request_ids)))
+        self._learn_deferred()
         if self.requests is not None:
             self.requests.keep_only(ctx.request_ids)
         seconds, goodputs, plan = self._prices(ctx)
         current = min(self._k, self.max_k)
         k, deferred = self._hold_prompt_switch(ctx, current, self._pick(ctx, goodputs, current))
         self._settle(k, deferred)
+        self._zero_priced = self._zero_inputs(ctx, goodputs) if k == 0 and not deferred else None
         run_k = self._fit_to_kv(ctx, self.core.run(ctx.now_s, k, goodputs, ctx.request_ids))
         caps = plan.caps_to_run(k, run_k, ctx.request_ids) if plan is not None else ()
         self.num_capped_steps += int(bool(caps))
         return self._stop_rule(ctx, k, run_k, seconds, caps)
+
+    def _zero_inputs(self, ctx: StepContext, goodputs: list[float]) -> tuple[int, int, int, int, list[float]] | None:
+        """The inputs and prices of a pure decode step priced to k = 0, for ``_held_zero``; None where a held k = 0
+        could not be reused (prompt tokens in the step, per-request caps)."""
+        if ctx.num_prefill_tokens or self.requests is not None:
+            return None
+        return (ctx.num_running, self.latency.fit_version, self._verdict_steps, self.core.probe.num_probes, goodputs)
+
+    def _held_zero(self, ctx: StepContext) -> list[float] | None:
+        """The goodputs of the last step priced to k = 0, where nothing that moves a choice has moved since: the
+        same batch, pure decodes, no refit of the step-cost fit, no new verdict and no probe. Between two such
+        moves a k = 0 step only grows the context by one token a request, and re-pricing it cost most of the
+        policy's time on a held k = 0 (about 0.1 ms of the tiny pair's 4-5 ms steps on a served CPU engine). The
+        fit refits every ``REFIT_EVERY_STEPS`` steps, so a held k = 0 is re-priced at least that often."""
+        priced = self._zero_priced
+        if priced is None or self._k != 0 or ctx.num_prefill_tokens:
+            return None
+        key = (ctx.num_running, self.latency.fit_version, self._verdict_steps, self.core.probe.num_probes)
+        return priced[4] if priced[:4] == key else None
 
     def _prices(self, ctx: StepContext) -> tuple[list[float], list[float], CappedPlan | None]:
         """Per k = 0 .. max_k, the decodes' seconds at that k for every request and their predicted tokens per
@@ -303,17 +340,38 @@ class AdaptivePolicy(Policy):
         from the fixed cost, so the fit's prior would split them, and every correction cell would inherit that
         k's residual. Warm-started on a `fixed:k=4` run, `adaptive` served 16 clients at k = 3 for most of its
         next run where k = 1-2 were best; cold, it learns the split from its own steps and explorations."""
+        self._learn_deferred()
         varied = sum(n >= WARM_MIN_STEPS_PER_K for n in Counter(r.num_draft_passes for r in history).values()) >= 2
         for record in history:
             if varied:
-                self.observe(record)
+                self._learn(record)
             else:
                 self._observe_acceptance(record)
 
     def seed_acceptance(self, accepted: Sequence[float], reached: Sequence[float]) -> None:
         self.core.acceptance.seed(accepted, reached)
+        self._zero_priced = None
 
     def observe(self, record: StepRecord) -> None:
+        """Learn from a step. A k = 0 step without drafts (most steps of a held k = 0) waits, with the others like
+        it, until a step priced afresh, a step with drafts or the step-cost fit's next refit needs what they teach;
+        then all are learned from in order, exactly as one by one. Each step's learning, run between two forward
+        passes that push the policy out of the CPU's caches, cost several times its warm time; a run of them pays
+        that once."""
+        if record.k == 0 and record.num_drafted == 0 and self.requests is None:
+            if len(self._deferred) + 1 < self.latency.observes_until_refit():
+                self._deferred.append(record)
+                return
+        self._learn_deferred()
+        self._learn(record)
+
+    def _learn_deferred(self) -> None:
+        if self._deferred:
+            for record in self._deferred:
+                self._learn(record)
+            self._deferred.clear()
+
+    def _learn(self, record: StepRecord) -> None:
         # The residual is taken before the fit sees the step: out of sample, like the predictions it corrects.
         fitted = record
         if self.traits.batch_expansion and record.num_drafted_per_request:
@@ -333,6 +391,7 @@ class AdaptivePolicy(Policy):
 
     def _observe_acceptance(self, record: StepRecord) -> None:
         """What a step says besides its cost: acceptance, the confidences' calibration, the draft's lag."""
+        self._verdict_steps += int(record.num_drafted > 0)
         self.core.observe(record)
         if self.requests is not None:
             self.requests.observe(record)
@@ -342,6 +401,7 @@ class AdaptivePolicy(Policy):
     def decode_seconds_all(self, ctx: StepContext) -> np.ndarray:
         """Per k = 0 .. max_k, the step's time the decodes are charged with: all of it minus the prefill's own
         marginal cost."""
+        self._learn_deferred()
         return np.array(self._decode_seconds_every_k(ctx))
 
     def _decode_seconds_every_k(self, ctx: StepContext) -> list[float]:
@@ -367,6 +427,7 @@ class AdaptivePolicy(Policy):
         """``decode_seconds_all`` for steps that verify ``drafts`` drafts over all requests with ``passes`` draft
         passes (0 to max_k), one per row: per-request caps verify fewer drafts than the batch's k allows.
         ``factors``: the correction's per-k factors at this batch, where the caller prices many shapes."""
+        self._learn_deferred()
         batch, prefill = ctx.num_running, ctx.num_prefill_tokens
         every_k = passes is self._ks
         k0_runs = self._k0_runs_draft_pass(ctx)
@@ -407,6 +468,7 @@ class AdaptivePolicy(Policy):
         return float(self.decode_seconds_all(ctx)[k])
 
     def describe(self) -> dict[str, float]:
+        self._learn_deferred()
         out = self.core.describe(self.latency)
         out["num_early_stops"] = float(self._early_stops.count)
         out["calibration_drafts_seen"] = self.calibration.seen()
@@ -414,5 +476,6 @@ class AdaptivePolicy(Policy):
         out["num_resumes_deferred"] = float(self.num_resumes_deferred)
         out["num_kv_cuts"] = float(self.num_kv_cuts)
         out["num_capped_steps"] = float(self.num_capped_steps)
+        out["num_held_zero_steps"] = float(self.num_held_zero_steps)
         out["requests_tracked"] = float(len(self.requests.tracked())) if self.requests is not None else 0.0
         return out

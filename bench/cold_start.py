@@ -40,10 +40,14 @@ from serve_overhead import stop_server, wait_for_endpoint  # noqa: E402  (a sibl
 REPO = Path(__file__).resolve().parents[1]
 
 
-def serve(arm: str, port: int, log: Path, folder: Path) -> subprocess.Popen:
+def serve(arm: str, port: int, log: Path, folder: Path, step_log: Path | None = None) -> subprocess.Popen:
+    """`specserve serve` of the tiny pair under ``arm`` in its own session, its state in ``folder``; with
+    ``step_log``, the engine logs every step there."""
     policy, _, checks = arm.partition("@")
     config = folder / "serve.yaml"
     speculation = {"policy": policy, "startup_checks": checks or "fallback"}
+    if step_log is not None:
+        speculation["step_log"] = str(step_log)
     config.write_text(json.dumps({"speculation": speculation, "server": {"port": port}}))
     env = {**os.environ, "SPECSERVE_STATE_DIR": str(folder)}
     env.pop("RAY_ADDRESS", None)
@@ -78,17 +82,22 @@ def vllm_bench(args: argparse.Namespace, port: int, seed: int, result_dir: Path)
     return json.loads((result_dir / "result.json").read_text())
 
 
+def add_load_args(parser: argparse.ArgumentParser, *, num_prompts: int, port: int, out: str) -> None:
+    """The load ``vllm_bench`` runs (its shape, the server's port) and where results go."""
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--num-prompts", type=int, default=num_prompts)
+    parser.add_argument("--input-len", type=int, default=32)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--port", type=int, default=port)
+    parser.add_argument("--out", default=out)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arms", default="adaptive,adaptive@off,fixed:k=0")
     parser.add_argument("--reference", help="the arm ratios are taken against (default: the last)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--num-prompts", type=int, default=64)
-    parser.add_argument("--input-len", type=int, default=32)
-    parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--out", default="bench/results/cold-start-tiny")
+    add_load_args(parser, num_prompts=64, port=8765, out="bench/results/cold-start-tiny")
     parser.add_argument("--paired", action="store_true", help="cold, then warm runs on one fresh server (above)")
     parser.add_argument("--warm-arms", default="fixed:k=0,adaptive", help="--paired: policies set after the cold run")
     args = parser.parse_args()

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -33,7 +31,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "bench"))
-from cold_start import set_policy, vllm_bench  # noqa: E402  (a benchmark script's helpers)
+from cold_start import add_load_args, serve, set_policy, vllm_bench  # noqa: E402  (a benchmark script's helpers)
 from serve_overhead import stop_server, wait_for_endpoint  # noqa: E402
 
 from lab.instruments.cpu_share import CpuTally  # noqa: E402
@@ -41,22 +39,6 @@ from specserve.bench.stats import median_interval  # noqa: E402
 
 LOAD = "load generator"
 PARTS = ("forward", "draft passes", "rest of the step", "between steps")
-
-
-def serve(policy: str, port: int, folder: Path, step_log: Path) -> subprocess.Popen:
-    config = folder / "serve.yaml"
-    speculation = {"policy": policy, "step_log": str(step_log)}
-    config.write_text(json.dumps({"speculation": speculation, "server": {"port": port}}))
-    env = {**os.environ, "SPECSERVE_STATE_DIR": str(folder)}
-    env.pop("RAY_ADDRESS", None)
-    with (folder / "serve.log").open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "specserve", "serve", "--config", str(config)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
 
 
 def step_parts(lines: list[str], output_tokens: int) -> dict[str, float]:
@@ -92,12 +74,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arms", default="fixed:k=0,adaptive")
     parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--num-prompts", type=int, default=128)
-    parser.add_argument("--input-len", type=int, default=32)
-    parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--port", type=int, default=8766)
-    parser.add_argument("--out", default="bench/results/cpu-by-policy")
+    add_load_args(parser, num_prompts=128, port=8766, out="bench/results/policy-time-parts-tiny")
     parser.add_argument("--summarize", metavar="JSON", help="rewrite JSON's summary and page from its runs; no load")
     args = parser.parse_args()
     if args.summarize:
@@ -108,7 +85,7 @@ def main() -> int:
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="cpu-by-policy-") as folder:
         log, steps = Path(folder) / "serve.log", Path(folder) / "steps.jsonl"
-        process = serve(arms[0], args.port, Path(folder), steps)
+        process = serve(arms[0], args.port, log, Path(folder), step_log=steps)
         try:
             wait_for_endpoint(log, process, f"http://127.0.0.1:{args.port}/v1", 600)
             # A first load only warms the engine up: right after start-up every process is slower.

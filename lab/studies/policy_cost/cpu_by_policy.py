@@ -65,6 +65,13 @@ def step_parts(lines: list[str], output_tokens: int) -> dict[str, float]:
     return out | {"draft passes run": sum(r["num_draft_passes"] for r in records)}
 
 
+def new_lines(path: Path, offset: int) -> list[str]:
+    """The lines appended to ``path`` past byte ``offset``: a run's steps, without reading the whole log again."""
+    with path.open("rb") as log:
+        log.seek(offset)
+        return log.read().decode().splitlines()
+
+
 def children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -95,7 +102,7 @@ def main() -> int:
                 for arm in arms[turn:] + arms[:turn]:
                     set_policy(arm, Path(folder))
                     tally = CpuTally(process.pid, root_role="specserve serve (CLI)")
-                    logged = len(steps.read_text().splitlines())
+                    logged = steps.stat().st_size  # the run's steps are the lines appended from here
                     tally.start()
                     before = children_cpu_s()
                     result = vllm_bench(args, args.port, seed=round_index, result_dir=Path(folder))
@@ -107,7 +114,7 @@ def main() -> int:
                         "arm": arm,
                         "output_throughput": result["output_throughput"],
                         **tally.report(tokens),
-                        "step_ms_per_output_token": step_parts(steps.read_text().splitlines()[logged:], tokens),
+                        "step_ms_per_output_token": step_parts(new_lines(steps, logged), tokens),
                     }
                     runs.append(run)
                     print(

@@ -192,7 +192,7 @@ class AdaptivePolicy(Policy):
         self._verdict_steps = 0
         # What a k = 0 held since its last pricing needs to be held again without one (``_held_zero``): the inputs
         # that priced it (batch, step-cost fit, verdicts, probes) and the prices.
-        self._zero_priced: tuple[int, int, int, int, list[float]] | None = None
+        self._zero_priced: tuple[tuple[int, int, int, int], list[float]] | None = None
         self.num_held_zero_steps = 0
         # Steps at k = 0 without drafts, learned from in one go before anything reads what they teach
         # (``observe``).
@@ -219,18 +219,20 @@ class AdaptivePolicy(Policy):
         current = min(self._k, self.max_k)
         k, deferred = self._hold_prompt_switch(ctx, current, self._pick(ctx, goodputs, current))
         self._settle(k, deferred)
-        self._zero_priced = self._zero_inputs(ctx, goodputs) if k == 0 and not deferred else None
+        key = self._zero_key(ctx) if k == 0 and not deferred else None
+        self._zero_priced = (key, goodputs) if key is not None else None
         run_k = self._fit_to_kv(ctx, self.core.run(ctx.now_s, k, goodputs, ctx.request_ids))
         caps = plan.caps_to_run(k, run_k, ctx.request_ids) if plan is not None else ()
         self.num_capped_steps += int(bool(caps))
         return self._stop_rule(ctx, k, run_k, seconds, caps)
 
-    def _zero_inputs(self, ctx: StepContext, goodputs: list[float]) -> tuple[int, int, int, int, list[float]] | None:
-        """The inputs and prices of a pure decode step priced to k = 0, for ``_held_zero``; None where a held k = 0
-        could not be reused (prompt tokens in the step, per-request caps)."""
+    def _zero_key(self, ctx: StepContext) -> tuple[int, int, int, int] | None:
+        """What a k = 0 priced on this step may be held over (``_held_zero``): the batch, the step-cost fit's refits,
+        the verdicts and the probes so far; None where no held k = 0 applies (prompt tokens in the step, per-request
+        caps)."""
         if ctx.num_prefill_tokens or self.requests is not None:
             return None
-        return (ctx.num_running, self.latency.fit_version, self._verdict_steps, self.core.probe.num_probes, goodputs)
+        return (ctx.num_running, self.latency.fit_version, self._verdict_steps, self.core.probe.num_probes)
 
     def _held_zero(self, ctx: StepContext) -> list[float] | None:
         """The goodputs of the last step priced to k = 0, where nothing that moves a choice has moved since: the
@@ -238,11 +240,10 @@ class AdaptivePolicy(Policy):
         moves a k = 0 step only grows the context by one token a request, and re-pricing it cost most of the
         policy's time on a held k = 0 (about 0.1 ms of the tiny pair's 4-5 ms steps on a served CPU engine). The
         fit refits every ``REFIT_EVERY_STEPS`` steps, so a held k = 0 is re-priced at least that often."""
-        priced = self._zero_priced
-        if priced is None or self._k != 0 or ctx.num_prefill_tokens:
+        if self._zero_priced is None or self._k != 0:
             return None
-        key = (ctx.num_running, self.latency.fit_version, self._verdict_steps, self.core.probe.num_probes)
-        return priced[4] if priced[:4] == key else None
+        key, goodputs = self._zero_priced
+        return goodputs if key == self._zero_key(ctx) else None
 
     def _prices(self, ctx: StepContext) -> tuple[list[float], list[float], CappedPlan | None]:
         """Per k = 0 .. max_k, the decodes' seconds at that k for every request and their predicted tokens per
@@ -426,8 +427,8 @@ class AdaptivePolicy(Policy):
     ) -> np.ndarray:
         """``decode_seconds_all`` for steps that verify ``drafts`` drafts over all requests with ``passes`` draft
         passes (0 to max_k), one per row: per-request caps verify fewer drafts than the batch's k allows.
-        ``factors``: the correction's per-k factors at this batch, where the caller prices many shapes."""
-        self._learn_deferred()
+        ``factors``: the correction's per-k factors at this batch, where the caller prices many shapes. Called while
+        pricing, after ``choose`` or ``decode_seconds_all`` has learned the deferred steps."""
         batch, prefill = ctx.num_running, ctx.num_prefill_tokens
         every_k = passes is self._ks
         k0_runs = self._k0_runs_draft_pass(ctx)

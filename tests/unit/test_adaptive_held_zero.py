@@ -1,5 +1,6 @@
 """``adaptive`` on a held k = 0: a step re-priced only when its batch, the step-cost fit, the verdicts or the probes
-moved, and k = 0 steps without drafts learned from in one go; both against a twin that does neither."""
+moved, k = 0 steps without drafts learned from in one go, both against a twin that does neither; and the fit
+refitted less often while k = 0 is the policy's own."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from test_adaptive import trained_policy
 
 from specserve.speculation import StepContext, StepRecord
 from specserve.speculation.estimators.step_latency import HINGED, StepLatencyModel
-from specserve.speculation.policies.adaptive import AdaptivePolicy
+from specserve.speculation.policies.adaptive import REFIT_EVERY_STEPS, REFIT_EVERY_STEPS_AT_ZERO, AdaptivePolicy
 
 CONTEXT_PER_REQUEST = 64
 
@@ -88,6 +89,16 @@ def test_a_held_k0_chooses_what_pricing_every_step_chooses_and_a_smaller_batch_i
     # its last.
     assert ks[20:300].count(0) > ks[20:300].count(1) and 0 not in ks[300:340]
     assert holding.describe()["num_held_zero_steps"] > 0 and pricing.describe()["num_held_zero_steps"] == 0
+
+
+def test_the_fit_refits_less_often_while_the_policy_holds_k0_than_while_it_speculates() -> None:
+    holding = policy()
+    versions: list[int] = []
+    ks = run(holding, 340, 0.8, lambda p: versions.append(p.latency.fit_version))
+    assert ks[100:300].count(0) > 150 and 0 not in ks[300:340]
+    at_zero, speculating = versions[299] - versions[99], versions[339] - versions[299]
+    assert at_zero <= 200 // REFIT_EVERY_STEPS_AT_ZERO + 1
+    assert speculating >= 40 // REFIT_EVERY_STEPS - 1
 
 
 def test_observes_until_refit_counts_the_steps_up_to_the_one_that_asks_for_a_refit() -> None:

@@ -129,6 +129,9 @@ def test_bad_arguments_name_the_problem() -> None:
         StepLatencyModel(prior_weight=0)
     with pytest.raises(ValueError, match="refit_every=0"):
         StepLatencyModel(HINGED, refit_every=0)
+    model = StepLatencyModel(HINGED)
+    with pytest.raises(ValueError, match="refit_every=0"):
+        model.refit_every = 0
 
 
 # -- with knots: a step cost that bends at the GPU's ridge point -------------------------------------------------
@@ -193,6 +196,26 @@ def test_refit_every_keeps_the_last_solve_for_that_many_steps() -> None:
     for step in steps[1:4]:
         model.observe(step)
     assert model.coefficients() != before
+
+
+def test_a_longer_refit_interval_set_later_keeps_the_cold_steps_refitting_and_counts_the_stale_steps() -> None:
+    model = StepLatencyModel(HINGED, refit_every=2)
+    model.refit_every = 8
+    versions = []
+    for step in kinked_steps(80):
+        model.observe(step)
+        versions.append(model.fit_version)
+    # Cold (until 16 forgotten samples, as the interval it was made with sets) every step asks for a refit; warm,
+    # one step in eight.
+    assert versions[:10] == list(range(1, 11))
+    asked = [i for i, (a, b) in enumerate(pairwise(versions)) if b > a and i >= 40]
+    assert len(asked) >= 3 and {b - a for a, b in pairwise(asked)} == {8}
+    # Shortened after three steps since the last solve: those count toward the new interval, so the next asks.
+    model.coefficients()
+    for step in kinked_steps(3):
+        model.observe(step)
+    model.refit_every = 4
+    assert model.observes_until_refit() == 1
 
 
 def test_steps_folded_in_at_refit_give_the_fit_of_steps_added_one_by_one() -> None:

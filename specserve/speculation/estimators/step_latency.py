@@ -166,8 +166,7 @@ class StepLatencyModel:
             raise ValueError(f"half_life_steps={half_life_steps} must be positive")
         if not prior_weight > 0:
             raise ValueError(f"prior_weight={prior_weight} must be positive: it keeps the fit identifiable")
-        if refit_every < 1:
-            raise ValueError(f"refit_every={refit_every} must be at least 1")
+        _check_refit_every(refit_every)
         self.features = features
         num_tokens, num_requests = len(features.token_knots), len(features.request_knots)
         self._token_knots = np.array(features.token_knots, dtype=np.float64)
@@ -189,6 +188,8 @@ class StepLatencyModel:
         # steps old predict as well; the first steps after a cold start are refitted every time. Steps seen since
         # the last solve wait in _pending and join the sums in one product when the next solve needs them.
         self._refit_every = refit_every
+        # Until the fit rests on this many steps it refits at every step, whatever ``refit_every`` becomes.
+        self._cold_samples = 8 * refit_every
         self._stale = 0
         # Per step: its whole row and its seconds (the whole step's, or its parts': target, draft, rest).
         self._pending: list[tuple[np.ndarray, tuple[float, ...]]] = []
@@ -245,16 +246,28 @@ class StepLatencyModel:
             self._pending.append((raw, (duration_s,)))
         self._num_samples = self._decay * self._num_samples + 1.0
         self._stale += 1
-        if self._stale >= self._refit_every or self._num_samples < 8 * self._refit_every:
+        if self._stale >= self._refit_every or self._num_samples < self._cold_samples:
             self._coefficients = None
             self.fit_version += 1
         return predicted_s
+
+    @property
+    def refit_every(self) -> int:
+        """Steps between two solves once the fit is warm."""
+        return self._refit_every
+
+    @refit_every.setter
+    def refit_every(self, steps: int) -> None:
+        """A caller that reads the fit less often for a while may let it refit less often: the steps already seen
+        since the last solve count toward the new interval."""
+        _check_refit_every(steps)
+        self._refit_every = steps
 
     def observes_until_refit(self) -> int:
         """How many more steps ``observe_shape`` learns from until one asks for a refit, that one included: a caller
         may hold the steps before it and hand them over in one go, and the fit is the same as if it had seen each
         at once (it is read only at a refit)."""
-        if self._num_samples * self._decay + 1.0 < 8 * self._refit_every:
+        if self._num_samples * self._decay + 1.0 < self._cold_samples:
             return 1  # cold: every step refits
         return max(1, self._refit_every - (0 if self._coefficients is None else self._stale))
 
@@ -406,6 +419,11 @@ class StepLatencyModel:
         coefficient at the prior."""
         rms = np.sqrt(self._squares / max(self._num_samples, 1e-12))
         return np.where(rms > 0.0, np.minimum(rms, self._scales), self._scales)
+
+
+def _check_refit_every(steps: int) -> None:
+    if steps < 1:
+        raise ValueError(f"refit_every={steps} must be at least 1")
 
 
 def _monotone_spline(coefficients: np.ndarray) -> np.ndarray:

@@ -137,7 +137,7 @@ class OraclePolicy(Policy):
         drafts = np.where(decoding, np.maximum(tokens - 1, 0), 0)
         new_blocks = np.maximum((b.num_computed + tokens + cfg.block_size - 1) // cfg.block_size - b.num_blocks, 0)
         free_blocks = replica.num_kv_blocks_free - new_blocks.sum(axis=1)
-        admitted = self._admitted(cfg.max_num_batched_tokens - tokens.sum(axis=1), free_blocks, len(b))
+        admitted, num_admitted = self._admitted(cfg.max_num_batched_tokens - tokens.sum(axis=1), free_blocks, len(b))
         scheduled = tokens > 0
         new_tokens = tokens - drafts
         read = tokens if cfg.draft_first_pass == "scheduled" else new_tokens  # the draft's first pass (replica.py)
@@ -152,6 +152,7 @@ class OraclePolicy(Policy):
                 int(new_tokens[k][~decoding].sum() + admitted[k]),
                 int(read[k].sum() + admitted[k] + b.draft_lag[scheduled[k]].sum()),
                 b.num_computed,
+                int(scheduled[k].sum() + num_admitted[k]),
             )
         return Prices(
             decode_tokens=(expected * (decoding & scheduled)).sum(axis=1),
@@ -160,15 +161,19 @@ class OraclePolicy(Policy):
             fits=free_blocks >= 0,
         )
 
-    def _admitted(self, budgets: np.ndarray, free_blocks: np.ndarray, num_running: int) -> np.ndarray:
+    def _admitted(
+        self, budgets: np.ndarray, free_blocks: np.ndarray, num_running: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Prompt tokens the replica's FCFS admission (replica._admit) schedules into each k's leftover budget and
-        free KV blocks: requests in queue order while seats, budget and blocks last, the first misfit ends it."""
+        free KV blocks, and the requests they belong to: requests in queue order while seats, budget and blocks
+        last, the first misfit ends it."""
         replica = self.truth.replica
         assert replica is not None
         cfg, table = replica.cfg, self.truth.table
         seats = cfg.max_num_seqs - num_running
         if seats <= 0 or not replica.waiting:
-            return np.zeros(len(budgets), dtype=np.int64)
+            none = np.zeros(len(budgets), dtype=np.int64)
+            return none, none
         asks = np.fromiter(
             (int(table.prompt_tokens[r] + table.num_output[r]) for r in islice(replica.waiting, seats)), dtype=np.int64
         )
@@ -179,7 +184,8 @@ class OraclePolicy(Policy):
         if not cfg.enable_chunked_prefill:
             ok &= tokens == asks
         ok &= np.cumsum(-(-tokens // cfg.block_size), axis=1) <= free_blocks[:, None]
-        return (tokens * np.cumprod(ok, axis=1)).sum(axis=1)
+        kept = np.cumprod(ok, axis=1)
+        return (tokens * kept).sum(axis=1), kept.sum(axis=1)
 
     def _expected_tokens(self, alphas: np.ndarray, drafts: np.ndarray) -> np.ndarray:
         """Per k and request, 1 + the expected accepted prefix of ``drafts`` drafts (true_acceptance's chain)."""
@@ -197,18 +203,24 @@ class OraclePolicy(Policy):
         prefill_tokens: int,
         first_pass_tokens: int,
         num_computed: np.ndarray,
+        num_scheduled: int,
     ) -> tuple[float, float]:
         """The step's true time at this k (replica._price, without drawing verdicts), and that time less the
-        prefill chunk's marginal cost."""
+        prefill chunk's marginal cost. The proposer's passes are the replica's: its proposer's k = 0 rule (the
+        method's where it has one, not the engine setting's), and a lookup's one search a step for every scheduled
+        request, none at k = 0."""
         timer = self.truth.timer
         replica = self.truth.replica
         assert replica is not None
-        cfg = replica.cfg
-        num_passes = int(drafts.max()) if drafts.any() else int(k > 0 or cfg.k0_runs_draft_pass)
+        cfg, proposer = replica.cfg, replica.proposer
         passes: list[int] = []
-        if num_passes:
-            further = (drafts[:, None] >= np.arange(2, num_passes + 1)).sum(axis=0).tolist()
-            passes = [first_pass_tokens, *further]
+        if proposer.one_pass:
+            passes = [num_scheduled] if drafts.any() or (k > 0 and cfg.drafts_ahead) else []
+        else:
+            num_passes = int(drafts.max()) if drafts.any() else int(k > 0 or proposer.k0_runs_pass)
+            if num_passes:
+                further = (drafts[:, None] >= np.arange(2, num_passes + 1)).sum(axis=0).tolist()
+                passes = [first_pass_tokens, *further]
         target_context = None
         if cfg.scorer == "batch_expansion" and drafts.any():
             target_context = num_context + int((drafts * num_computed + drafts * (drafts + 1) // 2).sum())

@@ -64,15 +64,26 @@ def test_no_acceptance_means_no_drafts_and_sure_drafts_mean_max_k() -> None:
     assert hand_built([0.999, 0.999], 2e-5, 5e-2).choose(ctx).k == 1
 
 
-def test_oracle_prices_every_step_the_replica_runs() -> None:
-    """Beside a fixed-k run, the oracle's price at that k is the step's time exactly (no preemption here), and its
-    expected accepted drafts are the drafts accepted, within sampling noise."""
-    scenario = small_scenario()
+@pytest.mark.parametrize(
+    ("overrides", "spec"),
+    [
+        ({}, "fixed:k=3"),
+        # A lookup: one search a step whatever k is, none at k = 0, whatever the engine's k = 0 setting says.
+        ({"pair": "llama3.1-8b+ngram"}, "cycle:ks=0-3-1"),
+        # A head runs its pass at k = 0 (its method's rule), also on an engine set to skip a draft model's.
+        ({"pair": "llama3.1-8b+eagle", "engine": {"max_k": 4, "k0_runs_draft_pass": False}}, "cycle:ks=0-3-1"),
+    ],
+    ids=["draft-model", "ngram", "eagle-on-a-skipping-engine"],
+)
+def test_oracle_prices_every_step_the_replica_runs(overrides: dict, spec: str) -> None:
+    """Beside a run of ``spec``, the oracle's price at the k run is the step's time exactly (no preemption here),
+    and its expected accepted drafts are the drafts accepted, within sampling noise."""
+    scenario = small_scenario(**overrides)
     predicted: list[tuple[float, float] | None] = []
     steps: list[tuple[StepRecord, StepStats]] = []
 
     def build(traits: EngineTraits, truth: Truth):
-        policy = make_policy("fixed:k=3", traits)
+        policy = make_policy(spec, traits)
         oracle = OraclePolicy(OracleParams(), traits, truth)
         choose = policy.choose
 
@@ -85,16 +96,17 @@ def test_oracle_prices_every_step_the_replica_runs() -> None:
         policy.choose = priced
         return policy
 
-    simulator = Simulator(resolve(scenario), "fixed:k=3", 0, on_step=lambda r, s: steps.append((r, s)))
+    simulator = Simulator(resolve(scenario), spec, 0, on_step=lambda r, s: steps.append((r, s)))
     simulator.build_policy = build
     simulator.run()
     assert len(predicted) == len(steps)
     pairs = [(p, r) for p, (r, s) in zip(predicted, steps, strict=True) if p is not None and not s.num_preempted]
     assert len(pairs) > 500
     assert [p[0] for p, _ in pairs] == pytest.approx([r.duration_s for _, r in pairs], rel=1e-12)
-    # Decode tokens: one per decoding request plus its accepted drafts.
-    expected_accepted = sum(p[1] - len(r.num_drafted_per_request) for p, r in pairs)
-    accepted = sum(r.num_accepted for _, r in pairs)
+    # Decode tokens on a step with drafts: one per drafting request plus its accepted drafts.
+    drafted = [(p, r) for p, r in pairs if r.num_drafted_per_request]
+    expected_accepted = sum(p[1] - len(r.num_drafted_per_request) for p, r in drafted)
+    accepted = sum(r.num_accepted for _, r in drafted)
     assert expected_accepted == pytest.approx(accepted, rel=0.03)
 
 

@@ -215,7 +215,7 @@ class OraclePolicy(Policy):
         cfg, proposer = replica.cfg, replica.proposer
         passes: list[int] = []
         if proposer.one_pass:
-            passes = [num_scheduled] if drafts.any() or (k > 0 and cfg.drafts_ahead) else []
+            passes = proposer.lookup_passes(k, num_scheduled)
         else:
             num_passes = int(drafts.max()) if drafts.any() else int(k > 0 or proposer.k0_runs_pass)
             if num_passes:

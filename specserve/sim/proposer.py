@@ -36,6 +36,11 @@ class Proposer:
         """One pass per step finds every draft (a lookup), instead of one pass per draft."""
         return self.method.source is Source.NONE
 
+    def lookup_passes(self, k: int, num_scheduled: int) -> list[int]:
+        """A lookup's passes (``one_pass``) on a step at ``k``, as the tokens each reads: one search for every
+        scheduled request, none at k = 0. The replica runs them and the oracle prices them."""
+        return [num_scheduled] if k > 0 else []
+
     @property
     def has_weights(self) -> bool:
         """The proposer holds weights and a KV cache on the device (a draft model or a head)."""

@@ -394,8 +394,8 @@ class Replica:
             speculates = drafts is not None
         if self.proposer.one_pass:
             # One lookup per step finds every draft, for each request it searches (proposer.py).
-            num_passes = min(num_passes, 1)
-            draft_pass_tokens = [int(np.count_nonzero(scheduled))] * num_passes
+            draft_pass_tokens = self.proposer.lookup_passes(k, int(np.count_nonzero(scheduled)))
+            num_passes = len(draft_pass_tokens)
         elif num_passes:
             read = grant.tokens if self.cfg.draft_first_pass == "scheduled" else new_tokens
             first_pass_tokens = int(_sum(read)) + self._catch_up(scheduled, int(_sum(grant.tokens)), read, new_tokens)

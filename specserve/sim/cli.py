@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from specserve.sim.metrics import summarize
 from specserve.sim.oracle import check_policy
+from specserve.sim.parallel import DEFAULT_SYNC_S, parallel_refusal
 from specserve.sim.runner import simulate
 from specserve.sim.scenario import ScenarioError, builtin_scenarios, load_scenario, resolve
 from specserve.speculation import EngineTraits, split_specs
@@ -60,6 +61,16 @@ def add_commands(parser: argparse.ArgumentParser, dest: str = "sim_command") -> 
         f"so goodput:max_k=4,probe_k=1 is one policy (default: {DEFAULT_POLICIES})",
     )
     compare.add_argument("--seed", type=int, default=0, help="run seed: same seed, same result (default: 0)")
+    compare.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes that step the replicas, whole nodes each, synced every --sync-s simulated seconds; open-loop "
+        "workloads without a scale-out (default: 1, the whole run in one process)",
+    )
+    compare.add_argument(
+        "--sync-s", type=float, default=DEFAULT_SYNC_S, help=f"with --workers > 1 (default: {DEFAULT_SYNC_S})"
+    )
     compare.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     compare.set_defaults(sim_handler=_compare)
     return commands
@@ -97,6 +108,9 @@ def _scenarios(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
     resolve(scenario)  # profile and KV errors now, before any run
+    problem = parallel_refusal(scenario, args.workers, args.sync_s)
+    if problem is not None:
+        raise CommandError(f"--workers/--sync-s: {problem}")
     specs = split_policies(args.policies)
     traits = EngineTraits(max_k=scenario.engine.max_k, k0_runs_draft_pass=scenario.engine.k0_runs_draft_pass)
     for spec in specs:
@@ -106,7 +120,7 @@ def _compare(args: argparse.Namespace) -> int:
             raise CommandError(f"bad policy {spec!r}: {exc}") from None
     results = []
     for spec in _progress(specs, scenario.name):
-        summary = summarize(simulate(scenario, spec, args.seed))
+        summary = summarize(simulate(scenario, spec, args.seed, workers=args.workers, sync_s=args.sync_s))
         results.append(
             {
                 "policy": spec,

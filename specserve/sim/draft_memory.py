@@ -34,6 +34,7 @@ from specserve.memory import (
     StartReload,
     plan_cluster,
 )
+from specserve.messages import MemoryDecision
 from specserve.sim.config import MemoryConfig
 from specserve.sim.replica import Replica
 from specserve.sim.scenario import ResolvedScenario
@@ -104,6 +105,10 @@ class DraftMemorySim:
         self._open: dict[int, ReloadRecord] = {}
         self.reloads: list[ReloadRecord] = []
         self.changes: list[StateChange] = []
+        # In a shard of a parallel run (parallel.py) the planner runs at the sync points, over every shard's
+        # replicas, as the cluster controller plans on its tick: a want here only marks a plan as due.
+        self.plan_on_tick = False
+        self.plan_due = False
 
     # -- called by the kernel -------------------------------------------------------------------------
 
@@ -121,7 +126,7 @@ class DraftMemorySim:
             self._wanted_s[i] = None
         wakes = self._apply(i, actions, now_s)
         if self.planner is not None and self._ungranted(machine):
-            self._plan()
+            self._want_plan()
         return wakes
 
     def on_wake(self, now_s: float) -> list[float]:
@@ -143,7 +148,7 @@ class DraftMemorySim:
             actions = machine.offload_done(now_s) if kind == "offload" else machine.contraction_done(now_s)
             wakes += self._apply(i, actions, now_s)
         if finished and self.planner is not None:
-            self._plan()
+            self._want_plan()
         return wakes
 
     # -- pieces -----------------------------------------------------------------------------------------
@@ -195,24 +200,35 @@ class DraftMemorySim:
             machine.reload_wanted and not machine.reload_granted
         )
 
-    def _plan(self) -> None:
+    def _want_plan(self) -> None:
+        if self.plan_on_tick:
+            self.plan_due = True
+        else:
+            self.follow(self.plan([self.view(i) for i in range(len(self.machines))]))
+
+    def view(self, i: int) -> ReplicaMemory:
+        """What the planner reads of replica ``i``."""
+        m = self.machines[i]
+        return ReplicaMemory(
+            replica_id=str(i),
+            node_id=str(self.node_of[i]),
+            deployment="default",
+            state=m.state,
+            offload_wanted=m.offload_wanted,
+            offload_granted=m.offload_granted,
+            reload_wanted=m.reload_wanted,
+            reload_granted=m.reload_granted,
+            # The simulator's stand-in for the gain of speculating again: the requests that would speculate.
+            expected_gain=float(len(self.replicas[i].batch)),
+            draft_bytes=self.draft_bytes,
+        )
+
+    def plan(self, views: list[ReplicaMemory]) -> list[tuple[int, MemoryDecision]]:
+        """The cluster planner's decisions over ``views``: (replica, decision)."""
         assert self.planner is not None
-        views = [
-            ReplicaMemory(
-                replica_id=str(i),
-                node_id=str(self.node_of[i]),
-                deployment="default",
-                state=m.state,
-                offload_wanted=m.offload_wanted,
-                offload_granted=m.offload_granted,
-                reload_wanted=m.reload_wanted,
-                reload_granted=m.reload_granted,
-                # The simulator's stand-in for the gain of speculating again: the requests that would speculate.
-                expected_gain=float(len(self.replicas[i].batch)),
-                draft_bytes=self.draft_bytes,
-            )
-            for i, m in enumerate(self.machines)
-        ]
         bandwidth = {str(node): self.bytes_per_s for node in range(len(self.links))}
-        for directive in plan_cluster(views, bandwidth, self.planner):
-            self.machines[int(directive.replica_id)].follow(directive.kind)
+        return [(int(d.replica_id), d.kind) for d in plan_cluster(views, bandwidth, self.planner)]
+
+    def follow(self, decisions: list[tuple[int, MemoryDecision]]) -> None:
+        for i, kind in decisions:
+            self.machines[i].follow(kind)

@@ -62,6 +62,10 @@ class EventQueue:
         head_s, head_phase = self._heap[0][0], self._heap[0][1]
         return head_s > time_s or (head_s == time_s and head_phase > phase)
 
+    def next_s(self) -> float:
+        """The time of the next event (the queue must not be empty)."""
+        return self._heap[0][0]
+
     def pop(self) -> Event:
         return heapq.heappop(self._heap)[3]
 

@@ -24,10 +24,11 @@ from specserve.sim.calibration import NOT_THE_ENGINE, planned_probes, probe_scen
 from specserve.sim.config import ClientsArrivals, Scenario
 from specserve.sim.draft_memory import DraftMemorySim
 from specserve.sim.drafting import Drafter
-from specserve.sim.events import EventQueue, Phase
-from specserve.sim.feeds import ClosedLoop, OpenLoop, Sends
+from specserve.sim.feeds import ClosedLoop, OpenLoop
 from specserve.sim.latency import StepTimer
+from specserve.sim.loop import EventLoop, Feed, TraceEntry
 from specserve.sim.oracle import Truth, build_policy
+from specserve.sim.parallel import DEFAULT_SYNC_S, parallel_refusal, run_sharded, shards
 from specserve.sim.proposer import Proposer
 from specserve.sim.replica import Replica
 from specserve.sim.routing import Router
@@ -44,17 +45,6 @@ from specserve.speculation.types import without_acceptance
 # not in the global registry this way). A spec string is built by ``oracle.build_policy``, which also knows the
 # simulator-only policies and hands them the run's truth.
 PolicyFactory = Callable[[EngineTraits], Policy]
-Feed = OpenLoop | ClosedLoop
-
-
-@dataclass(frozen=True, slots=True)
-class TraceEntry:
-    """One processed event, for the golden-trace test and debugging."""
-
-    time_s: float
-    phase: str
-    replica: int
-    request: int
 
 
 @dataclass(slots=True)
@@ -90,6 +80,8 @@ class Simulator:
         seed: int,
         on_step: StepListener | None = None,
         max_trace_events: int = 0,
+        workers: int = 1,
+        sync_s: float = DEFAULT_SYNC_S,
     ) -> None:
         self.resolved = resolved
         # A spec string names the run; a factory's policies name it by their own spec once built.
@@ -100,6 +92,9 @@ class Simulator:
         self.seed = seed
         self.on_step = on_step
         self.max_trace_events = max_trace_events
+        # Processes that step the replicas, whole nodes each (parallel.py); 1: the whole run in this process.
+        self.workers, self.sync_s = workers, sync_s
+        self._check_parallel(resolved)
 
     def run(self) -> SimResult:
         started = time.perf_counter()
@@ -166,7 +161,12 @@ class Simulator:
         router = Router(scenario.router, Column(table, "batch"))
         scale_out = ScaleOut(scenario.scale_out, replicas) if scenario.scale_out is not None else None
         trace: list[TraceEntry] = []
-        end_s = self._loop(feed, replicas, router, trace, memory, scale_out)
+        if self.workers > 1:
+            assert isinstance(feed, OpenLoop)
+            groups = shards(num_replicas, self.workers, scenario.memory.replicas_per_node)
+            end_s = run_sharded(replicas, memory, router, feed, groups, self.sync_s)
+        else:
+            end_s = self._loop(feed, replicas, router, trace, memory, scale_out)
         feed.finish()
         spec = self.policy_spec or replicas[0].policy.spec
         wall_s = time.perf_counter() - started
@@ -184,69 +184,16 @@ class Simulator:
         memory: DraftMemorySim | None,
         scale_out: ScaleOut | None,
     ) -> float:
-        queue = EventQueue()
-        busy = [False] * len(replicas)
-        routed = replicas if scale_out is None else scale_out.serving
-        if scale_out is not None:
-            queue.push(scale_out.cfg.at_s, Phase.JOIN)
+        loop = EventLoop(replicas, memory, router, feed, scale_out, trace, self.max_trace_events)
+        loop.run()
+        return loop.end_s
 
-        def send(sends: Sends) -> None:
-            for time_s, request in sends:
-                queue.push(time_s, Phase.ARRIVAL, request=request)
-
-        def start(replica: Replica, now_s: float) -> None:
-            duration_s = replica.start_step(now_s)
-            if duration_s is None:
-                busy[replica.index] = False
-                if replica.waiting:
-                    raise RuntimeError(f"replica {replica.index} idle with {len(replica.waiting)} waiting")
-            else:
-                queue.push(now_s + duration_s, Phase.STEP_END, replica=replica.index)
-
-        send(feed.start())
-        for change_s in feed.changes_s():
-            queue.push(change_s, Phase.CLIENTS)
-        now_s = end_s = 0.0
-        while len(queue):
-            event = queue.pop()
-            now_s = event.time_s
-            if event.phase is Phase.MEMORY:
-                # A transfer finishing after the last step does not lengthen the run.
-                for wake_s in memory.on_wake(now_s) if memory is not None else ():
-                    queue.push(wake_s, Phase.MEMORY)
-                continue
-            if event.phase is Phase.JOIN:
-                assert scale_out is not None
-                routed = scale_out.join()
-                continue
-            end_s = now_s
-            if len(trace) < self.max_trace_events:
-                trace.append(TraceEntry(now_s, event.phase.name, event.replica, event.request))
-            if event.phase is Phase.CLIENTS:
-                send(feed.on_change(now_s))
-            elif event.phase is Phase.ARRIVAL:
-                replica = router.route(event.request, routed)
-                replica.add(event.request)
-                send(feed.after_arrival(event.request))
-                if not busy[replica.index]:
-                    busy[replica.index] = True
-                    queue.push(now_s, Phase.STEP_START, replica=replica.index)
-            elif event.phase is Phase.STEP_START:
-                start(replicas[event.replica], now_s)
-            else:
-                send(feed.after_finish(replicas[event.replica].end_step(now_s), now_s))
-                if memory is not None:
-                    for wake_s in memory.after_step(replicas[event.replica], now_s):
-                        queue.push(wake_s, Phase.MEMORY)
-                if queue.first_after(now_s, Phase.STEP_START):
-                    # The next step's start would be the next event popped: start it without the round trip
-                    # through the heap (the events' order, and so the run, are the same).
-                    if len(trace) < self.max_trace_events:
-                        trace.append(TraceEntry(now_s, Phase.STEP_START.name, event.replica, 0))
-                    start(replicas[event.replica], now_s)
-                else:
-                    queue.push(now_s, Phase.STEP_START, replica=event.replica)
-        return end_s
+    def _check_parallel(self, resolved: ResolvedScenario) -> None:
+        """What a parallel run cannot do, refused before anything runs."""
+        listens = self.on_step is not None or self.max_trace_events > 0
+        problem = parallel_refusal(resolved.scenario, self.workers, self.sync_s, listens)
+        if problem is not None:
+            raise ScenarioError(f"scenario {resolved.scenario.name!r}: {problem}")
 
     def _check_fits(self, workload: Workload) -> None:
         # A request longer than the whole KV cache would preempt itself forever; vLLM refuses such a

@@ -87,6 +87,8 @@ def test_compare_table_goes_to_stdout_and_the_progress_bar_to_stderr(tmp_path) -
         (("--scenario", "turbospec-h100-qps-sweep", "--policies", "fixed:k=0,nosuch"), "nosuch"),
         (("--scenario", "turbospec-h100-qps-sweep", "--policies", "fixed:k=99"), "k=99"),
         (("--scenario", "turbospec-h100-qps-sweep", "--policies", "goodput:bogus=1"), "bogus"),
+        (("--scenario", "cluster-4090-7b-64x-hour", "--workers", "9"), "workers=9"),
+        (("--scenario", "cluster-4090-7b-64x-hour", "--workers", "2", "--sync-s", "0"), "sync_s=0.0"),
     ],
 )
 def test_bad_scenario_or_policy_exits_2_naming_it(args: tuple[str, ...], named: str) -> None:

@@ -1,0 +1,284 @@
+"""Replicas stepped in parallel processes between sync points (``workers`` > 1): a cluster's run on several cores.
+
+The replicas are cut into shards, whole nodes each (a node's replicas share one host link), one shard per process;
+the first is stepped by the calling process, the others by processes forked from it once the run is built. Time is
+cut into windows of ``sync_s`` simulated seconds. At each window's start the coordinator routes the window's
+arrivals, and each shard then runs its replicas' events up to the window's end on its own, in the order of a
+one-process run. Between windows the shards report what the router and the planner read, and the planner's decisions
+go back.
+
+What this changes from a one-process run, and why it is what the product does:
+- The router reads each replica's outstanding requests as of the window's start, plus the requests it has sent
+  there since: a request finished within the window is seen at the next. Ray Serve's router likewise works from
+  queue lengths it probed earlier and its own count of what it sent.
+- Draft offload and reload are granted at the sync points, where a one-process run grants a want at the step that
+  raised it: the cluster controller plans on its own tick, not at every replica's step.
+Otherwise every replica sees what it would: each draws from its own random streams, so a shard's replicas step
+as they would in one process given the same arrivals. A run is deterministic for a given ``workers`` and
+``sync_s``; its statistics match a one-process run's within seed noise (``bench/sim_parallel.py`` measures that).
+A one-process run (``workers`` = 1) does not pass through here.
+
+Needs the fork start method (Linux, macOS with care): the forked processes inherit the built run, so nothing but
+the arrivals and the reports crosses between processes until the end, when each shard sends its replicas back.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from specserve.memory import ReplicaMemory
+from specserve.messages import MemoryDecision
+from specserve.sim.batch import RequestTable
+from specserve.sim.config import ClientsArrivals, Scenario
+from specserve.sim.draft_memory import DraftMemorySim
+from specserve.sim.feeds import OpenLoop
+from specserve.sim.loop import EventLoop
+from specserve.sim.replica import Replica
+from specserve.sim.routing import Router
+
+# A sync point every 50 ms of simulated time: a step of a 7B model takes 10-40 ms, so the router's view is at most a
+# step or two old, and the cluster controller's tick (hundreds of ms) is slower still.
+DEFAULT_SYNC_S = 0.05
+
+Arrival = tuple[float, int, int]  # (time, request, replica)
+Decisions = list[tuple[int, MemoryDecision]]
+
+
+@dataclass(slots=True)
+class _View:
+    """What the router reads of a replica (routing.RoutedReplica), as of the last sync point."""
+
+    index: int
+    num_outstanding: int
+    draft_resident: bool
+    kv_expanded: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Report:
+    """A shard's state at a sync point."""
+
+    routed: list[tuple[int, int, bool, bool]]  # (replica, outstanding, draft resident, kv expanded)
+    memory: list[ReplicaMemory]  # the planner's view of the shard's replicas (empty without a planner)
+    plan_due: bool
+    next_s: float  # the shard's next event (inf: none)
+    end_s: float
+
+
+def parallel_refusal(scenario: Scenario, workers: int, sync_s: float, listens: bool = False) -> str | None:
+    """Why ``scenario`` cannot run on ``workers`` processes synced every ``sync_s`` (None: it can). ``listens``: the
+    run has a step listener or keeps an event trace, which see one process's steps."""
+    nodes = -(-scenario.num_replicas // scenario.memory.replicas_per_node)
+    if workers < 1 or workers > nodes:
+        per_node = scenario.memory.replicas_per_node
+        return f"workers={workers}: the scenario's {nodes} node(s) of {per_node} replica(s) take 1 to {nodes} workers"
+    if workers == 1:
+        return None
+    if not sync_s > 0:
+        return f"sync_s={sync_s}: must be > 0"
+    for refused, what in (
+        (isinstance(scenario.workload.arrivals, ClientsArrivals), "a closed loop (arrivals kind clients)"),
+        (scenario.scale_out is not None, "a scale_out"),
+        (listens, "a step listener or an event trace"),
+    ):
+        if refused:
+            return f"workers={workers} cannot run {what} (workers=1 can)"
+    return None
+
+
+def shards(num_replicas: int, workers: int, replicas_per_node: int) -> list[list[int]]:
+    """Replica indices per shard: whole nodes, as even as the node count allows (``parallel_refusal`` checked)."""
+    nodes = -(-num_replicas // replicas_per_node)
+    return [
+        [
+            i
+            for node in group
+            for i in range(node * replicas_per_node, min((node + 1) * replicas_per_node, num_replicas))
+        ]
+        for group in np.array_split(np.arange(nodes), workers)
+    ]
+
+
+class _Shard:
+    """One shard's side of the protocol, in whichever process steps it."""
+
+    def __init__(self, loop: EventLoop, indices: list[int]) -> None:
+        self.loop, self.indices = loop, indices
+        self.memory = loop.memory
+        if self.memory is not None:
+            self.memory.plan_on_tick = True
+
+    def advance(self, arrivals: list[Arrival], decisions: Decisions, until_s: float) -> _Report:
+        memory = self.memory
+        if memory is not None and decisions:
+            memory.follow(decisions)
+        self.loop.deliver(arrivals)
+        self.loop.run(until_s)
+        replicas = self.loop.replicas
+        routed = [
+            (i, replicas[i].num_outstanding, replicas[i].draft_resident, replicas[i].kv_expanded) for i in self.indices
+        ]
+        views, due = [], False
+        if memory is not None:
+            views = [memory.view(i) for i in self.indices] if memory.planner is not None else []
+            due, memory.plan_due = memory.plan_due, False
+        next_s = self.loop.queue.next_s() if not self.loop.idle else math.inf
+        return _Report(routed, views, due, next_s, self.loop.end_s)
+
+    def results(self, table: RequestTable) -> dict[str, Any]:
+        """What the coordinator needs of this shard at the end: its replicas (without the table), its requests'
+        rows, its memory record."""
+        replicas = [self.loop.replicas[i] for i in self.indices]
+        for replica in replicas:
+            replica.table = None  # type: ignore[assignment]  # the coordinator's table replaces it
+        rows = np.flatnonzero(np.isin(table.replica, self.indices))
+        memory = self.memory
+        return {
+            "replicas": replicas,
+            "rows": rows,
+            "columns": {name: column[rows] for name, column in vars(table).items()},
+            "changes": memory.changes if memory is not None else [],
+            "reloads": memory.reloads if memory is not None else [],
+        }
+
+
+def _serve(shard: _Shard, table: RequestTable, conn: Connection) -> None:
+    """A worker process: advance on each message, send the results on ``None``; stop when the coordinator hangs up."""
+    try:
+        while (message := conn.recv()) is not None:
+            conn.send(shard.advance(*message))
+        conn.send(shard.results(table))
+    except EOFError:
+        pass  # the coordinator stopped (its own shard failed): nothing to report
+    except BaseException:  # noqa: BLE001 - anything a worker raises goes to the coordinator, which raises it
+        first, last = shard.indices[0], shard.indices[-1]
+        conn.send(RuntimeError(f"simulator worker for replicas {first}-{last} failed:\n{traceback.format_exc()}"))
+    finally:
+        conn.close()
+
+
+def run_sharded(
+    replicas: list[Replica],
+    memory: DraftMemorySim | None,
+    router: Router,
+    feed: OpenLoop,
+    groups: list[list[int]],
+    sync_s: float,
+) -> float:
+    """Run the whole of an open-loop workload over ``groups`` of replicas in parallel; returns the run's end time.
+    On return ``replicas``, the table and ``memory`` hold every shard's results, as a one-process run leaves them."""
+    table = feed.table
+    loops = [EventLoop(replicas, memory) for _ in groups]
+    shard_list = [_Shard(loop, group) for loop, group in zip(loops, groups, strict=True)]
+    context = multiprocessing.get_context("fork")
+    conns, processes = [], []
+    try:
+        for shard in shard_list[1:]:
+            ours, theirs = context.Pipe()
+            process = context.Process(target=_serve, args=(shard, table, theirs), daemon=True)
+            process.start()
+            theirs.close()
+            conns.append(ours)
+            processes.append(process)
+        end_s = _coordinate(shard_list[0], conns, groups, router, memory, feed, sync_s)
+        for conn in conns:
+            conn.send(None)
+        for conn in conns:
+            _merge(_receive(conn), replicas, table, memory)
+        if memory is not None:
+            memory.changes.sort(key=lambda c: c.time_s)
+            memory.reloads.sort(key=lambda r: (r.resident_s, r.replica))
+        return end_s
+    finally:
+        for conn in conns:
+            conn.close()  # a worker still waiting for a window sees the end of its pipe and stops
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+def _coordinate(
+    local: _Shard,
+    conns: list[Connection],
+    groups: list[list[int]],
+    router: Router,
+    memory: DraftMemorySim | None,
+    feed: OpenLoop,
+    sync_s: float,
+) -> float:
+    arrival_s = feed.workload.arrival_s.tolist()
+    shard_of = {i: s for s, group in enumerate(groups) for i in group}
+    views = [_View(i, 0, local.loop.replicas[i].draft_resident, False) for i in range(len(local.loop.replicas))]
+    planning = memory is not None and memory.planner is not None
+    memory_views: list[ReplicaMemory | None] = [None] * len(views)
+    decisions: list[Decisions] = [[] for _ in groups]
+    next_request, window, end_s = 0, 0, 0.0
+    while True:
+        # Windows lie on one grid, [n * sync_s, (n + 1) * sync_s); those in which nothing happens are skipped.
+        until_s = (window + 1) * sync_s
+        arrivals: list[list[Arrival]] = [[] for _ in groups]
+        while next_request < len(arrival_s) and arrival_s[next_request] < until_s:
+            view = router.route(next_request, views)
+            view.num_outstanding += 1
+            arrivals[shard_of[view.index]].append((arrival_s[next_request], next_request, view.index))
+            next_request += 1
+        for s, conn in enumerate(conns, start=1):
+            conn.send((arrivals[s], decisions[s], until_s))
+        reports = [local.advance(arrivals[0], decisions[0], until_s)] + [_receive(conn) for conn in conns]
+        due = False
+        for report in reports:
+            for i, outstanding, resident, expanded in report.routed:
+                view = views[i]
+                view.num_outstanding, view.draft_resident, view.kv_expanded = outstanding, resident, expanded
+            for view_memory in report.memory:
+                memory_views[int(view_memory.replica_id)] = view_memory
+            due = due or report.plan_due
+            end_s = max(end_s, report.end_s)
+        decisions = [[] for _ in groups]
+        if planning and due:
+            assert memory is not None
+            for i, kind in memory.plan([v for v in memory_views if v is not None]):
+                decisions[shard_of[i]].append((i, kind))
+        next_s = min(
+            min(r.next_s for r in reports), arrival_s[next_request] if next_request < len(arrival_s) else math.inf
+        )
+        if any(decisions):
+            window += 1
+        elif next_s == math.inf:
+            return end_s
+        else:
+            window = max(window + 1, math.floor(next_s / sync_s))
+
+
+def _receive(conn: Connection) -> Any:
+    message = conn.recv()
+    if isinstance(message, BaseException):
+        raise message
+    return message
+
+
+def _merge(
+    results: dict[str, Any], replicas: list[Replica], table: RequestTable, memory: DraftMemorySim | None
+) -> None:
+    rows = results["rows"]
+    for name, values in results["columns"].items():
+        getattr(table, name)[rows] = values
+    for replica in results["replicas"]:
+        replica.table = table
+        replicas[replica.index] = replica
+        if memory is not None:
+            memory.replicas[replica.index] = replica
+            assert replica.memory is not None
+            memory.machines[replica.index] = replica.memory
+    if memory is not None:
+        memory.changes.extend(results["changes"])
+        memory.reloads.extend(results["reloads"])

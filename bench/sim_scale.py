@@ -1,6 +1,7 @@
 """The simulator at cluster scale (issue 62, parts 4-5): wall time per replica count on the 64-replica hour.
 
-    .venv/bin/python bench/sim_scale.py [--runs 1:3600,8:600,64:240] [--full] [--seed 0] [--out bench/results/sim-scale]
+    .venv/bin/python bench/sim_scale.py [--runs 1:3600,8:600,64:240] [--full] [--seed 0] [--workers 1]
+        [--out bench/results/sim-scale]
 
 Runs specserve/sim/scenarios/cluster-4090-7b-64x-hour.yaml under ``adaptive`` on each ``replicas:seconds`` of
 ``--runs`` (``sim.cluster_slice``: the same load per replica, arrivals cut at that time; the drain after it is
@@ -8,7 +9,9 @@ simulated too), and with ``--full`` on all 64 replicas for the whole hour. Per r
 microseconds per step, simulated replica-seconds per wall second, and what the draft memory did (offloads, reloads,
 the most reloads at once on one node's link, the fewest drafts resident against the planner's floor). Without a
 full run the hour's wall time is extrapolated: the steps per replica-second of the 1-replica hour, times 64 x 3,600,
-times the 64-replica run's microseconds per step. Writes <out>.json, <out>.md and <out>.png.
+times the 64-replica run's microseconds per step. ``--workers N`` steps each run's replicas in up to N processes
+(whole nodes each, ``sim.parallel``; a run of fewer nodes takes fewer); CPU seconds are then the calling process's
+only. Writes <out>.json, <out>.md and <out>.png.
 """
 
 from __future__ import annotations
@@ -75,16 +78,18 @@ def memory_stats(result: SimResult) -> dict[str, Any]:
     }
 
 
-def run(num_replicas: int, duration_s: float, seed: int) -> dict[str, Any]:
+def run(num_replicas: int, duration_s: float, seed: int, workers: int = 1) -> dict[str, Any]:
     scenario = cluster_slice(load_scenario(SCENARIO), num_replicas, duration_s)
+    workers = min(workers, -(-num_replicas // scenario.memory.replicas_per_node))
     wall, cpu = time.perf_counter(), time.process_time()
-    result = simulate(scenario, "adaptive", seed)
+    result = simulate(scenario, "adaptive", seed, workers=workers)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     summary = summarize(result)
     steps, replica_s = summary["num_steps"], summary["run_s"] * num_replicas
     row = {
         "replicas": num_replicas,
         "arrivals_s": duration_s,
+        "workers": workers,
         "simulated_s": summary["run_s"],
         "wall_s": wall,
         "cpu_s": cpu,
@@ -101,7 +106,8 @@ def run(num_replicas: int, duration_s: float, seed: int) -> dict[str, Any]:
         **memory_stats(result),
     }
     print(
-        f"{num_replicas:3d} replicas x {duration_s:6.0f} s: wall {wall:7.1f} s (cpu {cpu:7.1f})  steps {steps:9d}  "
+        f"{num_replicas:3d} replicas x {duration_s:6.0f} s on {workers} process(es): wall {wall:7.1f} s "
+        f"(cpu {cpu:7.1f})  steps {steps:9d}  "
         f"{row['us_per_step']:5.0f} us/step  {row['replica_s_per_wall_s']:6.1f} replica-s per wall s  "
         f"offloads {row.get('num_offloads', 0):.0f} reloads {row.get('num_reloads', 0):.0f} "
         f"most at once/node {row.get('most_reloads_at_once_per_node', 0):.0f} "
@@ -128,7 +134,7 @@ def hour_estimate(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    labels = [f"{r['replicas']} x {r['arrivals_s']:.0f} s" for r in rows]
+    labels = [f"{r['replicas']} x {r['arrivals_s']:.0f} s, {r.get('workers', 1)} proc." for r in rows]
     left.bar(labels, [r["us_per_step"] for r in rows], color="tab:blue")
     left.set_ylabel("wall us per simulated step")
     left.set_title("cost per step")
@@ -150,15 +156,17 @@ def write_md(rows: list[dict[str, Any]], estimate: dict[str, Any] | None, comman
         "",
         f"`{command}` on the 2-core development machine (shared with other benchmarks: wall times are noisy, CPU "
         "times less so). Scenario: specserve/sim/scenarios/cluster-4090-7b-64x-hour.yaml, policy `adaptive`, "
-        "seed 0; a run of N replicas keeps the load per replica (sim.cluster_slice).",
+        "seed 0; a run of N replicas keeps the load per replica (sim.cluster_slice). Processes: the processes that "
+        "stepped the replicas (sim.parallel; CPU seconds are the calling process's).",
         "",
-        "| replicas x arrivals | simulated s | wall s | cpu s | steps | us/step | steps per replica-s | "
+        "| replicas x arrivals | processes | simulated s | wall s | cpu s | steps | us/step | steps per replica-s | "
         "replica-s per wall s | offloads | reloads | most reloads at once on a node | fewest resident (floor) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['replicas']} x {r['arrivals_s']:.0f} s | {r['simulated_s']:.0f} | {r['wall_s']:.1f} | "
+            f"| {r['replicas']} x {r['arrivals_s']:.0f} s | {r.get('workers', 1)} | {r['simulated_s']:.0f} | "
+            f"{r['wall_s']:.1f} | "
             f"{r['cpu_s']:.1f} | {r['steps']:,} | {r['us_per_step']:.0f} | {r['steps_per_replica_s']:.1f} | "
             f"{r['replica_s_per_wall_s']:.1f} | {r.get('num_offloads', 0):.0f} | {r.get('num_reloads', 0):.0f} | "
             f"{r.get('most_reloads_at_once_per_node', 0):.0f} | {r.get('fewest_resident', 0):.0f} "
@@ -176,11 +184,12 @@ def main() -> int:
     parser.add_argument("--runs", default="1:3600,8:600,64:240", help="replicas:arrival seconds, comma-separated")
     parser.add_argument("--full", action="store_true", help="also 64 replicas x 3,600 s")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=1, help="processes per run, whole nodes each (sim.parallel)")
     parser.add_argument("--out", default="bench/results/sim-scale")
     args = parser.parse_args()
     plan = [tuple(part.split(":")) for part in args.runs.split(",") if part]
     plan += [("64", str(HOUR_S))] if args.full else []
-    rows = [run(int(n), float(seconds), args.seed) for n, seconds in plan]
+    rows = [run(int(n), float(seconds), args.seed, args.workers) for n, seconds in plan]
     estimate = hour_estimate(rows)
     out = Path(args.out)
     command = "bench/sim_scale.py " + " ".join(sys.argv[1:])

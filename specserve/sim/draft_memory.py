@@ -106,7 +106,7 @@ class DraftMemorySim:
         self.reloads: list[ReloadRecord] = []
         self.changes: list[StateChange] = []
         # In a shard of a parallel run (parallel.py) the planner runs at the sync points, over every shard's
-        # replicas, as the cluster controller plans on its tick: a want here only marks a plan as due.
+        # replicas: a want here only marks a plan as due.
         self.plan_on_tick = False
         self.plan_due = False
 

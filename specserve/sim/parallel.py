@@ -7,15 +7,17 @@ arrivals, and each shard then runs its replicas' events up to the window's end o
 one-process run. Between windows the shards report what the router and the planner read, and the planner's decisions
 go back.
 
-What this changes from a one-process run, and why it is what the product does:
+What this changes from a one-process run:
 - The router reads each replica's outstanding requests as of the window's start, plus the requests it has sent
   there since: a request finished within the window is seen at the next. Ray Serve's router likewise works from
-  queue lengths it probed earlier and its own count of what it sent.
-- Draft offload and reload are granted at the sync points, where a one-process run grants a want at the step that
-  raised it: the cluster controller plans on its own tick, not at every replica's step.
+  queue lengths it probed earlier and keeps for a while (``RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S``).
+- Draft offload and reload are granted at the sync points, over every shard's replicas, where a one-process run
+  grants a want at the step that raised it. Neither is the product's timing: a replica's want reaches the cluster
+  controller with its next telemetry push (once a second) and the answer comes back with it.
 Otherwise every replica sees what it would: each draws from its own random streams, so a shard's replicas step
 as they would in one process given the same arrivals. A run is deterministic for a given ``workers`` and
-``sync_s``; its statistics match a one-process run's within seed noise (``bench/sim_parallel.py`` measures that).
+``sync_s``; how far its statistics are from a one-process run's, beside the noise from seed to seed, is what
+``bench/sim_parallel.py`` measures.
 A one-process run (``workers`` = 1) does not pass through here.
 
 Needs the fork start method (Linux, macOS with care): the forked processes inherit the built run, so nothing but
@@ -44,7 +46,7 @@ from specserve.sim.replica import Replica
 from specserve.sim.routing import Router
 
 # A sync point every 50 ms of simulated time: a step of a 7B model takes 10-40 ms, so the router's view is at most a
-# step or two old, and the cluster controller's tick (hundreds of ms) is slower still.
+# step or two old, and a grant comes sooner than the controller's answer to a replica's next push (once a second).
 DEFAULT_SYNC_S = 0.05
 
 Arrival = tuple[float, int, int]  # (time, request, replica)

@@ -27,6 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from lab.experiments.leaderboard import at_static_rate  # noqa: E402
+from specserve.bench.stats import T95  # noqa: E402
 from specserve.sim import simulate, summarize  # noqa: E402
 from specserve.sim.config import PiecewiseArrivals  # noqa: E402
 from specserve.sim.scenario import load_scenario  # noqa: E402
@@ -37,8 +38,6 @@ PER_REQUEST, ONE_K, NO_SPEC = "adaptive:per_request=true", "adaptive:per_request
 POLICIES = (PER_REQUEST, ONE_K, NO_SPEC)
 KEYS = ("goodput_tok_s", "mean_e2e_s", "p99_e2e_s", "mean_tpot_s", "mean_k", "acceptance", "wall_s")
 BAR_RATIO = 1.05
-# Two-sided 95 % Student t quantiles by degrees of freedom.
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
 
 
 def rates() -> list[float]:

@@ -64,6 +64,10 @@ class ReloadRecord:
     num_moved_blocks: int = 0
 
 
+# A replica's draft state, its offload wanted and granted, its reload wanted and granted, and its expected gain.
+MemoryState = tuple[DraftState, bool, bool, bool, bool, float]
+
+
 @dataclass(frozen=True, slots=True)
 class StateChange:
     time_s: float
@@ -208,18 +212,33 @@ class DraftMemorySim:
 
     def view(self, i: int) -> ReplicaMemory:
         """What the planner reads of replica ``i``."""
+        return self.view_of(i, self.state_of(i))
+
+    def state_of(self, i: int) -> MemoryState:
+        """The planner's view of replica ``i`` as a plain tuple: cheap to compare and to send between processes."""
         m = self.machines[i]
+        return (
+            m.state,
+            m.offload_wanted,
+            m.offload_granted,
+            m.reload_wanted,
+            m.reload_granted,
+            # The simulator's stand-in for the gain of speculating again: the requests that would speculate.
+            float(len(self.replicas[i].batch)),
+        )
+
+    def view_of(self, i: int, state: MemoryState) -> ReplicaMemory:
+        draft_state, offload_wanted, offload_granted, reload_wanted, reload_granted, gain = state
         return ReplicaMemory(
             replica_id=str(i),
             node_id=str(self.node_of[i]),
             deployment="default",
-            state=m.state,
-            offload_wanted=m.offload_wanted,
-            offload_granted=m.offload_granted,
-            reload_wanted=m.reload_wanted,
-            reload_granted=m.reload_granted,
-            # The simulator's stand-in for the gain of speculating again: the requests that would speculate.
-            expected_gain=float(len(self.replicas[i].batch)),
+            state=draft_state,
+            offload_wanted=offload_wanted,
+            offload_granted=offload_granted,
+            reload_wanted=reload_wanted,
+            reload_granted=reload_granted,
+            expected_gain=gain,
             draft_bytes=self.draft_bytes,
         )
 

@@ -9,8 +9,10 @@ go back.
 
 What this changes from a one-process run:
 - The router reads each replica's outstanding requests as of the window's start, plus the requests it has sent
-  there since: a request finished within the window is seen at the next. Ray Serve's router likewise works from
-  queue lengths it probed earlier and keeps for a while (``RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S``).
+  there since, less the finishes of the step each replica had in flight once that step's end has passed (a step's
+  finishes are known when it starts: its verdicts are drawn then). A step that both starts and ends within one window
+  is seen at the next sync point. So with ``sync_s`` shorter than every step the router sees what it would in one
+  process, and a run without draft memory is the one-process run to the byte (tests/sim/test_sim_parallel.py).
 - Draft offload and reload are granted at the sync points, over every shard's replicas, where a one-process run
   grants a want at the step that raised it. Neither is the product's timing: a replica's want reaches the cluster
   controller with its next telemetry push (once a second) and the answer comes back with it.
@@ -26,6 +28,7 @@ the arrivals and the reports crosses between processes until the end, when each 
 
 from __future__ import annotations
 
+import heapq
 import math
 import multiprocessing
 import traceback
@@ -35,21 +38,22 @@ from typing import Any
 
 import numpy as np
 
-from specserve.memory import ReplicaMemory
 from specserve.messages import MemoryDecision
 from specserve.sim.batch import RequestTable
 from specserve.sim.config import ClientsArrivals, Scenario
-from specserve.sim.draft_memory import DraftMemorySim
+from specserve.sim.draft_memory import DraftMemorySim, MemoryState
 from specserve.sim.feeds import OpenLoop
 from specserve.sim.loop import EventLoop
 from specserve.sim.replica import Replica
 from specserve.sim.routing import Router
 
-# A sync point every 50 ms of simulated time: a step of a 7B model takes 10-40 ms, so the router's view is at most a
-# step or two old, and a grant comes sooner than the controller's answer to a replica's next push (once a second).
-DEFAULT_SYNC_S = 0.05
+# A sync point every 20 ms of simulated time: about the shortest step of a 7B model on one GPU, below which the
+# router's view is exact, and far sooner than the controller's answer to a replica's next push (once a second).
+DEFAULT_SYNC_S = 0.02
 
 Arrival = tuple[float, int, int]  # (time, request, replica)
+# Outstanding requests, draft resident, pool expanded, and the in-flight step's end and finishes (None: no step).
+Routed = tuple[int, bool, bool, tuple[float, int] | None]
 Decisions = list[tuple[int, MemoryDecision]]
 
 
@@ -67,8 +71,8 @@ class _View:
 class _Report:
     """A shard's state at a sync point."""
 
-    routed: list[tuple[int, int, bool, bool]]  # (replica, outstanding, draft resident, kv expanded)
-    memory: list[ReplicaMemory]  # the planner's view of the shard's replicas (empty without a planner)
+    routed: list[tuple[int, Routed]]  # replicas whose routed state changed since the last report
+    memory: list[tuple[int, MemoryState]]  # replicas whose planner's view changed (none without a planner)
     plan_due: bool
     next_s: float  # the shard's next event (inf: none)
     end_s: float
@@ -116,6 +120,9 @@ class _Shard:
         self.memory = loop.memory
         if self.memory is not None:
             self.memory.plan_on_tick = True
+        # What the last report said of each replica: a report carries only what changed.
+        self._routed: dict[int, Routed] = {}
+        self._memory: dict[int, MemoryState] = {}
 
     def advance(self, arrivals: list[Arrival], decisions: Decisions, until_s: float) -> _Report:
         memory = self.memory
@@ -123,16 +130,24 @@ class _Shard:
             memory.follow(decisions)
         self.loop.deliver(arrivals)
         self.loop.run(until_s)
-        replicas = self.loop.replicas
-        routed = [
-            (i, replicas[i].num_outstanding, replicas[i].draft_resident, replicas[i].kv_expanded) for i in self.indices
-        ]
-        views, due = [], False
+        routed = []
+        for i in self.indices:
+            replica = self.loop.replicas[i]
+            now = (replica.num_outstanding, replica.draft_resident, replica.kv_expanded, replica.in_flight())
+            if self._routed.get(i) != now:
+                self._routed[i] = now
+                routed.append((i, now))
+        states, due = [], False
         if memory is not None:
-            views = [memory.view(i) for i in self.indices] if memory.planner is not None else []
+            if memory.planner is not None:
+                for i in self.indices:
+                    state = memory.state_of(i)
+                    if self._memory.get(i) != state:
+                        self._memory[i] = state
+                        states.append((i, state))
             due, memory.plan_due = memory.plan_due, False
         next_s = self.loop.queue.next_s() if not self.loop.idle else math.inf
-        return _Report(routed, views, due, next_s, self.loop.end_s)
+        return _Report(routed, states, due, next_s, self.loop.end_s)
 
     def results(self, table: RequestTable) -> dict[str, Any]:
         """What the coordinator needs of this shard at the end: its replicas (without the table), its requests'
@@ -221,7 +236,11 @@ def _coordinate(
     shard_of = {i: s for s, group in enumerate(groups) for i in group}
     views = [_View(i, 0, local.loop.replicas[i].draft_resident, False) for i in range(len(local.loop.replicas))]
     planning = memory is not None and memory.planner is not None
-    memory_views: list[ReplicaMemory | None] = [None] * len(views)
+    states: dict[int, MemoryState] = {}
+    # The in-flight steps' ends, each with its finishes: applied to the view as an arrival passes them, so the router
+    # sees a step's finishes on time (a step that both starts and ends within a window is seen at the next sync).
+    ends: list[tuple[float, int, int]] = []
+    steps: dict[int, tuple[float, int] | None] = {}  # each replica's in-flight step as last reported
     decisions: list[Decisions] = [[] for _ in groups]
     next_request, window, end_s = 0, 0, 0.0
     while True:
@@ -229,26 +248,31 @@ def _coordinate(
         until_s = (window + 1) * sync_s
         arrivals: list[list[Arrival]] = [[] for _ in groups]
         while next_request < len(arrival_s) and arrival_s[next_request] < until_s:
+            time_s = arrival_s[next_request]
+            while ends and ends[0][0] <= time_s:  # a step ending at an arrival's instant ends first (events.py)
+                _, i, finishes = heapq.heappop(ends)
+                views[i].num_outstanding -= finishes
             view = router.route(next_request, views)
             view.num_outstanding += 1
-            arrivals[shard_of[view.index]].append((arrival_s[next_request], next_request, view.index))
+            arrivals[shard_of[view.index]].append((time_s, next_request, view.index))
             next_request += 1
         for s, conn in enumerate(conns, start=1):
             conn.send((arrivals[s], decisions[s], until_s))
         reports = [local.advance(arrivals[0], decisions[0], until_s)] + [_receive(conn) for conn in conns]
         due = False
         for report in reports:
-            for i, outstanding, resident, expanded in report.routed:
-                view = views[i]
-                view.num_outstanding, view.draft_resident, view.kv_expanded = outstanding, resident, expanded
-            for view_memory in report.memory:
-                memory_views[int(view_memory.replica_id)] = view_memory
+            for i, routed in report.routed:
+                view, steps[i] = views[i], routed[3]
+                view.num_outstanding, view.draft_resident, view.kv_expanded = routed[0], routed[1], routed[2]
+            states.update(report.memory)
             due = due or report.plan_due
             end_s = max(end_s, report.end_s)
+        ends = [(step[0], i, step[1]) for i, step in steps.items() if step is not None and step[1]]
+        heapq.heapify(ends)
         decisions = [[] for _ in groups]
         if planning and due:
             assert memory is not None
-            for i, kind in memory.plan([v for v in memory_views if v is not None]):
+            for i, kind in memory.plan([memory.view_of(i, state) for i, state in sorted(states.items())]):
                 decisions[shard_of[i]].append((i, kind))
         next_s = min(
             min(r.next_s for r in reports), arrival_s[next_request] if next_request < len(arrival_s) else math.inf

@@ -61,6 +61,11 @@ class _Pending:
     proposed: int  # drafts this step made for each row that sampled, verified by the next (drafts_ahead)
 
 
+def _emitted(pending: _Pending, b: RunningBatch) -> np.ndarray:
+    """Tokens the step emits per row: one and its accepted drafts where it samples, up to the request's cap."""
+    return np.where(pending.sampled, np.minimum(1 + pending.accepted, b.max_output - b.num_output), 0)
+
+
 class Replica:
     def __init__(
         self,
@@ -97,6 +102,7 @@ class Replica:
         self.batch = RunningBatch()
         self.waiting: deque[int] = deque()
         self._pending: _Pending | None = None
+        self._pending_end_s = 0.0
         # Per-step series for plots: step start time, k, scheduled requests.
         self.series_time_s: list[float] = []
         self.series_k: list[int] = []
@@ -157,6 +163,7 @@ class Replica:
         # Drafts made a step ahead are made before anything asks about them: the loop runs all k passes.
         stop = decision.draft_stop.after_pass if decision.draft_stop and not self.cfg.drafts_ahead else None
         self._pending = self._price(now_s, k, grant, num_preempted, stop)
+        self._pending_end_s = now_s + self._pending.record.duration_s
         return self._pending.record.duration_s
 
     def end_step(self, now_s: float) -> np.ndarray:
@@ -170,7 +177,7 @@ class Replica:
         b.num_computed += grant.tokens - grant.drafts + pending.accepted
         if self.cfg.drafts_ahead:
             b.proposed = np.where(pending.sampled, pending.proposed, 0)
-        emitted = np.where(pending.sampled, np.minimum(1 + pending.accepted, b.max_output - b.num_output), 0)
+        emitted = _emitted(pending, b)
         b.num_output += emitted
         self.series_end_s.append(now_s)
         self.series_tokens.append(int(_sum(emitted)))
@@ -204,6 +211,16 @@ class Replica:
             )
             self.on_step(pending.record, stats)
         return done
+
+    def in_flight(self) -> tuple[float, int] | None:
+        """The started step's end and how many requests it finishes, None when none is running. Both are known when
+        the step starts (its verdicts are drawn then, and nothing changes the batch while it runs): a router that
+        knows each replica's in-flight step sees its finishes on time (parallel.py)."""
+        pending = self._pending
+        if pending is None:
+            return None
+        b = self.batch
+        return self._pending_end_s, int(np.count_nonzero(b.num_output + _emitted(pending, b) >= b.max_output))
 
     # -- the draft's memory (draft_memory.py) ------------------------------------------------------------
 

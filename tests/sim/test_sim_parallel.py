@@ -1,5 +1,6 @@
 """Replicas stepped in parallel processes (specserve/sim/parallel.py): synced at every event a two-process run is
-the one-process run; synced coarsely it serves every request once; what it cannot run is refused by name."""
+the one-process run, draft moves included; synced within a step, so is a run without draft memory; synced coarsely
+it serves every request once, the same way each time; what it cannot run is refused by name."""
 
 from __future__ import annotations
 
@@ -55,16 +56,31 @@ def test_a_two_process_run_synced_at_every_event_is_the_one_process_run():
     ]
 
 
+def test_synced_within_its_shortest_step_a_run_without_draft_memory_routes_as_one_process():
+    """The router sees each in-flight step's finishes at the step's end, so windows need only be shorter than a step
+    for every request to land where one process sends it."""
+    scenario = pressed_cluster()
+    scenario = scenario.model_copy(update={"memory": scenario.memory.model_copy(update={"offload": False})})
+    one = simulate(scenario, "adaptive", seed=0)
+    sync_s = 0.02
+    assert min(float(np.diff(r.series_time_s).min()) for r in one.replicas) > sync_s  # the premise
+    two = simulate(scenario, "adaptive", seed=0, workers=2, sync_s=sync_s)
+    np.testing.assert_array_equal(two.table.replica, one.table.replica)
+    assert {k: v for k, v in summarize(two).items() if k != "wall_s"} == {
+        k: v for k, v in summarize(one).items() if k != "wall_s"
+    }
+
+
 def test_a_coarse_sync_serves_every_request_once_and_repeats_itself():
     scenario = pressed_cluster()
-    first = simulate(scenario, "adaptive", seed=1, workers=2, sync_s=0.05)
+    first = simulate(scenario, "adaptive", seed=1, workers=2, sync_s=0.2)
     table = first.table
     assert not np.isnan(table.finish_s).any() and (table.num_output == table.output_tokens).all()
     assert set(table.replica.tolist()) == {0, 1, 2, 3}
     # Every token a replica emitted is in the table once: no request was served by two shards, none was dropped.
     assert sum(sum(r.series_tokens) for r in first.replicas) == int(table.num_output.sum())
     assert all(r.table is table for r in first.replicas)
-    again = simulate(scenario, "adaptive", seed=1, workers=2, sync_s=0.05)
+    again = simulate(scenario, "adaptive", seed=1, workers=2, sync_s=0.2)
     assert [r.series_time_s for r in again.replicas] == [r.series_time_s for r in first.replicas]
     assert memory_record(again) == memory_record(first)
     assert not multiprocessing.active_children()

@@ -1,15 +1,15 @@
 """The simulator on two processes against one (issue 62, part 4): wall time, and whether the statistics agree.
 
     .venv/bin/python bench/sim_parallel.py [--replicas 64] [--seconds 240] [--seeds 0,1,2] [--workers 2]
-        [--out bench/results/sim-parallel]
+        [--sync-s 0.02] [--out bench/results/sim-parallel]
 
 Runs a slice of specserve/sim/scenarios/cluster-4090-7b-64x-hour.yaml (``sim.cluster_slice``) under ``adaptive``
-once per seed in one process and once in ``--workers`` processes (synced every 50 ms of simulated time,
-``sim.parallel``), the two arms' order rotated from seed to seed. Per arm: wall seconds, and the run's statistics
-(summary and draft memory). For each statistic: its mean over the seeds per arm, the mean of the paired differences
-(parallel minus one process) with a 95 % t interval, and the spread from seed to seed of the one-process runs (their
-standard deviation): a parallel run agrees within seed noise where the paired difference is small beside that
-spread. Writes <out>.json, <out>.md and <out>.png.
+once per seed in one process and once in ``--workers`` processes (synced every ``--sync-s``, by default
+``sim.parallel.DEFAULT_SYNC_S``), the two arms' order rotated from seed to seed. Per arm: wall seconds, and the
+run's statistics (summary and draft memory). For each statistic: its mean over the seeds per arm, the mean of the
+paired differences (parallel minus one process) with a 95 % t interval, and the spread from seed to seed of the
+one-process runs (their standard deviation): a parallel run agrees within seed noise where the paired difference is
+small beside that spread. Writes <out>.json, <out>.md and <out>.png.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from sim_scale import SCENARIO, memory_stats  # noqa: E402
 from specserve.bench.stats import mean_interval  # noqa: E402
 from specserve.sim import load_scenario, simulate, summarize  # noqa: E402
 from specserve.sim.cluster_slice import cluster_slice  # noqa: E402
+from specserve.sim.parallel import DEFAULT_SYNC_S  # noqa: E402
 
 METRICS = (
     "throughput_tok_s",
@@ -54,9 +55,9 @@ METRICS = (
 )
 
 
-def run(scenario: Any, seed: int, workers: int) -> dict[str, Any]:
+def run(scenario: Any, seed: int, workers: int, sync_s: float) -> dict[str, Any]:
     wall = time.perf_counter()
-    result = simulate(scenario, "adaptive", seed, workers=workers)
+    result = simulate(scenario, "adaptive", seed, workers=workers, sync_s=sync_s)
     wall = time.perf_counter() - wall
     row = {"seed": seed, "workers": workers, "wall_s": wall, **summarize(result), **memory_stats(result)}
     row["wall_s"] = wall
@@ -131,8 +132,8 @@ def write_md(comparison: dict[str, Any], rows: list[dict[str, Any]], args: argpa
         "",
         f"`{command}` on the 2-core development machine. Scenario: cluster-4090-7b-64x-hour, {args.replicas} "
         f"replicas x {args.seconds:.0f} s of arrivals (sim.cluster_slice), policy `adaptive`, seeds "
-        f"{', '.join(map(str, comparison['seeds']))}; one process against {args.workers} synced every 50 ms "
-        "(sim.parallel), order rotated by seed.",
+        f"{', '.join(map(str, comparison['seeds']))}; one process against {args.workers} synced every "
+        f"{args.sync_s * 1000:g} ms (sim.parallel), order rotated by seed.",
         "",
         f"Wall-time speed-up: **{mid:.2f} x** [{low:.2f}, {high:.2f}] (mean and 95 % t interval over the seeds).",
         "",
@@ -164,6 +165,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=240.0)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--sync-s", type=float, default=DEFAULT_SYNC_S)
     parser.add_argument("--out", default="bench/results/sim-parallel")
     args = parser.parse_args()
     scenario = cluster_slice(load_scenario(SCENARIO), args.replicas, args.seconds)
@@ -171,7 +173,7 @@ def main() -> int:
     rows = []
     for i, seed in enumerate(seeds):
         arms = (1, args.workers) if i % 2 == 0 else (args.workers, 1)
-        rows += [run(scenario, seed, arm) for arm in arms]
+        rows += [run(scenario, seed, arm, args.sync_s) for arm in arms]
     comparison = compare(rows, args.workers)
     command = "bench/sim_parallel.py " + " ".join(sys.argv[1:])
     out = Path(args.out)

@@ -1,4 +1,5 @@
-"""The discrete-event loop: arrivals, a router (routing.py), and replicas stepping back to back in virtual time.
+"""A run: arrivals, a router (routing.py), and replicas stepping back to back in virtual time, driven by the event
+loop (loop.py) in this process, or in several (parallel.py, ``workers`` > 1).
 
 One ``Simulator`` per run, with its own event queue and RNG streams (house rule 9: no global simulator).
 The seed fans out into independent streams (numpy SeedSequence.spawn): the workload and each request's

@@ -32,6 +32,7 @@ import heapq
 import math
 import multiprocessing
 import traceback
+import warnings
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -212,6 +213,7 @@ def run_sharded(
         if memory is not None:
             memory.changes.sort(key=lambda c: c.time_s)
             memory.reloads.sort(key=lambda r: (r.resident_s, r.replica))
+        _warn_short_steps(replicas, sync_s)
         return end_s
     finally:
         for conn in conns:
@@ -283,6 +285,27 @@ def _coordinate(
             return end_s
         else:
             window = max(window + 1, math.floor(next_s / sync_s))
+
+
+class ShortStepWarning(UserWarning):
+    """A parallel run had steps shorter than its sync interval: the router saw some finishes late."""
+
+
+def _warn_short_steps(replicas: list[Replica], sync_s: float) -> None:
+    """The router's view is exact only for steps longer than a window: say so when the run had shorter ones."""
+    durations = [np.asarray(r.series_end_s) - np.asarray(r.series_time_s) for r in replicas if r.series_end_s]
+    if not durations:
+        return
+    every = np.concatenate(durations)
+    short = int(np.count_nonzero(every < sync_s))
+    if short:
+        warnings.warn(
+            f"sync_s={sync_s}: {short} of {len(every)} steps were shorter (the shortest {every.min() * 1e3:.2f} ms), "
+            "so the router saw some requests' finishes up to a window late; a sync_s below the shortest step "
+            "routes exactly as one process",
+            ShortStepWarning,
+            stacklevel=4,
+        )
 
 
 def _receive(conn: Connection) -> Any:

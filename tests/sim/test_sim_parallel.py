@@ -5,6 +5,7 @@ it serves every request once, the same way each time; what it cannot run is refu
 from __future__ import annotations
 
 import multiprocessing
+import warnings
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from specserve.memory import DraftState
 from specserve.sim import ScenarioError, load_scenario, simulate, summarize
 from specserve.sim.cluster_slice import cluster_slice
 from specserve.sim.config import PiecewiseArrivals
+from specserve.sim.parallel import ShortStepWarning
 from specserve.sim.replica import Replica
 
 # Finer than the gap between any two events of the run: every window holds at most one event time.
@@ -64,7 +66,9 @@ def test_synced_within_its_shortest_step_a_run_without_draft_memory_routes_as_on
     one = simulate(scenario, "adaptive", seed=0)
     sync_s = 0.02
     assert min(float(np.diff(r.series_time_s).min()) for r in one.replicas) > sync_s  # the premise
-    two = simulate(scenario, "adaptive", seed=0, workers=2, sync_s=sync_s)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ShortStepWarning)  # no step was shorter than a window: no warning
+        two = simulate(scenario, "adaptive", seed=0, workers=2, sync_s=sync_s)
     np.testing.assert_array_equal(two.table.replica, one.table.replica)
     assert {k: v for k, v in summarize(two).items() if k != "wall_s"} == {
         k: v for k, v in summarize(one).items() if k != "wall_s"
@@ -73,14 +77,16 @@ def test_synced_within_its_shortest_step_a_run_without_draft_memory_routes_as_on
 
 def test_a_coarse_sync_serves_every_request_once_and_repeats_itself():
     scenario = pressed_cluster()
-    first = simulate(scenario, "adaptive", seed=1, workers=2, sync_s=0.2)
+    with pytest.warns(ShortStepWarning, match=r"sync_s=0.2: \d+ of \d+ steps were shorter"):
+        first = simulate(scenario, "adaptive", seed=1, workers=2, sync_s=0.2)
     table = first.table
     assert not np.isnan(table.finish_s).any() and (table.num_output == table.output_tokens).all()
     assert set(table.replica.tolist()) == {0, 1, 2, 3}
     # Every token a replica emitted is in the table once: no request was served by two shards, none was dropped.
     assert sum(sum(r.series_tokens) for r in first.replicas) == int(table.num_output.sum())
     assert all(r.table is table for r in first.replicas)
-    again = simulate(scenario, "adaptive", seed=1, workers=2, sync_s=0.2)
+    with pytest.warns(ShortStepWarning):
+        again = simulate(scenario, "adaptive", seed=1, workers=2, sync_s=0.2)
     assert [r.series_time_s for r in again.replicas] == [r.series_time_s for r in first.replicas]
     assert memory_record(again) == memory_record(first)
     assert not multiprocessing.active_children()

@@ -59,8 +59,7 @@ def run(scenario: Any, seed: int, workers: int, sync_s: float) -> dict[str, Any]
     wall = time.perf_counter()
     result = simulate(scenario, "adaptive", seed, workers=workers, sync_s=sync_s)
     wall = time.perf_counter() - wall
-    row = {"seed": seed, "workers": workers, "wall_s": wall, **summarize(result), **memory_stats(result)}
-    row["wall_s"] = wall
+    row = {"seed": seed, "workers": workers, **summarize(result), **memory_stats(result), "wall_s": wall}
     print(
         f"seed {seed} workers {workers}: wall {wall:6.1f} s  steps {row['num_steps']:8d}  "
         f"mean E2E {row['mean_e2e_s']:.3f} s  mean k {row['mean_k']:.3f}  reloads {row.get('num_reloads', 0):.0f}",

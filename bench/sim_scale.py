@@ -33,6 +33,7 @@ import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 from specserve.memory import DraftState  # noqa: E402
 from specserve.sim import SimResult, load_scenario, simulate, summarize  # noqa: E402
 from specserve.sim.cluster_slice import cluster_slice  # noqa: E402
+from specserve.sim.parallel import num_nodes  # noqa: E402
 
 SCENARIO = Path(__file__).resolve().parents[1] / "specserve/sim/scenarios/cluster-4090-7b-64x-hour.yaml"
 HOUR_S = 3600.0
@@ -80,7 +81,7 @@ def memory_stats(result: SimResult) -> dict[str, Any]:
 
 def run(num_replicas: int, duration_s: float, seed: int, workers: int = 1) -> dict[str, Any]:
     scenario = cluster_slice(load_scenario(SCENARIO), num_replicas, duration_s)
-    workers = min(workers, -(-num_replicas // scenario.memory.replicas_per_node))
+    workers = min(workers, num_nodes(num_replicas, scenario.memory.replicas_per_node))
     wall, cpu = time.perf_counter(), time.process_time()
     result = simulate(scenario, "adaptive", seed, workers=workers)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu

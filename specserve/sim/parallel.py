@@ -79,10 +79,16 @@ class _Report:
     end_s: float
 
 
+def num_nodes(num_replicas: int, replicas_per_node: int) -> int:
+    """Nodes of ``replicas_per_node`` replicas each, the last one maybe partly filled (replica i is on node
+    i // replicas_per_node, as draft_memory.py places it)."""
+    return -(-num_replicas // replicas_per_node)
+
+
 def parallel_refusal(scenario: Scenario, workers: int, sync_s: float, listens: bool = False) -> str | None:
     """Why ``scenario`` cannot run on ``workers`` processes synced every ``sync_s`` (None: it can). ``listens``: the
     run has a step listener or keeps an event trace, which see one process's steps."""
-    nodes = -(-scenario.num_replicas // scenario.memory.replicas_per_node)
+    nodes = num_nodes(scenario.num_replicas, scenario.memory.replicas_per_node)
     if workers < 1 or workers > nodes:
         per_node = scenario.memory.replicas_per_node
         return f"workers={workers}: the scenario's {nodes} node(s) of {per_node} replica(s) take 1 to {nodes} workers"
@@ -102,7 +108,7 @@ def parallel_refusal(scenario: Scenario, workers: int, sync_s: float, listens: b
 
 def shards(num_replicas: int, workers: int, replicas_per_node: int) -> list[list[int]]:
     """Replica indices per shard: whole nodes, as even as the node count allows (``parallel_refusal`` checked)."""
-    nodes = -(-num_replicas // replicas_per_node)
+    nodes = num_nodes(num_replicas, replicas_per_node)
     return [
         [
             i

@@ -102,7 +102,8 @@ class Replica:
         self.batch = RunningBatch()
         self.waiting: deque[int] = deque()
         self._pending: _Pending | None = None
-        self._pending_end_s = 0.0
+        # The in-flight step and what ``in_flight`` found for it: asked at every sync point, computed once a step.
+        self._in_flight: tuple[_Pending, tuple[float, int]] | None = None
         # Per-step series for plots: step start time, k, scheduled requests.
         self.series_time_s: list[float] = []
         self.series_k: list[int] = []
@@ -163,7 +164,6 @@ class Replica:
         # Drafts made a step ahead are made before anything asks about them: the loop runs all k passes.
         stop = decision.draft_stop.after_pass if decision.draft_stop and not self.cfg.drafts_ahead else None
         self._pending = self._price(now_s, k, grant, num_preempted, stop)
-        self._pending_end_s = now_s + self._pending.record.duration_s
         return self._pending.record.duration_s
 
     def end_step(self, now_s: float) -> np.ndarray:
@@ -219,8 +219,12 @@ class Replica:
         pending = self._pending
         if pending is None:
             return None
-        b = self.batch
-        return self._pending_end_s, int(np.count_nonzero(b.num_output + _emitted(pending, b) >= b.max_output))
+        if self._in_flight is None or self._in_flight[0] is not pending:
+            b = self.batch
+            finishes = int(np.count_nonzero(b.num_output + _emitted(pending, b) >= b.max_output))
+            # The step started at its series' last start time (``_price``): the same sum the event loop schedules.
+            self._in_flight = pending, (self.series_time_s[-1] + pending.record.duration_s, finishes)
+        return self._in_flight[1]
 
     # -- the draft's memory (draft_memory.py) ------------------------------------------------------------
 

@@ -122,6 +122,8 @@ class Replica:
         # few dozen steps, a step reads the tuple once or twice (``_request_ids``).
         self._ids_of: np.ndarray | None = None
         self._ids: tuple[str, ...] = ()
+        # Each running request's row, for the ids tuple it was made from (``_caps``).
+        self._row_of: tuple[tuple[str, ...], dict[str, int]] = ((), {})
         # The running rows' remaining tokens and which decode, as this step's context found them (``_make_room``).
         self._shape: tuple[np.ndarray, np.ndarray] | None = None
 
@@ -290,13 +292,16 @@ class Replica:
         """
         if not decision.max_k_per_request:
             return None
-        row_of = {rid: row for row, rid in enumerate(request_ids)}
+        if self._row_of[0] is not request_ids:
+            self._row_of = request_ids, {rid: row for row, rid in enumerate(request_ids)}
+        row_of = self._row_of[1]
+        rids, capped = zip(*decision.max_k_per_request, strict=True)
+        rows = [row_of.get(rid, -1) for rid in rids]
+        if min(rows) < 0 or min(capped) < 0:
+            rid, cap = next((r, c) for r, c, row in zip(rids, capped, rows, strict=True) if row < 0 or c < 0)
+            raise ValueError(f"policy {self.policy.spec!r} capped request {rid!r} at {cap}: not running or < 0")
         caps = np.full(len(request_ids), decision.k, dtype=np.int64)
-        for rid, cap in decision.max_k_per_request:
-            row = row_of.get(rid)
-            if row is None or cap < 0:
-                raise ValueError(f"policy {self.policy.spec!r} capped request {rid!r} at {cap}: not running or < 0")
-            caps[row] = min(cap, decision.k)
+        caps[rows] = np.minimum(capped, decision.k)
         return caps
 
     def _grant(self, k: int, caps: np.ndarray | None, shape: tuple[np.ndarray, np.ndarray] | None = None) -> _Grant:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -91,20 +92,27 @@ class RequestAcceptance:
         prior = prior_samples(batch_alphas, batch_reached)
         if prior is None or not self._counts or max_k < 1:
             return None
-        empty = (0.0, 0.0)
-        counts = np.array([self._counts.get(rid, empty) for rid in request_ids], dtype=np.float64).reshape(-1, 2)
+        num_requests, get, empty = len(request_ids), self._counts.get, (0.0, 0.0)
+        # Flat, then paired: one pass of C over the pairs instead of a list of lists (this runs every step).
+        counts = np.fromiter(chain.from_iterable(get(rid, empty) for rid in request_ids), np.float64, 2 * num_requests)
+        counts = counts.reshape(num_requests, 2)
         seen = counts[:, 1] > 0
-        if not seen.any() or (seen.all() and (counts == counts[0]).all()):
+        every = bool(seen.all())
+        if not (every or seen.any()) or (every and (counts == counts[0]).all()):
             return None  # no request has evidence, or all have the same: the batch's alphas know as much
-        alphas = [batch_alphas[min(j, len(batch_alphas) - 1)] for j in range(max_k)]
-        survival = np.tile(np.cumprod(alphas), (len(request_ids), 1))
         mean = batch_alphas[0]
-        accepted, reached = counts[seen, 0], counts[seen, 1]
+        accepted, reached = (counts[:, 0], counts[:, 1]) if every else (counts[seen, 0], counts[seen, 1])
         # Posterior Beta(a, b) per request; E[alpha^(j+1)] = prod_{i<=j} (a + i) / (a + b + i).
         a = prior * mean + accepted
         total = prior + reached
         steps = np.arange(max_k)
-        survival[seen] = np.cumprod((a[:, None] + steps) / (total[:, None] + steps), axis=1)
+        posterior = np.cumprod((a[:, None] + steps) / (total[:, None] + steps), axis=1)
+        if every:
+            return posterior
+        # A request without evidence of its own survives as the batch does.
+        survival = np.empty((num_requests, max_k))
+        survival[:] = np.cumprod([batch_alphas[min(j, len(batch_alphas) - 1)] for j in range(max_k)])
+        survival[seen] = posterior
         return survival
 
 
@@ -136,8 +144,11 @@ class CappedPlan:
         """``Decision.max_k_per_request`` for a step whose policy chose ``k`` and runs ``run_k`` (an exploration, a
         probe or a KV cut): a request planned at k runs at run_k, one planned below k keeps its cap up to run_k."""
         caps = self.caps[k]
+        if len(caps) != len(request_ids):
+            raise ValueError(f"{len(caps)} caps planned for {len(request_ids)} running requests")
         run = np.where(caps >= k, run_k, np.minimum(caps, run_k))
-        return tuple((rid, int(c)) for rid, c in zip(request_ids, run.tolist(), strict=True) if c < run_k)
+        rows = np.flatnonzero(run < run_k)
+        return tuple(zip([request_ids[r] for r in rows.tolist()], run[rows].tolist(), strict=True))
 
 
 def capped_goodputs(survival: np.ndarray, decode_seconds: DecodeSeconds, min_step_s: float) -> CappedPlan:
@@ -145,22 +156,30 @@ def capped_goodputs(survival: np.ndarray, decode_seconds: DecodeSeconds, min_ste
     num_requests, max_k = survival.shape
     ks = np.arange(max_k + 1)
     # gained[r, c]: the tokens request r's first c drafts add.
-    gained = np.concatenate((np.zeros((num_requests, 1)), np.cumsum(survival, axis=1)), axis=1)
+    gained = np.zeros((num_requests, max_k + 1))
+    np.cumsum(survival, axis=1, out=gained[:, 1:])
     # One verified token's seconds at K: B more tokens at the uniform width, the passes held.
     both = decode_seconds(num_requests * np.concatenate((ks, np.maximum(ks - 1, 0))), np.concatenate((ks, ks)))
     wide, narrow = both[: max_k + 1], both[max_k + 1 :]
     token_s = np.maximum(wide - narrow, 0.0) / max(num_requests, 1)
+    # The uniform caps (every request at K) gain gained's columns whole: no gather needed.
+    seconds = np.maximum(decode_seconds(num_requests * ks, ks), min_step_s)
+    goodput = (num_requests + gained.sum(axis=0)) / seconds
+    rows = np.arange(num_requests)[:, None]
     caps = np.broadcast_to(ks[:, None], (max_k + 1, num_requests))
-    goodput = _goodput(gained, caps, decode_seconds, min_step_s)
     for _ in range(REFINE_STEPS):
         worth = (survival[None, :, :] >= (goodput * token_s)[:, None, None]).sum(axis=2)
         caps = np.minimum(worth, ks[:, None])
-        goodput = _goodput(gained, caps, decode_seconds, min_step_s)
+        goodput = _goodput(gained, rows, caps, decode_seconds, min_step_s)
     goodput[(caps.max(axis=1, initial=0) < ks) & (ks > 0)] = -math.inf
     return CappedPlan(goodput.tolist(), caps)
 
 
-def _goodput(gained: np.ndarray, caps: np.ndarray, decode_seconds: DecodeSeconds, min_step_s: float) -> np.ndarray:
-    tokens = gained.shape[0] + np.take_along_axis(gained, caps.T, axis=1).sum(axis=0)
+def _goodput(
+    gained: np.ndarray, rows: np.ndarray, caps: np.ndarray, decode_seconds: DecodeSeconds, min_step_s: float
+) -> np.ndarray:
+    """Per batch cap, the step's goodput with each request at its cap (``rows``: the requests' row indices, as a
+    column)."""
+    tokens = gained.shape[0] + gained[rows, caps.T].sum(axis=0)
     seconds = np.maximum(decode_seconds(caps.sum(axis=1), caps.max(axis=1, initial=0)), min_step_s)
     return tokens / seconds

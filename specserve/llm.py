@@ -58,6 +58,7 @@ __all__ = [
     "CpuEngine",
     "Speculation",
     "check_engine_kwargs",
+    "check_speculative_config",
     "openai_app_args",
     "speculative_llm_config",
     "speculative_llm_config_kwargs",
@@ -274,8 +275,20 @@ OWNED_ENGINE_KWARGS = {
     "specserve.replicas.core.scheduler.AdaptiveKScheduler and register a policy instead",
     "worker_extension_cls": "specserve's worker extension skips the draft pass at k = 0; it cannot be replaced",
     "additional_config": "specserve carries its settings there; put yours in the speculation section",
-    "speculative_config": "set the speculation section instead (speculation.method, speculation.draft, "
-    "speculation.max_k)",
+    # vLLM's shorthands for speculative_config's method, model and num_speculative_tokens (EngineArgs.spec_*).
+    "spec_method": "set speculation.method instead",
+    "spec_model": "set speculation.draft instead",
+    "spec_tokens": "set speculation.max_k instead",
+}
+
+#: Keys of vLLM's ``speculative_config`` that specserve sets, and the speculation key that says the same. Its other
+#: keys (``prompt_lookup_min``/``max``, ``draft_tensor_parallel_size``, the draft's ``quantization``, ``revision``,
+#: ``max_model_len``, ...) pass through untouched; the start-up checks then verify the k control on the result.
+OWNED_SPECULATIVE_KEYS = {
+    "method": "speculation.method",
+    "model": "speculation.draft",
+    "num_speculative_tokens": "speculation.max_k",
+    "num_speculative_tokens_per_batch_size": None,
 }
 
 #: Flat options of earlier releases, now in ``cpu`` (read with a DeprecationWarning this release only).
@@ -295,12 +308,36 @@ def check_engine_kwargs(engine_kwargs: Mapping[str, Any]) -> None:
     for key, instead in OWNED_ENGINE_KWARGS.items():
         if key in engine_kwargs:
             raise ValueError(f"engine_kwargs.{key}: set by specserve: {instead}")
+    check_speculative_config(engine_kwargs.get("speculative_config", {}))
     if engine_kwargs.get("async_scheduling"):
         raise ValueError(
             "engine_kwargs.async_scheduling: true: specserve's per-step k control runs on vLLM's synchronous "
             "scheduler (under async scheduling the scheduler gets no draft tokens and the k = 0 skip is off); "
             "leave it unset"
         )
+
+
+def check_speculative_config(config: object) -> None:
+    """A caller's own ``speculative_config`` may carry any of vLLM's keys but those specserve sets; one of those is
+    refused with the speculation key to write it as (the whole line, for a config moved from ``vllm serve``). Raises
+    ValueError naming the key and value."""
+    if not isinstance(config, Mapping):
+        raise ValueError(f"engine_kwargs.speculative_config: {config!r} is not a mapping of vLLM's keys")
+    given = _vllm_keys(config)
+    for key, instead in OWNED_SPECULATIVE_KEYS.items():
+        if key not in given:
+            continue
+        value = given[key]
+        if instead is None:
+            why = "specserve's policy chooses k at every step, within speculation.max_k"
+        else:
+            why = f"write {instead}: {value} instead (vLLM's {key})"
+        raise ValueError(f"engine_kwargs.speculative_config.{key} = {value!r}: set by specserve: {why}")
+
+
+def _vllm_keys(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with its keys as vLLM reads them (``EngineArgs.create_speculative_config`` turns - into _)."""
+    return {str(key).replace("-", "_"): value for key, value in config.items()}
 
 
 def speculative_llm_config_kwargs(
@@ -358,7 +395,9 @@ def speculative_llm_config_kwargs(
             "disable_log_stats": False,
             **(GPU_ENGINE_KWARGS if on_gpu else {}),
             **user,
-            **{key: ours[key] for key in OWNED_ENGINE_KWARGS},
+            **{key: ours[key] for key in OWNED_ENGINE_KWARGS if key in ours},
+            # vLLM's other speculative settings are the caller's; specserve's keys are checked absent from them.
+            "speculative_config": {**ours["speculative_config"], **_vllm_keys(user.get("speculative_config", {}))},
         },
         "experimental_configs": {
             **({} if on_gpu else {CPU_EXECUTOR_KEY: cpu_engine.executor}),

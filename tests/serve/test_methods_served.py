@@ -32,8 +32,10 @@ def answers(client: OpenAI) -> list[str]:
 @pytest.mark.parametrize("name", [pytest.param("ngram", marks=pytest.mark.slow), "eagle3", "mtp"])
 def test_a_method_serves_plain_decodings_answers_under_every_policy(tmp_path, trained_pair, name):
     config = tmp_path / "serve.yaml"
+    # A speculative setting of vLLM's own rides along with specserve's (a harmless one: the draft's TP as the target's).
     config.write_text(
-        f"engine_kwargs:\n  enable_prefix_caching: true\nspeculation:\n  method: {name}\n  policy: fixed:k=0\n"
+        "engine_kwargs:\n  enable_prefix_caching: true\n  speculative_config: {draft_tensor_parallel_size: 1}\n"
+        f"speculation:\n  method: {name}\n  policy: fixed:k=0\n"
     )
     args = ["--port", str(free_port()), "--metrics-port", str(free_port()), "--config", str(config)]
     with serving(args, tmp_path, SPECSERVE_API_KEY=API_KEY) as server:

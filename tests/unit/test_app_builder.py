@@ -148,10 +148,19 @@ def render(*args: str) -> subprocess.CompletedProcess:
 
 def test_config_render_prints_a_serve_config_and_names_a_bad_flag_with_exit_status_2(tmp_path) -> None:
     flags = ["--model", "org/target", "--draft", "org/draft", "--device", "gpu", "--tp", "2", "--max-model-len", "8192"]
-    done = render(*flags, "--engine-arg", "gpu-memory-utilization=0.8", "--engine-arg", "kv_cache_dtype=fp8", "--json")
+    own_speculative = 'speculative_config={"draft_tensor_parallel_size": 1, "quantization": "fp8"}'
+    done = render(
+        *flags,
+        *("--engine-arg", "gpu-memory-utilization=0.8", "--engine-arg", "kv_cache_dtype=fp8"),
+        *("--engine-arg", own_speculative, "--json"),
+    )
     assert done.returncode == 0, done.stderr
     llm = json.loads(done.stdout)["applications"][0]["args"]["llm_configs"][0]
     assert llm["engine_kwargs"]["gpu_memory_utilization"] == 0.8 and llm["engine_kwargs"]["kv_cache_dtype"] == "fp8"
+    # vLLM's other speculative settings ride along with specserve's own.
+    speculative = llm["engine_kwargs"]["speculative_config"]
+    assert speculative["draft_tensor_parallel_size"] == 1 and speculative["quantization"] == "fp8"
+    assert speculative["model"] == "org/draft" and speculative["num_speculative_tokens"] == 4
     assert llm["engine_kwargs"]["tensor_parallel_size"] == 2 and llm["engine_kwargs"]["max_model_len"] == 8192
     assert "engine path: vLLM's V1 model runner with synchronous scheduling" in done.stderr
     path = tmp_path / "gpu.yaml"
@@ -163,7 +172,10 @@ def test_config_render_prints_a_serve_config_and_names_a_bad_flag_with_exit_stat
     assert yaml.safe_load(as_yaml.stdout)["applications"][0]["name"] == "specserve"
     for bad, message in (
         (["--engine-arg", "novalue"], "--engine-arg 'novalue': expected KEY=VALUE"),
-        (["--engine-arg", "speculative_config={}"], "engine_kwargs.speculative_config: set by specserve"),
+        (
+            ["--engine-arg", 'speculative_config={"num_speculative_tokens": 3}'],
+            "engine_kwargs.speculative_config.num_speculative_tokens = 3: set by specserve: write speculation.max_k: 3",
+        ),
         (["--max-k", "0"], "speculation.max_k: Input should be greater than or equal to 1"),
     ):
         done = render(*flags, *bad)

@@ -88,6 +88,50 @@ def test_an_engine_argument_specserve_sets_is_refused_by_name(key: str) -> None:
         specserve.speculative_llm_config_kwargs("d", engine_kwargs={key: True})
 
 
+def test_the_callers_own_speculative_settings_pass_through_and_win_over_specserves() -> None:
+    mine = {"prompt_lookup_max": 6, "prompt-lookup-min": 3, "draft_tensor_parallel_size": 1}
+    engine = specserve.speculative_llm_config_kwargs(
+        None, method="ngram", max_k=3, engine_kwargs={"speculative_config": mine}
+    )["engine_kwargs"]
+    spec = engine["speculative_config"]
+    assert (spec["prompt_lookup_max"], spec["prompt_lookup_min"], spec["draft_tensor_parallel_size"]) == (6, 3, 1)
+    assert spec["method"] == "ngram" and spec["num_speculative_tokens"] == 3
+    assert "prompt-lookup-min" not in spec  # as vLLM reads it: one spelling, the caller's value
+    assert mine == {"prompt_lookup_max": 6, "prompt-lookup-min": 3, "draft_tensor_parallel_size": 1}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "instead"),
+    [
+        ("method", "eagle3", "write speculation.method: eagle3 instead"),
+        ("model", "org/head", "write speculation.draft: org/head instead"),
+        ("num-speculative-tokens", 3, "write speculation.max_k: 3 instead"),
+        ("num_speculative_tokens_per_batch_size", [[1, 8, 2]], "chooses k at every step"),
+    ],
+)
+def test_a_speculative_setting_specserve_owns_is_refused_with_what_to_write(
+    key: str, value: object, instead: str
+) -> None:
+    with pytest.raises(ValueError, match=f"engine_kwargs.speculative_config.{key.replace('-', '_')} = .*{instead}"):
+        specserve.speculative_llm_config_kwargs("d", engine_kwargs={"speculative_config": {key: value}})
+    with pytest.raises(ValueError, match="is not a mapping"):
+        specserve.speculative_llm_config_kwargs("d", engine_kwargs={"speculative_config": "ngram"})
+
+
+def test_vllm_builds_its_speculative_config_from_what_specserve_passes(trained_pair) -> None:
+    """What ``EngineArgs.create_speculative_config`` does with the engine arguments, on the pinned vLLM."""
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+
+    engine = specserve.speculative_llm_config_kwargs(
+        None, method="ngram", max_k=3, engine_kwargs={"speculative_config": {"prompt_lookup_max": 6}}
+    )["engine_kwargs"]
+    target = ModelConfig(model=str(trained_pair.target), max_model_len=256)
+    config = SpeculativeConfig(
+        **engine["speculative_config"], target_model_config=target, target_parallel_config=ParallelConfig()
+    )
+    assert (config.method, config.num_speculative_tokens, config.prompt_lookup_max) == ("ngram", 3, 6)
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

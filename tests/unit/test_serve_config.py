@@ -76,7 +76,10 @@ def test_defaults_and_override_order(tmp_path):
         ("server: {proxy_location: Everywhere}\n", "proxy_location: Input should be 'EveryNode' or 'HeadOnly'"),
         ("deployment_config: {max_queued_requests: 4}\n", "max_queued_requests needs max_ongoing_requests"),
         ("server: {overload_status: 500}\n", "overload_status: Input should be 429 or 503"),
-        ("engine_kwargs: {speculative_config: {method: eagle3}}\n", "engine_kwargs.speculative_config: set by"),
+        (
+            "engine_kwargs: {speculative_config: {method: eagle3}}\n",
+            "engine_kwargs.speculative_config.method = 'eagle3': set by specserve: write speculation.method: eagle3",
+        ),
         ("engine_kwargs: {scheduler_cls: my.Scheduler}\n", "engine_kwargs.scheduler_cls: set by specserve"),
         ("engine_kwargs: {async_scheduling: true}\n", "engine_kwargs.async_scheduling: true: specserve's per-step"),
         ("engine_kwargs: [a]\n", "engine_kwargs: Input should be a valid dictionary"),

@@ -450,7 +450,9 @@ def speculative_llm_config(llm_config: Config, draft: str | None = None, **optio
     included), and its runtime_env and experimental_configs are merged with specserve's (the caller's environment
     variables win, except those that choose the engine path, which must stay as specserve sets them). The device
     follows its ``accelerator_config`` (GPU unless its kind is ``cpu``). Returns the same type it was given.
-    ``options``: as for ``speculative_llm_config_kwargs``.
+    ``options``: as for ``speculative_llm_config_kwargs``. An ``llm_config`` that already speculates keeps its
+    speculation: its ``speculative_config``'s ``method``, ``model`` and ``num_speculative_tokens`` are read as
+    ``method``, ``draft`` and ``max_k`` (given here too, they must agree), and its other keys stay.
     """
     if isinstance(llm_config, BaseModel):
         # The accelerator as LLMConfig resolved it (from its kind, accelerator_type or placement bundles).
@@ -461,9 +463,8 @@ def speculative_llm_config(llm_config: Config, draft: str | None = None, **optio
     else:
         raise TypeError(f"expected an LLMConfig or a dict of its fields, got {type(llm_config).__name__}")
     server_cls = _server_cls(fields.get("server_cls"))
-    ours = speculative_llm_config_kwargs(
-        draft, device=_device(accelerator), engine_kwargs=fields.get("engine_kwargs"), **options
-    )
+    engine_kwargs, draft, options = _adopt_speculative_config(fields.get("engine_kwargs"), draft, options)
+    ours = speculative_llm_config_kwargs(draft, device=_device(accelerator), engine_kwargs=engine_kwargs, **options)
     runtime_env = dict(fields.get("runtime_env") or {})
     given_env = runtime_env.get("env_vars", {})
     for name, value in GPU_ENGINE_ENV.items():
@@ -483,6 +484,35 @@ def speculative_llm_config(llm_config: Config, draft: str | None = None, **optio
     if runtime_env:
         fields["runtime_env"] = runtime_env
     return type(llm_config).model_validate(fields) if isinstance(llm_config, BaseModel) else fields  # type: ignore[return-value]
+
+
+#: What an ``LLMConfig`` that already speculates says in its ``speculative_config``, and the option it becomes.
+_ADOPTED = {"method": "method", "model": "draft", "num_speculative_tokens": "max_k"}
+
+
+def _adopt_speculative_config(
+    engine_kwargs: Mapping[str, Any] | None, draft: str | None, options: dict[str, Any]
+) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
+    """The speculation an ``LLMConfig`` already runs, taken over: its ``speculative_config``'s method, model and
+    token count become the options ``method``, ``draft`` and ``max_k`` (an option given too must say the same), and
+    leave it, which keeps vLLM's other keys. Returns the engine arguments, the draft and the options."""
+    engine = dict(engine_kwargs or {})
+    config = engine.get("speculative_config")
+    if not isinstance(config, Mapping):
+        return engine, draft, options  # none, or not a mapping: check_speculative_config names it
+    rest, options = _vllm_keys(config), {**options, "draft": draft}
+    for key, option in _ADOPTED.items():
+        if key not in rest:
+            continue
+        value = rest.pop(key)
+        given = options.get(option)
+        if given is not None and given != value:
+            raise ValueError(
+                f"engine_kwargs.speculative_config.{key} = {value!r} and {option}={given!r} disagree: give one of them"
+            )
+        options[option] = value
+    engine["speculative_config"] = rest
+    return engine, options.pop("draft"), options
 
 
 def openai_app_args(llm_configs: Sequence[Any], *, api_key: Any = None, retry_after_s: float = 1.0) -> dict[str, Any]:

@@ -169,6 +169,27 @@ def test_a_dict_config_keeps_its_fields_and_merges_ours() -> None:
     assert out["experimental_configs"][CPU_EXECUTOR_KEY] == "uni"
 
 
+def test_a_config_that_already_speculates_keeps_its_method_head_and_token_count_under_specserves_control() -> None:
+    vllm_speculation = {"method": "eagle3", "model": "org/head", "num_speculative_tokens": 3, "quantization": "fp8"}
+    mine = {"model_loading_config": {"model_id": "m"}, "engine_kwargs": {"speculative_config": vllm_speculation}}
+    out = specserve.speculative_llm_config(mine, policy="adaptive")
+    spec = out["engine_kwargs"]["speculative_config"]
+    assert (spec["method"], spec["model"], spec["num_speculative_tokens"], spec["quantization"]) == (
+        "eagle3",
+        "org/head",
+        3,
+        "fp8",
+    )
+    assert out["server_cls"] == SERVER_CLS and "additional_config" in out["engine_kwargs"]
+    assert mine["engine_kwargs"]["speculative_config"] is vllm_speculation and len(vllm_speculation) == 4
+    # Given here too, the same value is fine; another is an error naming both.
+    assert specserve.speculative_llm_config(mine, draft="org/head", max_k=3)["engine_kwargs"] == out["engine_kwargs"]
+    with pytest.raises(ValueError, match="num_speculative_tokens = 3 and max_k=4 disagree"):
+        specserve.speculative_llm_config(mine, max_k=4)
+    with pytest.raises(ValueError, match="model = 'org/head' and draft='org/other' disagree"):
+        specserve.speculative_llm_config(mine, draft="org/other")
+
+
 def test_a_dict_config_without_an_accelerator_is_a_gpu_one() -> None:
     out = specserve.speculative_llm_config({"model_loading_config": {"model_id": "m"}}, draft="/d")
     assert out["runtime_env"]["env_vars"] == {"VLLM_USE_V2_MODEL_RUNNER": "0"}

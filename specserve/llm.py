@@ -141,8 +141,9 @@ class Speculation(BaseModel):
     draft: str | None = Field(
         None,
         description="The draft model (`draft_model`) or head (`eagle`, `eagle3`): a Hugging Face id (resolved by "
-        "vLLM on each node) or a folder. Required with your own target for those methods, refused for `mtp` and "
-        "`ngram`; default: the bundled tiny draft (or EAGLE-3 head) with the bundled tiny target.",
+        "vLLM on each node) or a folder (read on each node that runs a replica). Required with your own target for "
+        "those methods, refused for `mtp` and `ngram`; default: the bundled tiny draft (or EAGLE-3 head) with the "
+        "bundled tiny target.",
     )
     policy: str = Field("adaptive", description="Speculation policy, NAME[:key=value,...], e.g. `fixed:k=3`.")
     max_k: int = Field(

@@ -220,9 +220,10 @@ def load_cli_config(args: argparse.Namespace) -> Any:
 
 def _render(args: argparse.Namespace) -> int:
     from specserve.cluster.app import engine_path, resolve_serve, serve_document
-    from specserve.cluster.config import ConfigError
+    from specserve.cluster.config import ConfigError, note_folders_not_here
 
     config = load_cli_config(args)
+    note_folders_not_here(config, "specserve config render")
     try:
         resolved = resolve_serve(config)
         document = serve_document(resolved)

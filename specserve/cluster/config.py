@@ -37,8 +37,8 @@ class ServeConfig(BaseModel):
     model_loading_config: dict[str, Any] | None = Field(
         None,
         description="Ray Serve LLM's: `model_id` (the name clients send) and `model_source` (a Hugging Face id, a "
-        "folder, or object storage: `s3://...`, `gs://...` or Ray's `{bucket_uri: ...}`). Default: the bundled tiny "
-        "target on CPU.",
+        "folder on the nodes that run replicas, or object storage: `s3://...`, `gs://...` or Ray's "
+        "`{bucket_uri: ...}`). Default: the bundled tiny target on CPU.",
     )
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
@@ -176,12 +176,48 @@ def check_source(key: str, source: Any, *, cloud: bool) -> None:
             f"{key}: {text!r}: vLLM loads a draft from a Hugging Face id or a folder on each node, not from object "
             "storage; copy it to the nodes or name its Hugging Face id"
         )
-    if text.startswith(("/", ".", "~")) or Path(text).exists():
-        if not (Path(text).expanduser() / "config.json").is_file():
+    if _is_folder(text):
+        folder = Path(text).expanduser()
+        # A folder missing here may be on the nodes that run the replicas (a disk of the GPU nodes'), where vLLM reads
+        # it: the commands that load it on this machine ask for it (``folders_not_here``).
+        if folder.exists() and not (folder / "config.json").is_file():
             raise ValueError(f"{key}: {text!r} is not a Hugging Face model folder (no config.json)")
         return
     if not _HF_ID.match(text):
         raise ValueError(f"{key}: {text!r} is neither a folder nor a Hugging Face id (org/name)")
+
+
+def _is_folder(text: str) -> bool:
+    return text.startswith(("/", ".", "~")) or Path(text).exists()
+
+
+def folders_not_here(config: ServeConfig) -> list[tuple[str, str]]:
+    """The model and draft folders ``config`` names that this machine does not have, as (key, folder)."""
+    named = [
+        ("model_loading_config.model_source", config.model_source),
+        ("speculation.draft", config.speculation.draft),
+    ]
+    return [
+        (key, str(source))
+        for key, source in named
+        if isinstance(source, str) and _is_folder(source) and not Path(source).expanduser().exists()
+    ]
+
+
+def require_folders_here(config: ServeConfig, why: str) -> None:
+    """Raise ConfigError naming the first folder ``config`` names that is not on this machine; ``why``: what loads it
+    here."""
+    for key, folder in folders_not_here(config):
+        raise ConfigError(f"{key}: {folder!r}: no such folder on this machine, where {why}")
+
+
+def note_folders_not_here(config: ServeConfig, command: str) -> None:
+    """A line on stderr for each folder not on this machine: the replicas' nodes must have it."""
+    for key, folder in folders_not_here(config):
+        print(
+            f"{command}: {key}: {folder!r} is not on this machine; every node that runs a replica must have it",
+            file=sys.stderr,
+        )
 
 
 class ConfigError(ValueError):

@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 from specserve.cluster.app import llm_config_fields, resolve_serve
-from specserve.cluster.config import ConfigError, ServeConfig
+from specserve.cluster.config import ConfigError, ServeConfig, require_folders_here
 from specserve.replicas.serve.calibration import Calibration
 from specserve.speculation.startup_checks import cost_table
 
@@ -25,6 +25,7 @@ def run_doctor(config: ServeConfig) -> Calibration:
     from specserve.replicas.serve.calibration import OfflineEngine, calibrate_engine
     from specserve.replicas.tools.offline import offline_llm
 
+    require_folders_here(config, "doctor loads it")
     scratch = tempfile.mkdtemp(prefix="specserve-doctor-")
     try:
         resolved = resolve_serve(config, scratch)

@@ -20,7 +20,7 @@ from pydantic import SecretStr
 
 from specserve.cluster import alert_rules
 from specserve.cluster.app import ResolvedServe, build_app, engine_path, memory_params, resolve_serve
-from specserve.cluster.config import ConfigError, ServeConfig
+from specserve.cluster.config import ConfigError, ServeConfig, note_folders_not_here, require_folders_here
 from specserve.cluster.prometheus import INSTALL_HINT, PrometheusError, PrometheusServer
 from specserve.replicas.config.cpu_affinity import spans, split_cores
 
@@ -58,6 +58,10 @@ def resolve(config: ServeConfig, tmp_dir: str) -> ResolvedServe:
 
 def serve_forever(config: ServeConfig) -> int:
     """Run until SIGINT/SIGTERM; always tear down what was started. Returns the exit code."""
+    if os.environ.get("RAY_ADDRESS"):
+        note_folders_not_here(config, "specserve serve")
+    else:
+        require_folders_here(config, "the local cluster's replicas load it")
     _serve_mode(config)  # before Serve's modules load here, and before the cluster's processes inherit it
     import ray
     from ray import serve

@@ -12,7 +12,7 @@ import pytest
 from telemetry_samples import changed, engine_telemetry
 
 from specserve.cluster.cli import status_table
-from specserve.cluster.config import ConfigError, load_config
+from specserve.cluster.config import ConfigError, folders_not_here, load_config, note_folders_not_here
 from specserve.cluster.local import SERVE_SWITCHES
 from specserve.messages import DraftState, EngineTelemetry, ReplicaSnapshot
 from specserve.messages.telemetry import CollapseState
@@ -49,10 +49,6 @@ def test_defaults_and_override_order(tmp_path):
         ("speculation: {policy: 'fixed:k=-1'}\n", "k=-1 must be non-negative"),
         ("speculation: {draft: org/draft}\n", "speculation.draft needs your target"),
         ("model_loading_config: {model_source: org/target}\n", "speculation.draft: required with your own target"),
-        (
-            "model_loading_config: {model_source: /nonexistent}\nspeculation: {draft: org/d}\n",
-            "model_loading_config.model_source: '/nonexistent' is not a Hugging Face model folder",
-        ),
         (
             "model_loading_config: {model_source: 'not an id'}\nspeculation: {draft: org/d}\n",
             "'not an id' is neither a folder nor a Hugging Face id",
@@ -134,6 +130,40 @@ def test_every_vllm_engine_argument_passes_through_untouched(tmp_path):
     assert {key: engine[key] for key in given} == given
     # On a GPU the sizes are vLLM's own: none of the CPU demo's.
     assert "max_model_len" not in engine and "max_num_seqs" not in engine
+
+
+def test_a_folder_not_on_this_machine_is_left_to_the_nodes_and_refused_where_it_would_load_here(
+    tmp_path, capsys, monkeypatch
+):
+    from specserve.cluster.doctor import run_doctor
+    from specserve.cluster.local import serve_forever
+
+    gone = str(tmp_path / "gone")
+    config = load_config(None, {"model_loading_config.model_source": "/mnt/gpu-nodes/llama", "speculation.draft": gone})
+    assert folders_not_here(config) == [
+        ("model_loading_config.model_source", "/mnt/gpu-nodes/llama"),
+        ("speculation.draft", gone),
+    ]
+    note_folders_not_here(config, "specserve config render")
+    notes = capsys.readouterr().err.splitlines()
+    assert notes == [
+        "specserve config render: model_loading_config.model_source: '/mnt/gpu-nodes/llama' is not on this machine; "
+        "every node that runs a replica must have it",
+        f"specserve config render: speculation.draft: {gone!r} is not on this machine; every node that runs a "
+        "replica must have it",
+    ]
+    with pytest.raises(
+        ConfigError, match="model_source: '/mnt/gpu-nodes/llama': no such folder on this machine, where doctor"
+    ):
+        run_doctor(config)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ConfigError, match="no such folder on this machine, where the local cluster's replicas load it"):
+        serve_forever(config)
+    for folder in ("gone", "llama"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "config.json").write_text("{}")
+    here = load_config(None, {"model_loading_config.model_source": str(tmp_path / "llama"), "speculation.draft": gone})
+    assert folders_not_here(here) == []
 
 
 def test_a_model_folder_must_hold_a_model(tmp_path):

@@ -60,17 +60,20 @@ def test_the_workers_export_metrics_on_the_same_port(config) -> None:
     assert "--metrics-export-port=8080" in " ".join(prepared(config)["worker_start_ray_commands"])
 
 
-def test_the_nodes_download_the_folders_the_serve_config_names(config) -> None:
+def test_the_workers_download_the_folders_the_serve_config_names_and_the_head_none(config) -> None:
     args = load(SERVE_CONFIG)["applications"][0]["args"]
     wanted = {args["model_loading_config"]["model_source"], args["speculation"]["draft"]}
     full = prepared(config)
-    for commands in (full["head_setup_commands"], full["worker_setup_commands"]):
-        folders = {
+
+    def downloaded(commands: list[str]) -> set[str]:
+        return {
             words[words.index("--local-dir") + 1]
             for words in map(shlex.split, commands)
             if "download" in words and "--local-dir" in words
         }
-        assert folders == wanted
+
+    assert downloaded(full["worker_setup_commands"]) == wanted
+    assert downloaded(full["head_setup_commands"]) == set(), "the head runs no engine"
 
 
 def test_the_head_has_no_gpu_engine(config) -> None:

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from ray.serve.schema import ServeDeploySchema
 
 from specserve.cluster.app import AppArgs, build_from_args
+from specserve.cluster.config import folders_not_here
 
 
 def test_ray_serve_validates_it() -> None:
@@ -49,18 +50,14 @@ def test_the_import_path_is_the_builder() -> None:
     assert import_attr(load(SERVE_CONFIG)["applications"][0]["import_path"]) is build_from_args
 
 
-def test_the_builder_takes_its_args_once_the_model_folders_exist(trained_pair) -> None:
+def test_the_builder_takes_its_args_with_folders_only_the_gpu_workers_have() -> None:
     args = load(SERVE_CONFIG)["applications"][0]["args"]
     assert args["device"] == "gpu"
-    with pytest.raises(ValidationError, match="model"):  # /models/... exists on the cluster's nodes only
-        AppArgs.model_validate(args)
-    local = AppArgs.model_validate(
-        {
-            **args,
-            "model_loading_config": {**args["model_loading_config"], "model_source": str(trained_pair.target)},
-            "speculation": {**args["speculation"], "draft": str(trained_pair.draft)},
-        }
-    )
-    assert (local.speculation.policy, local.speculation.max_k, local.num_replicas) == ("adaptive", 4, 2)
-    assert local.model_loading_config["model_id"] == "qwen2.5-7b-instruct"
-    assert local.engine_kwargs == {"tensor_parallel_size": 1, "max_model_len": 8192, "max_num_seqs": 64}
+    config = AppArgs.model_validate(args)  # on the head, which has no /models
+    assert folders_not_here(config) == [
+        ("model_loading_config.model_source", "/models/target"),
+        ("speculation.draft", "/models/draft"),
+    ]
+    assert (config.speculation.policy, config.speculation.max_k, config.num_replicas) == ("adaptive", 4, 2)
+    assert config.model_loading_config["model_id"] == "qwen2.5-7b-instruct"
+    assert config.engine_kwargs == {"tensor_parallel_size": 1, "max_model_len": 8192, "max_num_seqs": 64}

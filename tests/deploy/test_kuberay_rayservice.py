@@ -77,3 +77,12 @@ def test_the_workers_have_a_gpu_each_and_export_metrics() -> None:
     args = yaml.safe_load(load(RAYSERVICE)["spec"]["serveConfigV2"])["applications"][0]["args"]
     replicas = args["deployment_config"]["num_replicas"]
     assert group["minReplicas"] >= replicas, "one engine per GPU worker"
+
+
+def test_the_workers_read_a_hugging_face_token_if_one_is_given_and_tolerate_the_gpu_taint() -> None:
+    (group,) = load(RAYSERVICE)["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    spec = group["template"]["spec"]
+    for container in spec["initContainers"] + spec["containers"]:
+        (token,) = [e for e in container["env"] if e["name"] == "HF_TOKEN"]
+        assert token["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token", "optional": True}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]

@@ -12,6 +12,7 @@ import importlib.metadata
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -101,6 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     render.add_argument("--json", action="store_true", help="print JSON instead of YAML")
     render.set_defaults(run=_render)
 
+    from specserve.bench.cli import _positive
+
     doctor = commands.add_parser(
         "doctor",
         help="run the start-up checks and time steps on this machine, for a config",
@@ -110,6 +113,15 @@ def _parser() -> argparse.ArgumentParser:
         "pair, as `serve`.",
     )
     add_config_flags(doctor)
+    doctor.add_argument(
+        "--prompts",
+        type=Path,
+        help="also decode these prompts at max k and print what speculation pays on them: one a line, or JSON lines "
+        'with a "prompt"',
+    )
+    doctor.add_argument(
+        "--max-tokens", type=_positive(int), default=64, help="output tokens per prompt of --prompts (default 64)"
+    )
     doctor.set_defaults(run=_doctor)
 
     status = commands.add_parser("status", help="one row per replica: policy, k, acceptance, load, KV")
@@ -253,7 +265,7 @@ def _doctor(args: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     config = load_cli_config(args)
     try:
-        return doctor.main(config)
+        return doctor.main(config, args.prompts, args.max_tokens)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
 

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from statistics import median
 
+from specserve.speculation.estimators.acceptance import expected_tokens_upto
+
 #: Batch sizes every calibration runs at (capped by the engine's max_num_seqs): a latency-bound step, a small batch,
 #: and a larger one, enough for a step-cost fit to see the batch's slope.
 SMALL_BATCH_SIZES = (1, 4, 8)
@@ -157,6 +159,23 @@ def _all(results: Iterable[ProbeResult]) -> list[CheckCounts]:
 def cost_table(results: Sequence[ProbeResult]) -> list[tuple[int, int, float | None]]:
     """(k, batch, median decode step seconds) per probe; None where a probe ran no full decode step."""
     return [(r.probe.k, r.probe.batch, median(r.step_s) if r.step_s else None) for r in results]
+
+
+def payoff_table(
+    costs: Sequence[tuple[int, int, float | None]], alphas: Sequence[float]
+) -> list[tuple[int, int, float, float | None]]:
+    """Per (k, batch) of ``costs``: the tokens a request emits a step at k with per-position acceptance ``alphas``
+    (conditional, as TurboSpec's Eq. 4 takes them) and the speed-up over k = 0 at that batch, tokens(k) x
+    step(0) / step(k); None where either step was not timed."""
+    max_k = max((k for k, _, _ in costs), default=0)
+    tokens = expected_tokens_upto(alphas, max_k)
+    at_zero = {batch: step_s for k, batch, step_s in costs if k == 0}
+    rows: list[tuple[int, int, float, float | None]] = []
+    for k, batch, step_s in costs:
+        base = at_zero.get(batch)
+        speedup = None if step_s is None or base is None or step_s <= 0.0 else tokens[k] * base / step_s
+        rows.append((k, batch, tokens[k], speedup))
+    return rows
 
 
 def failed(checks: Iterable[CheckResult]) -> tuple[str, ...]:

@@ -90,10 +90,14 @@ def test_a_broken_assumption_fails_its_check_and_falls_back_to_vllms_own_behavio
     assert engine.generate(max_tokens=24) == reference
 
 
-def test_doctor_prints_the_checks_and_costs_of_the_tiny_pair_and_exits_0(trained_pair, tmp_path):
+def test_doctor_prints_the_checks_and_costs_of_the_tiny_pair_and_what_speculation_pays_on_prompts(
+    trained_pair, tmp_path
+):
     env = {**os.environ, "SPECSERVE_STATE_DIR": str(tmp_path)}
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text('import os\n{"prompt": "def main(argv=None):\\n    "}\nclass Config:\n')
     done = subprocess.run(
-        [sys.executable, "-m", "specserve", "doctor", "--max-k", "2"],
+        [sys.executable, "-m", "specserve", "doctor", "--max-k", "2", "--prompts", str(prompts), "--max-tokens", "16"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -101,12 +105,20 @@ def test_doctor_prints_the_checks_and_costs_of_the_tiny_pair_and_exits_0(trained
         cwd=Path(__file__).parent,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
+    checks, costs, acceptance, payoff, best = "\n".join(done.stdout.splitlines()).split("\n\n")
+    lines = checks.splitlines()
     assert lines[0].split() == ["CHECK", "EXPECTED", "SEEN", "OK"]
     assert [line.split()[0] for line in lines[1:4]] == ["k_honoured", "k0_no_draft_pass", "draft_signals"]
     assert all(line.rstrip().endswith("ok") for line in lines[1:4])
-    costs = lines[lines.index("") + 2 :]
-    assert {(row.split()[0], row.split()[1]) for row in costs} == {
-        (str(k), str(b)) for k in range(3) for b in (1, 4, 8)
-    }
+    timed = [row.split() for row in costs.splitlines()[1:]]
+    assert {(row[0], row[1]) for row in timed} == {(str(k), str(b)) for k in range(3) for b in (1, 4, 8)}
+    # The prompts' drafts are counted per position, at the engine's max k; the trained pair accepts some.
+    rates = acceptance.split(": ")[-1].split()
+    assert acceptance.startswith("acceptance per draft position on 3 prompts at k = 2") and len(rates) == 2
+    assert 0.0 < float(rates[0]) <= 1.0
+    priced = [row.split() for row in payoff.splitlines()[1:]]
+    assert [(row[0], row[1]) for row in priced] == [(row[0], row[1]) for row in timed]
+    assert all(row[2:] == ["1.00", "1.00"] for row in priced if row[0] == "0")
+    assert all(float(row[2]) > 1.0 for row in priced if row[0] != "0")
+    assert best.startswith("best k: batch 1: k = ")
     assert "every check passed" in done.stderr

@@ -211,7 +211,7 @@ def test_doctor_exits_1_and_names_the_check_that_failed(monkeypatch, capsys) -> 
         CheckResult("k_honoured", "every draft proposal as wide as its step's k", "12 of 40 another width", False),
         CheckResult("k0_no_draft_pass", "skipped on 9", "skipped 9", True),
     )
-    monkeypatch.setattr(doctor, "run_doctor", lambda config: Calibration(checks, (), "fixed:k=4", 1.0))
+    monkeypatch.setattr(doctor, "run_doctor", lambda config, *_: (Calibration(checks, (), "fixed:k=4", 1.0), None))
     assert doctor.main(ServeConfig()) == 1
     out = capsys.readouterr()
     row = next(line for line in out.out.splitlines() if line.startswith("k_honoured"))

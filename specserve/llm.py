@@ -58,7 +58,6 @@ __all__ = [
     "CpuEngine",
     "Speculation",
     "check_engine_kwargs",
-    "check_speculative_config",
     "openai_app_args",
     "speculative_llm_config",
     "speculative_llm_config_kwargs",

@@ -207,7 +207,9 @@ def folders_not_here(config: ServeConfig) -> list[tuple[str, str]]:
 def require_folders_here(config: ServeConfig, why: str) -> None:
     """Raise ConfigError naming the first folder ``config`` names that is not on this machine; ``why``: what loads it
     here."""
-    for key, folder in folders_not_here(config):
+    missing = folders_not_here(config)
+    if missing:
+        key, folder = missing[0]
         raise ConfigError(f"{key}: {folder!r}: no such folder on this machine, where {why}")
 
 

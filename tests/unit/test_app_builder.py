@@ -14,6 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from specserve.cluster.app import AppArgs, ResolvedServe, deployment_config, llm_config, resolve_serve, serve_document
+from specserve.cluster.cli import main as cli_main
 from specserve.cluster.config import ConfigError, ServeConfig, load_config
 
 GPU_PAIR = {
@@ -146,7 +147,7 @@ def render(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_config_render_prints_a_serve_config_and_names_a_bad_flag_with_exit_status_2(tmp_path) -> None:
+def test_config_render_prints_a_serve_config_and_names_a_bad_flag_with_exit_status_2(tmp_path, capsys) -> None:
     flags = ["--model", "org/target", "--draft", "org/draft", "--device", "gpu", "--tp", "2", "--max-model-len", "8192"]
     own_speculative = 'speculative_config={"draft_tensor_parallel_size": 1, "quantization": "fp8"}'
     done = render(
@@ -181,9 +182,10 @@ def test_config_render_prints_a_serve_config_and_names_a_bad_flag_with_exit_stat
         ),
         (["--max-k", "0"], "speculation.max_k: Input should be greater than or equal to 1"),
     ):
-        done = render(*flags, *bad)
-        assert done.returncode == 2 and done.stdout == ""
-        assert message in done.stderr
+        # In this process: each fails while the config loads, before anything of Ray is imported.
+        assert cli_main(["config", "render", *flags, *bad]) == 2
+        out = capsys.readouterr()
+        assert out.out == "" and message in out.err
 
 
 def test_config_render_never_prints_a_credential_from_the_config(tmp_path) -> None:

@@ -29,6 +29,10 @@ def test_goodput_converges_to_k_max_with_a_perfect_draft(self_pair):
     assert steps[3] <= explorations < steps[4], (steps, explorations)
 
 
+# `make test-slow`'s too (CI time: `make test` reached 15 minutes again, 926 s on 2026-12-06): what the engine adds
+# to this, a k = 0 that skips the draft and drafts verified again after it, is test_k0_skip.py's resumption tests' on
+# the shared engine, and goodput's k = 0 rule and probes are unit- and simulator-tested.
+@pytest.mark.slow
 def test_goodput_turns_speculation_off_with_a_useless_draft_and_keeps_probing(random_pair):
     with running_engine(random_pair, policy="goodput:max_k=4,probe_interval_s=0.5") as engine:
         engine.generate(max_tokens=64)  # learn

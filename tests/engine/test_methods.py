@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 from engine_helpers import PROMPTS, running_engine
 
+from specserve.bench.workload import COPY, FREE, MixedWorkload
 from specserve.models.prompts import OPENINGS
 from specserve.speculation import methods
 
@@ -51,6 +52,33 @@ def test_ngram_k0_skips_the_lookup_and_catches_nothing_up(ngram):
     assert drafted > 0 and accepted > 0
     # A lookup may find fewer than k tokens, never more: the start-up check's count stays clean.
     assert worker_after["proposals_not_k"] == worker_before["proposals_not_k"]
+
+
+def test_ngram_accepts_more_on_the_mixed_workloads_copy_requests_than_on_its_free_form_ones(ngram):
+    """The mixed workload does what it is for (``specserve bench --workload mixed``): the copy requests' lookups are
+    accepted more often than the free-form ones', each class measured alone from the scheduler's counts."""
+    from vllm import SamplingParams
+
+    prompts: dict[str, list[str]] = {COPY: [], FREE: []}
+    for request in MixedWorkload(seed=0, copy_share=0.5).requests(20):
+        prompts[request.request_class].append(request.text)
+    assert prompts[COPY] and prompts[FREE]
+    ngram.set_policy("fixed:k=4")
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    measured = {}
+    for name, texts in prompts.items():
+        before = ngram.telemetry().speculation
+        answers = [o.outputs[0].text for o in ngram.llm.generate(texts, params, use_tqdm=False)]
+        after = ngram.telemetry().speculation
+        drafted = sum(after.num_drafted_per_pos) - sum(before.num_drafted_per_pos)
+        accepted = sum(after.num_accepted_per_pos) - sum(before.num_accepted_per_pos)
+        # Both classes drafted: the comparison is between two measured rates, not against an empty class.
+        assert drafted > 0, name
+        repeated = sum(answer in prompt for answer, prompt in zip(answers, texts, strict=True))
+        measured[name] = {"acceptance": accepted / drafted, "answers_found_in_prompt": repeated}
+    assert measured[COPY]["acceptance"] > measured[FREE]["acceptance"], measured
+    # The copy answers re-state their prompts' blocks: the reason their drafts are accepted.
+    assert measured[COPY]["answers_found_in_prompt"] > measured[FREE]["answers_found_in_prompt"], measured
 
 
 def test_ngram_telemetry_names_its_method_and_k0(ngram):

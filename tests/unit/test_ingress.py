@@ -164,7 +164,7 @@ def test_the_ingress_serves_only_openai_routes_and_its_docs() -> None:
 
 # Bodies per endpoint, in-process: the ingress's own layer (types, vLLM's request checks, bounds) answers without
 # an engine, so many more run here than against the live serve.
-LAYER_EXAMPLES = 1500
+LAYER_EXAMPLES = 1000
 LAYER = settings(max_examples=LAYER_EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 LAYER_CLIENT = TestClient(small_app(), raise_server_exceptions=False)
 

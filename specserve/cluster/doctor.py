@@ -109,10 +109,11 @@ def report(calibration: Calibration, acceptance: dict[str, Any] | None = None) -
     known = [a for a in alphas if a is not None]
     if not known:
         return [*lines, "no draft reached position 0: nothing to price"]
-    # A position no draft reached takes the last one's rate, as the policy's estimate does.
-    filled = [known[0] if a is None else a for a in alphas]
-    for i in range(1, len(filled)):
-        filled[i] = filled[i - 1] if alphas[i] is None else filled[i]
+    # A position no draft reached takes the rate of the one before it, as the policy's estimate does.
+    filled, last = [], known[0]
+    for a in alphas:
+        last = last if a is None else a
+        filled.append(last)
     payoff = payoff_table(costs, filled)
     pays: list[tuple[str, ...]] = [("K", "BATCH", "TOKENS/STEP", "SPEED-UP")]
     pays += [

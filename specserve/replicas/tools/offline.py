@@ -133,21 +133,16 @@ def measure_speculation(target: str, draft: str, prompts: list[str], *, k: int, 
 
 def acceptance_on(llm: Any, prompts: list[str], k: int, max_tokens: int) -> dict[str, Any]:
     """Greedy-decode ``prompts`` on an engine built with specserve's scheduler at ``fixed:k={k}``: the drafts each
-    position reached and had accepted over the run, as the scheduler counted them, and the tokens generated."""
+    position reached and had accepted over the run, as the scheduler counted them."""
     from vllm import SamplingParams
 
     set_policy(llm, f"fixed:k={k}", warm_start=False)
     before = read_telemetry(llm).speculation
-    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
     after = read_telemetry(llm).speculation
     return {
-        "num_output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
-        "num_reached_per_pos": [
-            a - b for a, b in zip(after.num_reached_per_pos, before.num_reached_per_pos, strict=True)
-        ],
-        "num_accepted_per_pos": [
-            a - b for a, b in zip(after.num_accepted_per_pos, before.num_accepted_per_pos, strict=True)
-        ],
+        name: [a - b for a, b in zip(getattr(after, name), getattr(before, name), strict=True)]
+        for name in ("num_reached_per_pos", "num_accepted_per_pos")
     }
 
 

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 from specserve.messages import ReplicaSnapshot
 from specserve.speculation import EngineTraits, make_policy, split_specs
 
-# Engines are started with k_max <= 16 (ServeConfig), so a spec valid here is valid for some engine.
+# Engines are started with max_k <= 16 (ServeConfig), so a spec valid here is valid for some engine.
 _OFFLINE_TRAITS = EngineTraits(max_k=16)
 POLL_S = 0.25
 

@@ -25,8 +25,8 @@ def test_an_offline_batch_at_max_num_seqs_announces_each_prompt_once(trained_pai
     # handler for its own logger only, and specserve's engine-side lines go through it.
     out, err = capfd.readouterr()
     log = out + err
-    assert "specserve: method draft_model, policy fixed:k=2, k_max 4, k = 0: skip, catch up on resume" in log
-    assert "specserve: warmed decode row counts 1-10" in log  # 2 seats x (k_max + 1)
+    assert "specserve: method draft_model, policy fixed:k=2, max_k 4, k = 0: skip, catch up on resume" in log
+    assert "specserve: warmed decode row counts 1-10" in log  # 2 seats x (max_k + 1)
     assert "specserve: policy set to fixed:k=0" in log
     prompt_tokens = sum(len(output.prompt_token_ids) for output in outputs)
     announced = after.speculation.num_prefill_tokens_announced - before.speculation.num_prefill_tokens_announced

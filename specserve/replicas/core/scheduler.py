@@ -143,7 +143,7 @@ class AdaptiveKScheduler(Scheduler):
         # Start-up checks that failed (``end_calibration``), shown in telemetry until the engine stops.
         self.failed_checks: tuple[str, ...] = ()
         logger.info(
-            "specserve: method %s, policy %s, k_max %d, k = 0: %s",
+            "specserve: method %s, policy %s, max_k %d, k = 0: %s",
             self.method.name,
             self.policy.spec,
             self.num_spec_tokens,

@@ -16,7 +16,7 @@ So on a CPU engine (``install``, run in the worker process by the worker extensi
 
 - each weight shape's primitive cache is made large enough to hold every decode row count beside the prefill
   sizes (``PRIMITIVE_CACHE_SIZE``); 32 would evict what the warm-up built;
-- after vLLM's own warm-up, every M from 1 to ``max_num_seqs`` x (k_max + 1) runs once through the target
+- after vLLM's own warm-up, every M from 1 to ``max_num_seqs`` x (max_k + 1) runs once through the target
   (its layers and LM head, ``_dummy_run``, which runs the draft's layers at M too) and every batch size through
   the draft's LM head.
 
@@ -60,7 +60,7 @@ _vllm_compile_or_warm_up_model: Any = None
 
 
 def warm_rows(max_num_seqs: int, max_k: int, token_budget: int) -> int:
-    """The largest row count a decode step runs: every seat verifying k_max drafts, within the token budget."""
+    """The largest row count a decode step runs: every seat verifying max_k drafts, within the token budget."""
     return min(max_num_seqs * (max_k + 1), token_budget)
 
 

@@ -1,17 +1,18 @@
 """The simulator at cluster scale (issue 62, parts 4-5): wall time per replica count on the 64-replica hour.
 
     .venv/bin/python bench/sim_scale.py [--runs 1:3600,8:600,64:240] [--full] [--seed 0] [--workers 1]
-        [--out bench/results/sim-scale]
+        [--policy adaptive] [--out bench/results/sim-scale]
 
-Runs specserve/sim/scenarios/cluster-4090-7b-64x-hour.yaml under ``adaptive`` on each ``replicas:seconds`` of
-``--runs`` (``sim.cluster_slice``: the same load per replica, arrivals cut at that time; the drain after it is
-simulated too), and with ``--full`` on all 64 replicas for the whole hour. Per run: wall and CPU seconds, steps,
-microseconds per step, simulated replica-seconds per wall second, and what the draft memory did (offloads, reloads,
-the most reloads at once on one node's link, the fewest drafts resident against the planner's floor). Without a
-full run the hour's wall time is extrapolated: the steps per replica-second of the 1-replica hour, times 64 x 3,600,
-times the 64-replica run's microseconds per step. ``--workers N`` steps each run's replicas in up to N processes
-(whole nodes each, ``sim.parallel``; a run of fewer nodes takes fewer); CPU seconds are then the calling process's
-only. Writes <out>.json, <out>.md and <out>.png.
+Runs specserve/sim/scenarios/cluster-4090-7b-64x-hour.yaml under ``--policy`` (``adaptive``) on each
+``replicas:seconds`` of ``--runs`` (``sim.cluster_slice``: the same load per replica, arrivals cut at that time; the
+drain after it is simulated too), and with ``--full`` on all 64 replicas for the whole hour. Per run: wall and CPU
+seconds, steps, microseconds per step, simulated replica-seconds per wall second, and what the draft memory did
+(offloads, reloads, the most reloads at once on one node's link, the fewest drafts resident against the planner's
+floor). Without a full run the hour's wall time is extrapolated: the steps per replica-second of the 1-replica hour,
+times 64 x 3,600, times the 64-replica run's microseconds per step. ``--policy fixed:k=3`` prices the simulator's
+own step: a policy with no work per step, drafting about as deep as ``adaptive`` does here (its mean k is 3.2-3.7).
+``--workers N`` steps each run's replicas in up to N processes (whole nodes each, ``sim.parallel``; a run of fewer
+nodes takes fewer); CPU seconds are then the calling process's only. Writes <out>.json, <out>.md and <out>.png.
 """
 
 from __future__ import annotations
@@ -79,17 +80,18 @@ def memory_stats(result: SimResult) -> dict[str, Any]:
     }
 
 
-def run(num_replicas: int, duration_s: float, seed: int, workers: int = 1) -> dict[str, Any]:
+def run(num_replicas: int, duration_s: float, seed: int, workers: int = 1, policy: str = "adaptive") -> dict[str, Any]:
     scenario = cluster_slice(load_scenario(SCENARIO), num_replicas, duration_s)
     workers = min(workers, num_nodes(num_replicas, scenario.memory.replicas_per_node))
     wall, cpu = time.perf_counter(), time.process_time()
-    result = simulate(scenario, "adaptive", seed, workers=workers)
+    result = simulate(scenario, policy, seed, workers=workers)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     summary = summarize(result)
     steps, replica_s = summary["num_steps"], summary["run_s"] * num_replicas
     row = {
         "replicas": num_replicas,
         "arrivals_s": duration_s,
+        "policy": policy,
         "workers": workers,
         "simulated_s": summary["run_s"],
         "wall_s": wall,
@@ -133,7 +135,7 @@ def hour_estimate(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"wall_s": steps * largest["us_per_step"] * 1e-6, "steps": steps, "measured": 0.0}
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], policy: str, path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     labels = [f"{r['replicas']} x {r['arrivals_s']:.0f} s, {r.get('workers', 1)} proc." for r in rows]
     left.bar(labels, [r["us_per_step"] for r in rows], color="tab:blue")
@@ -146,17 +148,19 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     right.legend()
     for ax in (left, right):
         ax.tick_params(axis="x", rotation=20)
-    fig.suptitle("adaptive on cluster-4090-7b-64x-hour (sim_scale.py)")
+    fig.suptitle(f"{policy} on cluster-4090-7b-64x-hour (sim_scale.py)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def write_md(rows: list[dict[str, Any]], estimate: dict[str, Any] | None, command: str, path: Path) -> None:
+def write_md(
+    rows: list[dict[str, Any]], estimate: dict[str, Any] | None, policy: str, command: str, path: Path
+) -> None:
     lines = [
         "# Simulator at cluster scale (issue 62, parts 4-5)",
         "",
         f"`{command}` on the 2-core development machine (shared with other benchmarks: wall times are noisy, CPU "
-        "times less so). Scenario: specserve/sim/scenarios/cluster-4090-7b-64x-hour.yaml, policy `adaptive`, "
+        f"times less so). Scenario: specserve/sim/scenarios/cluster-4090-7b-64x-hour.yaml, policy `{policy}`, "
         "seed 0; a run of N replicas keeps the load per replica (sim.cluster_slice). Processes: the processes that "
         "stepped the replicas (sim.parallel; CPU seconds are the calling process's).",
         "",
@@ -186,17 +190,20 @@ def main() -> int:
     parser.add_argument("--full", action="store_true", help="also 64 replicas x 3,600 s")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=1, help="processes per run, whole nodes each (sim.parallel)")
+    parser.add_argument(
+        "--policy", default="adaptive", help="the replicas' policy (fixed:k=3: the simulator's own cost)"
+    )
     parser.add_argument("--out", default="bench/results/sim-scale")
     args = parser.parse_args()
     plan = [tuple(part.split(":")) for part in args.runs.split(",") if part]
     plan += [("64", str(HOUR_S))] if args.full else []
-    rows = [run(int(n), float(seconds), args.seed, args.workers) for n, seconds in plan]
+    rows = [run(int(n), float(seconds), args.seed, args.workers, args.policy) for n, seconds in plan]
     estimate = hour_estimate(rows)
     out = Path(args.out)
     command = "bench/sim_scale.py " + " ".join(sys.argv[1:])
     out.with_suffix(".json").write_text(json.dumps({"command": command, "runs": rows, "hour_64": estimate}, indent=2))
-    write_md(rows, estimate, command, out.with_suffix(".md"))
-    plot(rows, out.with_suffix(".png"))
+    write_md(rows, estimate, args.policy, command, out.with_suffix(".md"))
+    plot(rows, args.policy, out.with_suffix(".png"))
     if estimate is not None:
         print(f"64 x 3,600 s: {estimate['wall_s'] / 60:.1f} min of wall", file=sys.stderr)
     return 0

@@ -213,7 +213,9 @@ def _add_compare(commands: argparse._SubParsersAction, policies: PolicyBackend) 
     )
     compare.add_argument("--copy-share", type=float, help="mixed: share of copy-heavy requests, 0-1 (default 0.5)")
     compare.add_argument("--resamples", type=_positive(int), default=DEFAULT_RESAMPLES, help="bootstrap resamples")
-    compare.add_argument("--out", help="path prefix of PREFIX.md/.json/*.png (default bench/results/compare-TIME)")
+    compare.add_argument(
+        "--out", help="path prefix of PREFIX.md/.json/*.png (default compare-TIME in the current folder)"
+    )
     compare.set_defaults(bench_run=run_compare, policy_backend=policies)
 
 
@@ -411,7 +413,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.seed < 0:
         raise BenchError(f"--seed {args.seed}: must be 0 or more")
     points = compare_points(args)
-    prefix = Path(args.out or f"bench/results/compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    prefix = Path(args.out or f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
 
     from specserve.bench import client, report  # vLLM's request functions: slow to import
 

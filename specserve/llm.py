@@ -135,7 +135,7 @@ class Speculation(BaseModel):
         description="Speculative method: `draft_model` (a separate draft model sharing the target's tokenizer), "
         "`eagle` / `eagle3` (a head trained on the target's hidden states, named by `draft`), `mtp` (the target's "
         "own multi-token-prediction layers), `ngram` (prompt lookup in the request's own tokens), `suffix` (refused "
-        "on the pinned vLLM: docs/methods.md).",
+        "on the pinned vLLM: docs/user-guide/speculation-methods.md).",
     )
     draft: str | None = Field(
         None,

@@ -15,7 +15,7 @@ What k = 0 means, per method:
   without those positions, and neither the hidden states nor the target pass that made them come back later (vLLM
   PR 53426, a k = 0 skip, leaves EAGLE out as unsafe for the same reason). Keeping them for a catch-up would cost
   3 x hidden size per token per request (EAGLE-3's three aux layers); the head's pass it saves is one decoder layer,
-  measured on the tiny pair in docs/methods.md.
+  measured on the tiny pair in docs/user-guide/speculation-methods.md.
 - ``suffix``: the proposer's suffix tree learns each response from the tokens it is handed every step, so a skipped
   step would leave the tree without them; vLLM 0.32's suffix proposer also drafts only at the configured k
   (``suffix_decoding.py`` asserts it). Refused while both hold (``refusal``).

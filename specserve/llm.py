@@ -302,6 +302,22 @@ _LEGACY_CPU_OPTIONS = {
 Config = TypeVar("Config")
 
 
+# The per-step control needs one engine core per replica that steps one batch at a time: each step's k is chosen from
+# the verdicts of the step before (vLLM 0.32). Either setting breaks that, so it is refused rather than left to fail
+# or to do nothing.
+ONE_ENGINE_STEP_AT_A_TIME: dict[str, str] = {
+    # With PP > 1 EngineCore keeps that many batches in flight (EngineCore.step_with_batch_queue): a batch is
+    # scheduled, its k chosen, before the batches ahead of it are verified, and draft ids reach the scheduler late.
+    "pipeline_parallel_size": "pipeline parallelism keeps several batches in flight (vLLM's batch queue), so a "
+    "step's k would be chosen before the steps ahead of it are verified; spread the model with "
+    "tensor_parallel_size instead",
+    # Ray Serve LLM runs data parallelism through its DPServer (one Serve replica per DP rank, gang-scheduled);
+    # specserve's server is an LLMServer with one engine, whose telemetry and control speak for one engine core.
+    "data_parallel_size": "specserve runs one vLLM engine per Ray Serve replica; scale out with "
+    "deployment_config.num_replicas or autoscaling_config instead",
+}
+
+
 def check_engine_kwargs(engine_kwargs: Mapping[str, Any]) -> None:
     """vLLM engine arguments pass through untouched, except those that carry specserve's control into the engine and
     those that would put the engine on a path where that control does nothing. Raises ValueError naming the key."""
@@ -315,6 +331,10 @@ def check_engine_kwargs(engine_kwargs: Mapping[str, Any]) -> None:
             "scheduler (under async scheduling the scheduler gets no draft tokens and the k = 0 skip is off); "
             "leave it unset"
         )
+    for key, why in ONE_ENGINE_STEP_AT_A_TIME.items():
+        value = engine_kwargs.get(key)
+        if value is not None and value != 1:
+            raise ValueError(f"engine_kwargs.{key} = {value!r}: not supported: {why}")
 
 
 def check_speculative_config(config: object) -> None:

@@ -218,6 +218,18 @@ def test_an_engine_path_on_which_k_does_nothing_is_refused_by_name() -> None:
         specserve.speculative_llm_config({**base, "engine_kwargs": {"async_scheduling": True}}, draft="d")
 
 
+@pytest.mark.parametrize(
+    ("key", "instead"),
+    [("pipeline_parallel_size", "tensor_parallel_size instead"), ("data_parallel_size", "num_replicas")],
+)
+def test_an_engine_that_steps_more_than_one_batch_at_a_time_is_refused_by_name(key, instead) -> None:
+    base = {"model_loading_config": {"model_id": "m"}}
+    with pytest.raises(ValueError, match=f"engine_kwargs.{key} = 2: not supported: .*{instead}"):
+        specserve.speculative_llm_config({**base, "engine_kwargs": {key: 2}}, draft="d")
+    kept = specserve.speculative_llm_config({**base, "engine_kwargs": {key: 1}}, draft="d")
+    assert kept["engine_kwargs"][key] == 1
+
+
 def test_the_old_spellings_still_work_this_release_with_a_warning() -> None:
     with pytest.warns(DeprecationWarning, match="k_max is now max_k"):
         kwargs = specserve.speculative_llm_config_kwargs("d", k_max=2)

@@ -78,6 +78,8 @@ def test_defaults_and_override_order(tmp_path):
         ),
         ("engine_kwargs: {scheduler_cls: my.Scheduler}\n", "engine_kwargs.scheduler_cls: set by specserve"),
         ("engine_kwargs: {async_scheduling: true}\n", "engine_kwargs.async_scheduling: true: specserve's per-step"),
+        ("engine_kwargs: {pipeline_parallel_size: 2}\n", "engine_kwargs.pipeline_parallel_size = 2: not supported"),
+        ("engine_kwargs: {data_parallel_size: 4}\n", "engine_kwargs.data_parallel_size = 4: not supported"),
         ("engine_kwargs: [a]\n", "engine_kwargs: Input should be a valid dictionary"),
         ("cpu: {engine_cpus: x}\n", "cpu.engine_cpus: engine_cpus:"),
         ("- a\n- b\n", "expected a mapping"),

@@ -463,6 +463,29 @@ def _legacy_options(
     return options, cpu
 
 
+class ConfigNote(UserWarning):
+    """A setting that is valid but will not do what it says; the command line prints it as one line."""
+
+
+def autoscaling_note(deployment_config: Mapping[str, Any]) -> str | None:
+    """Why ``deployment_config``'s autoscaling would never add a replica, or None.
+
+    Ray Serve LLM 2.60 deep-merges its default ``target_ongoing_requests`` (10**9 a replica,
+    ``RAY_SERVE_LLM_DEFAULT_MAX_TARGET_ONGOING_REQUESTS``) under the caller's ``autoscaling_config``
+    (``maybe_apply_llm_deployment_config_defaults``), so a range without its own target, and without a custom policy,
+    stays at its first replica count whatever the load."""
+    scaling = deployment_config.get("autoscaling_config")
+    if not isinstance(scaling, Mapping) or "target_ongoing_requests" in scaling or "policy" in scaling:
+        return None
+    if scaling.get("max_replicas", 1) <= scaling.get("min_replicas", 1):
+        return None
+    return (
+        "deployment_config.autoscaling_config has no target_ongoing_requests: Ray Serve LLM's default (10^9 "
+        "requests a replica) never adds a replica; set it to the requests one replica should hold (for example "
+        "three quarters of engine_kwargs.max_num_seqs)"
+    )
+
+
 def speculative_llm_config(llm_config: Config, draft: str | None = None, **options: Any) -> Config:
     """``llm_config`` (a Ray Serve LLM ``LLMConfig``, or the dict of its fields) with speculation added.
 
@@ -483,6 +506,9 @@ def speculative_llm_config(llm_config: Config, draft: str | None = None, **optio
     else:
         raise TypeError(f"expected an LLMConfig or a dict of its fields, got {type(llm_config).__name__}")
     server_cls = _server_cls(fields.get("server_cls"))
+    note = autoscaling_note(fields.get("deployment_config") or {})
+    if note:
+        warnings.warn(note, ConfigNote, stacklevel=2)
     engine_kwargs, draft, options = _adopt_speculative_config(fields.get("engine_kwargs"), draft, options)
     ours = speculative_llm_config_kwargs(draft, device=_device(accelerator), engine_kwargs=engine_kwargs, **options)
     runtime_env = dict(fields.get("runtime_env") or {})

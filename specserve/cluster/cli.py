@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import itertools
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +28,31 @@ from specserve.models.arguments import add_commands as add_model_commands
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except CommandError as exc:
-        print(f"specserve {args.command}: {exc}", file=sys.stderr)
-        return 2
+    words = sys.argv[1:] if argv is None else argv
+    command = " ".join(["specserve", *itertools.takewhile(lambda word: not word.startswith("-"), words)])
+    with warnings.catch_warnings():  # the printer below is this command's only
+        warnings.showwarning = _config_note_printer(command, warnings.showwarning)
+        try:
+            return args.run(args)
+        except CommandError as exc:
+            print(f"specserve {args.command}: {exc}", file=sys.stderr)
+            return 2
+
+
+def _config_note_printer(command: str, shown: Any) -> Any:
+    """``specserve.llm.ConfigNote`` warnings as one line naming the command, like the CLI's other messages, once each
+    (vLLM's and Ray's imports reset Python's record of warnings shown); every other warning as ``shown`` shows it.
+    Matched by name: ``specserve.llm`` is slow to import, and only it warns so."""
+    printed: set[str] = set()
+
+    def show(message: Warning | str, category: type[Warning], *where: Any, **kw: Any) -> None:
+        if category.__module__ != "specserve.llm" or category.__name__ != "ConfigNote":
+            shown(message, category, *where, **kw)
+        elif str(message) not in printed:
+            printed.add(str(message))
+            print(f"{command}: {message}", file=sys.stderr)
+
+    return show
 
 
 # Placeholders until the project is published: mkdocs.yml's site_url and repo_url (a unit test keeps them equal).

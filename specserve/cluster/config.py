@@ -47,8 +47,9 @@ class ServeConfig(BaseModel):
     )
     deployment_config: dict[str, Any] = Field(
         default_factory=dict,
-        description="Ray Serve deployment options: `num_replicas` or `autoscaling_config`, `max_ongoing_requests`, "
-        "`max_queued_requests`, ...",
+        description="Ray Serve deployment options: `num_replicas` or `autoscaling_config` (with a "
+        "`target_ongoing_requests`: without one, Ray Serve LLM's default of 10^9 never adds a replica), "
+        "`max_ongoing_requests`, `max_queued_requests`, ...",
     )
     runtime_env: dict[str, Any] = Field(
         default_factory=dict, description="Ray runtime environment of the replicas and their engines."

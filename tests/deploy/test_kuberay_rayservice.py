@@ -74,9 +74,21 @@ def test_the_workers_have_a_gpu_each_and_export_metrics() -> None:
         group["rayStartParams"]["metrics-export-port"]
         == cluster["headGroupSpec"]["rayStartParams"]["metrics-export-port"]
     )
+
+
+def test_ray_adds_a_gpu_worker_for_every_replica_serve_scales_to() -> None:
+    cluster = load(RAYSERVICE)["spec"]["rayClusterConfig"]
+    (group,) = cluster["workerGroupSpecs"]
     args = yaml.safe_load(load(RAYSERVICE)["spec"]["serveConfigV2"])["applications"][0]["args"]
-    replicas = args["deployment_config"]["num_replicas"]
-    assert group["minReplicas"] >= replicas, "one engine per GPU worker"
+    scaling = args["deployment_config"]["autoscaling_config"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    # One engine per GPU worker: the group's range holds the deployment's.
+    assert group["minReplicas"] <= scaling["min_replicas"] and group["maxReplicas"] >= scaling["max_replicas"]
+    assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+    assert group["replicas"] >= scaling["initial_replicas"]
+    # Ray Serve LLM's default target (10^9 ongoing requests a replica) would never scale up.
+    engine = args["engine_kwargs"]
+    assert 0 < scaling["target_ongoing_requests"] <= engine["max_num_seqs"]
 
 
 def test_the_workers_read_a_hugging_face_token_if_one_is_given_and_tolerate_the_gpu_taint() -> None:

@@ -84,3 +84,15 @@ def test_the_files_the_configs_name_exist() -> None:
     for path in RAY_CLUSTER_CONFIGS:
         for relative in re.findall(r"deploy/[\w./-]+\.yaml", path.read_text()):
             assert (REPO / relative).is_file(), f"{path.name} names {relative}"
+
+
+@pytest.mark.parametrize("name", ["aws-gpu.yaml", "gcp-gpu.yaml"])
+def test_a_cloud_cluster_grows_a_gpu_worker_for_every_replica_serve_scales_to(name) -> None:
+    full = prepared(load(REPO / "deploy/ray-cluster" / name))
+    scaling = load(SERVE_CONFIG)["applications"][0]["args"]["deployment_config"]["autoscaling_config"]
+    workers = [t for n, t in full["available_node_types"].items() if n != full["head_node_type"]]
+    assert len(workers) == 1, "one GPU worker type"
+    (worker,) = workers
+    # One engine per GPU worker: the launcher's range holds the deployment's.
+    assert worker["min_workers"] <= scaling["min_replicas"]
+    assert min(worker["max_workers"], full["max_workers"]) >= scaling["max_replicas"]

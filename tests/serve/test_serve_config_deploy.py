@@ -55,7 +55,8 @@ def local_serve_config(trained_pair, port: int) -> dict:
     args["model_loading_config"]["model_source"] = str(trained_pair.target)
     args["speculation"]["draft"] = str(trained_pair.draft)
     args["engine_kwargs"]["max_model_len"] = 512
-    args["deployment_config"]["num_replicas"] = 1
+    # The file autoscales over GPU workers; here Serve's autoscaler gets the file's config, held at one CPU engine.
+    args["deployment_config"]["autoscaling_config"].update(min_replicas=1, initial_replicas=1, max_replicas=1)
     return config
 
 

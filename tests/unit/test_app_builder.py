@@ -167,12 +167,22 @@ def test_config_render_prints_a_serve_config_and_names_a_bad_flag_with_exit_stat
     path = tmp_path / "gpu.yaml"
     # A folder this machine lacks is the GPU nodes' to have: rendered, with a note.
     nodes_only = str(tmp_path / "on-the-gpu-nodes")
+    # An autoscaling range without a target never scales on Ray Serve LLM: rendered, with one line saying so.
+    scaling = {"autoscaling_config": {"min_replicas": 1, "max_replicas": 4}}
     path.write_text(
-        yaml.safe_dump({"model_loading_config": {"model_source": nodes_only}, "speculation": {"draft": "o/d"}})
+        yaml.safe_dump(
+            {
+                "model_loading_config": {"model_source": nodes_only},
+                "speculation": {"draft": "o/d"},
+                "deployment_config": scaling,
+            }
+        )
     )
     as_yaml = render("--config", str(path), "--device", "gpu")
     assert as_yaml.returncode == 0 and as_yaml.stdout.startswith("# specserve config render: vLLM's V1 model runner")
     assert f"model_source: {nodes_only!r} is not on this machine; every node that runs a replica" in as_yaml.stderr
+    note = "specserve config render: deployment_config.autoscaling_config has no target_ongoing_requests"
+    assert as_yaml.stderr.count(note) == 1 and "ConfigNote" not in as_yaml.stderr
     assert yaml.safe_load(as_yaml.stdout)["applications"][0]["name"] == "specserve"
     for bad, message in (
         (["--engine-arg", "novalue"], "--engine-arg 'novalue': expected KEY=VALUE"),

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
 import pytest
 from pydantic import ValidationError
 
 import specserve
-from specserve.llm import OWNED_ENGINE_KWARGS, SERVER_CLS, Speculation
+from specserve.llm import OWNED_ENGINE_KWARGS, SERVER_CLS, ConfigNote, Speculation
 from specserve.replicas.config.engine_args import (
     CPU_EXECUTOR_KEY,
     DraftOffload,
@@ -200,7 +201,9 @@ def test_adding_speculation_changes_nothing_else_the_user_set() -> None:
     mine = {
         "model_loading_config": {"model_id": "m", "model_source": "org/target"},
         "engine_kwargs": {"enable_prefix_caching": False, "gpu_memory_utilization": 0.8, "quantization": "fp8"},
-        "deployment_config": {"autoscaling_config": {"min_replicas": 1, "max_replicas": 4}},
+        "deployment_config": {
+            "autoscaling_config": {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 64}
+        },
         "runtime_env": {"env_vars": {"HF_HUB_OFFLINE": "1"}},
     }
     out = specserve.speculative_llm_config(mine, draft="org/draft")
@@ -322,3 +325,26 @@ def test_serve_builds_its_llm_config_through_the_public_api_with_the_same_engine
     assert control.catch_up_max_tokens == 96
     assert built.experimental_configs[CPU_EXECUTOR_KEY] == "mp"
     assert built.runtime_env["env_vars"]["TMPDIR"] == "/scratch"
+
+
+def test_an_autoscaling_range_without_a_target_is_noted_as_ray_serve_llm_would_never_scale_it() -> None:
+    from ray.llm._internal.common.dict_utils import maybe_apply_llm_deployment_config_defaults
+    from ray.llm._internal.serve.core.server.builder import DEFAULT_DEPLOYMENT_OPTIONS
+
+    scaling = {"min_replicas": 1, "max_replicas": 4}
+    # The note's premise, Ray Serve LLM 2.60's own merge: this fails when Ray's default changes.
+    merged = maybe_apply_llm_deployment_config_defaults(DEFAULT_DEPLOYMENT_OPTIONS, {"autoscaling_config": scaling})
+    assert merged["autoscaling_config"]["target_ongoing_requests"] >= 10**9
+    base = {"model_loading_config": {"model_id": "m"}}
+    with pytest.warns(ConfigNote, match="autoscaling_config has no target_ongoing_requests"):
+        out = specserve.speculative_llm_config({**base, "deployment_config": {"autoscaling_config": scaling}}, "d")
+    assert out["deployment_config"] == {"autoscaling_config": scaling}, "noted, not changed"
+    for quiet in (
+        {"num_replicas": 2},
+        {"autoscaling_config": {**scaling, "target_ongoing_requests": 48}},
+        {"autoscaling_config": {**scaling, "policy": {"policy_function": "my.module:policy"}}},
+        {"autoscaling_config": {"min_replicas": 2, "max_replicas": 2}},
+    ):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ConfigNote)
+            specserve.speculative_llm_config({**base, "deployment_config": quiet}, "d")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from specserve.cluster.app import build_openai_app
-    from specserve.llm import CpuEngine, Speculation, speculative_llm_config, speculative_llm_config_kwargs
+    from specserve.llm import ConfigNote, CpuEngine, Speculation, speculative_llm_config, speculative_llm_config_kwargs
 
 # Public name -> the module that defines it.
 _PUBLIC = {
@@ -24,9 +24,17 @@ _PUBLIC = {
     "speculative_llm_config_kwargs": "specserve.llm",
     "Speculation": "specserve.llm",
     "CpuEngine": "specserve.llm",
+    "ConfigNote": "specserve.llm",
     "build_openai_app": "specserve.cluster.app",
 }
-__all__ = ["CpuEngine", "Speculation", "build_openai_app", "speculative_llm_config", "speculative_llm_config_kwargs"]
+__all__ = [
+    "ConfigNote",
+    "CpuEngine",
+    "Speculation",
+    "build_openai_app",
+    "speculative_llm_config",
+    "speculative_llm_config_kwargs",
+]
 
 
 def __getattr__(name: str) -> Any:

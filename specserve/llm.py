@@ -55,6 +55,7 @@ from specserve.replicas.config.engine_env import engine_env
 from specserve.speculation import EngineTraits, make_policy, methods
 
 __all__ = [
+    "ConfigNote",
     "CpuEngine",
     "Speculation",
     "check_engine_kwargs",

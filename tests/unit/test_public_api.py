@@ -36,13 +36,14 @@ def test_importing_specserve_and_building_the_kwargs_loads_no_framework() -> Non
 
 def test_the_public_names_are_exported_and_unknown_ones_are_not() -> None:
     assert set(specserve.__all__) == {
+        "ConfigNote",
         "CpuEngine",
         "Speculation",
         "build_openai_app",
         "speculative_llm_config",
         "speculative_llm_config_kwargs",
     }
-    assert specserve.Speculation is Speculation
+    assert specserve.Speculation is Speculation and specserve.ConfigNote is ConfigNote
     with pytest.raises(AttributeError, match="no_such_name"):
         specserve.no_such_name  # noqa: B018
 

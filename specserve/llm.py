@@ -478,8 +478,9 @@ def autoscaling_note(deployment_config: Mapping[str, Any]) -> str | None:
     scaling = deployment_config.get("autoscaling_config")
     if not isinstance(scaling, Mapping) or "target_ongoing_requests" in scaling or "policy" in scaling:
         return None
-    if scaling.get("max_replicas", 1) <= scaling.get("min_replicas", 1):
-        return None
+    low, high = scaling.get("min_replicas", 1), scaling.get("max_replicas", 1)
+    if not (isinstance(low, int) and isinstance(high, int)) or high <= low:
+        return None  # no range to scale over, or values Ray Serve's own validation will name
     return (
         "deployment_config.autoscaling_config has no target_ongoing_requests: Ray Serve LLM's default (10^9 "
         "requests a replica) never adds a replica; set it to the requests one replica should hold (for example "

@@ -345,6 +345,7 @@ def test_an_autoscaling_range_without_a_target_is_noted_as_ray_serve_llm_would_n
         {"autoscaling_config": {**scaling, "target_ongoing_requests": 48}},
         {"autoscaling_config": {**scaling, "policy": {"policy_function": "my.module:policy"}}},
         {"autoscaling_config": {"min_replicas": 2, "max_replicas": 2}},
+        {"autoscaling_config": {"min_replicas": 1, "max_replicas": "4"}},  # Ray Serve's validation names it
     ):
         with warnings.catch_warnings():
             warnings.simplefilter("error", ConfigNote)
